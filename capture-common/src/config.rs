@@ -1,0 +1,138 @@
+//! Per-pod capture configuration as the kernel programs read it (`POD_CONFIGS`, keyed by the pod's
+//! netns cookie).
+
+/// How many proxy uids (and, separately, gids) one pod may name. Istio's `-u`/`-g` take lists, but
+/// real deployments name one or two; a fixed bound keeps the kernel loop unrollable.
+pub const MAX_PROXY_IDS: usize = 4;
+
+/// `IncludeCIDRs == "*"`: every destination not excluded goes to the proxy.
+pub const FLAG_INCLUDE_ALL_OUTBOUND: u32 = 1 << 0;
+/// The include-CIDR list has entries in `CIDR_LISTS`.
+pub const FLAG_HAS_INCLUDE_CIDRS: u32 = 1 << 1;
+/// The exclude-CIDR list has entries in `CIDR_LISTS`.
+pub const FLAG_HAS_EXCLUDE_CIDRS: u32 = 1 << 2;
+/// `excludeOutboundPorts` has entries in `PORT_LISTS`.
+pub const FLAG_HAS_EXCLUDE_OUTBOUND_PORTS: u32 = 1 << 3;
+/// `includeOutboundPorts` has entries in `PORT_LISTS`.
+pub const FLAG_HAS_INCLUDE_OUTBOUND_PORTS: u32 = 1 << 4;
+/// An include CIDR covers a loopback prefix: iptables then omits its `-o lo … RETURN` rules
+/// (spec E.9), so local destinations fall through to the CIDR checks.
+pub const FLAG_INCLUDE_COVERS_LOOPBACK: u32 = 1 << 5;
+/// The pod has an IPv4 address (`pod_ip4` is valid).
+pub const FLAG_HAS_POD_IP4: u32 = 1 << 6;
+/// The pod has an IPv6 address (`pod_ip6` is valid).
+pub const FLAG_HAS_POD_IP6: u32 = 1 << 7;
+
+/// One pod's outbound capture rules, flattened for the kernel. Addresses are in network byte order
+/// (as `bpf_sock_addr` holds them), ports in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodConfig {
+    pub flags: u32,
+    pub proxy_uid_count: u32,
+    pub proxy_gid_count: u32,
+    /// Istio's `HostIPv4LoopbackCidr` (default 127.0.0.1/32): network and mask, network order.
+    pub loopback4_net: u32,
+    pub loopback4_mask: u32,
+    pub pod_ip4: u32,
+    pub pod_ip6: [u32; 4],
+    pub proxy_uids: [u32; MAX_PROXY_IDS],
+    pub proxy_gids: [u32; MAX_PROXY_IDS],
+    /// Where outbound connections go (15001).
+    pub outbound_port: u16,
+    /// Where the proxy's connections to its own pod go (15006).
+    pub inbound_port: u16,
+    /// Never captured from the proxy to local addresses (HBONE, 15008).
+    pub tunnel_port: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<PodConfig>() == 80);
+
+impl PodConfig {
+    #[inline(always)]
+    #[must_use]
+    pub const fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
+}
+
+/// Which per-pod list an entry in `PORT_LISTS` or `CIDR_LISTS` belongs to.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListKind {
+    ExcludeOutboundPorts = 1,
+    IncludeOutboundPorts = 2,
+    ExcludeOutboundCidrs = 3,
+    IncludeOutboundCidrs = 4,
+}
+
+/// Per-pod counters (`POD_COUNTERS`, per CPU; user space sums them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodCounters {
+    /// Connections rewritten to the outbound listener (15001).
+    pub redirected_outbound: u64,
+    /// Proxy connections to its own pod rewritten to the inbound listener (15006).
+    pub redirected_inbound: u64,
+    /// Passed because the socket belongs to the proxy (uid or gid).
+    pub passed_owner: u64,
+    /// Passed because a port or CIDR rule excludes it, or no include rule matched.
+    pub passed_excluded: u64,
+    /// Passed because it stays inside the pod (loopback, own pod IP, 127.0.0.6 source).
+    pub passed_local: u64,
+    /// Connections the kernel programs could not handle (refused, never passed uncaptured).
+    pub errors: u64,
+}
+const _: () = assert!(size_of::<PodCounters>() == 48);
+
+/// Which `PodCounters` field an event counts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodCounter {
+    RedirectedOutbound,
+    RedirectedInbound,
+    PassedOwner,
+    PassedExcluded,
+    PassedLocal,
+    Errors,
+}
+
+impl PodCounters {
+    #[inline(always)]
+    pub fn bump(&mut self, which: PodCounter) {
+        let field = match which {
+            PodCounter::RedirectedOutbound => &mut self.redirected_outbound,
+            PodCounter::RedirectedInbound => &mut self.redirected_inbound,
+            PodCounter::PassedOwner => &mut self.passed_owner,
+            PodCounter::PassedExcluded => &mut self.passed_excluded,
+            PodCounter::PassedLocal => &mut self.passed_local,
+            PodCounter::Errors => &mut self.errors,
+        };
+        *field += 1;
+    }
+
+    /// Field-wise sum (user space adds up the per-CPU copies).
+    #[must_use]
+    pub fn plus(self, o: &Self) -> Self {
+        Self {
+            redirected_outbound: self.redirected_outbound + o.redirected_outbound,
+            redirected_inbound: self.redirected_inbound + o.redirected_inbound,
+            passed_owner: self.passed_owner + o.passed_owner,
+            passed_excluded: self.passed_excluded + o.passed_excluded,
+            passed_local: self.passed_local + o.passed_local,
+            errors: self.errors + o.errors,
+        }
+    }
+}
+
+/// Node-wide error counters (`NODE_ERRORS`, a per-CPU array indexed by this enum).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeError {
+    /// A capture program ran in a netns with no pod config: the connection was refused.
+    UnknownPod = 0,
+    /// Socket storage could not be allocated: the connection was refused.
+    NoSocketStorage = 1,
+    /// The original destination could not be handed to the proxy's socket.
+    HandoffFailed = 2,
+}
+pub const NODE_ERROR_KINDS: u32 = 3;

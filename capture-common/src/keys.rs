@@ -1,0 +1,81 @@
+//! Map keys. Every key that can contain a loopback address carries the pod's netns cookie, so two
+//! pods on one node with identical `127.0.0.1` tuples never see each other's entries.
+
+use crate::config::ListKind;
+
+/// An entry of a per-pod port list (`PORT_LISTS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PortKey {
+    pub netns_cookie: u64,
+    pub port: u16,
+    pub list: u8,
+    // Padding as separate scalars: a 5-byte array is zeroed with a memset call, which BPF lacks.
+    pub _pad1: u8,
+    pub _pad4: u32,
+}
+const _: () = assert!(size_of::<PortKey>() == 16);
+
+impl PortKey {
+    #[inline(always)]
+    #[must_use]
+    pub const fn new(netns_cookie: u64, list: ListKind, port: u16) -> Self {
+        Self {
+            netns_cookie,
+            port,
+            list: list as u8,
+            _pad1: 0,
+            _pad4: 0,
+        }
+    }
+}
+
+/// The data part of a `CIDR_LISTS` LPM key. The cookie, list and family are matched exactly, so the
+/// prefix length of a key is `CIDR_KEY_FIXED_BITS` plus the CIDR's own prefix length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrKey {
+    /// The cookie as two words: a `u64` would align the key to 8 and pad it to 32 bytes.
+    pub netns_cookie: [u32; 2],
+    pub list: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+    /// Network order; an IPv4 address uses the first word only.
+    pub addr: [u32; 4],
+}
+const _: () = assert!(size_of::<CidrKey>() == 28);
+pub const CIDR_KEY_FIXED_BITS: u32 = 96;
+
+impl CidrKey {
+    #[inline(always)]
+    #[must_use]
+    pub const fn new(netns_cookie: u64, list: ListKind, ipv6: bool, addr: [u32; 4]) -> Self {
+        Self {
+            netns_cookie: [netns_cookie as u32, (netns_cookie >> 32) as u32],
+            list: list as u8,
+            family: if ipv6 { CIDR_FAMILY_V6 } else { CIDR_FAMILY_V4 },
+            _pad: [0; 2],
+            addr,
+        }
+    }
+}
+
+/// Family byte in `CidrKey` (the address family as a single byte keeps the key compact).
+pub const CIDR_FAMILY_V4: u8 = 4;
+pub const CIDR_FAMILY_V6: u8 = 6;
+
+/// A connection as the proxy's accepted socket sees it, used to hand the original destination
+/// from the app's socket to the proxy's (`HANDOFF`). IPv4 addresses use the first word only, also
+/// when a dual-stack socket carries them v4-mapped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HandoffKey {
+    pub netns_cookie: u64,
+    pub local_addr: [u32; 4],
+    pub remote_addr: [u32; 4],
+    pub local_port: u16,
+    pub remote_port: u16,
+    pub family: u16,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<HandoffKey>() == 48);

@@ -1,0 +1,37 @@
+//! Types shared by capture's kernel programs and its user space.
+//!
+//! Everything here is `#[repr(C)]` with explicit padding and a size assertion, because the kernel
+//! programs and user space exchange these values through BPF maps byte for byte. The outbound
+//! decision procedure also lives here, so that the kernel runs exactly the code that the unit tests
+//! exercise on the host.
+#![no_std]
+
+pub mod config;
+pub mod decision;
+pub mod keys;
+pub mod state;
+
+/// `AF_INET`, as the kernel and `sockaddr` spell it.
+pub const AF_INET: u16 = 2;
+/// `AF_INET6`.
+pub const AF_INET6: u16 = 10;
+
+/// `SO_ORIGINAL_DST` (`SOL_IP`) and `IP6T_SO_ORIGINAL_DST` (`SOL_IPV6`) share the number 80.
+pub const SO_ORIGINAL_DST: i32 = 80;
+pub const SOL_IP: i32 = 0;
+pub const SOL_IPV6: i32 = 41;
+
+/// Lets user space put these types in aya maps. Sound because every type is `#[repr(C)]`, `Copy`,
+/// and has no implicit padding (the size assertions next to each type pin that down).
+#[cfg(feature = "user")]
+mod user {
+    use crate::{config, keys, state};
+
+    unsafe impl aya::Pod for config::PodConfig {}
+    unsafe impl aya::Pod for config::PodCounters {}
+    unsafe impl aya::Pod for keys::PortKey {}
+    unsafe impl aya::Pod for keys::CidrKey {}
+    unsafe impl aya::Pod for keys::HandoffKey {}
+    unsafe impl aya::Pod for state::OriginalDst {}
+    unsafe impl aya::Pod for state::SockState {}
+}

@@ -1,0 +1,35 @@
+//! Per-socket state, kept in socket-local storage (`SOCKET_STATES`) so it dies with the socket.
+
+/// A destination before capture rewrote it. IPv4 uses the first address word only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OriginalDst {
+    /// Network order.
+    pub addr: [u32; 4],
+    /// Host order.
+    pub port: u16,
+    /// `AF_INET` or `AF_INET6` (a v4-mapped destination is `AF_INET`).
+    pub family: u16,
+}
+const _: () = assert!(size_of::<OriginalDst>() == 20);
+
+/// The creator's uid/gid are recorded (`sock_create` ran for this socket).
+pub const SOCK_CREATOR_KNOWN: u32 = 1 << 0;
+/// The app's socket whose `connect()` was rewritten: getpeername and getsockopt answer `orig`.
+pub const SOCK_REDIRECTED: u32 = 1 << 1;
+/// The proxy's accepted socket for a redirected connection: getsockopt answers `orig`.
+pub const SOCK_ACCEPTED_REDIRECTED: u32 = 1 << 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockState {
+    /// The netns the socket was created in, recorded at creation (listeners pass it to the
+    /// sockets they accept, because the storage map clones into child sockets).
+    pub netns_cookie: u64,
+    pub orig: OriginalDst,
+    pub flags: u32,
+    /// The socket creator's credentials: iptables' owner match uses them, not the caller's.
+    pub creator_uid: u32,
+    pub creator_gid: u32,
+}
+const _: () = assert!(size_of::<SockState>() == 40);

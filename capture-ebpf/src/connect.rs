@@ -1,0 +1,298 @@
+//! `cgroup/connect4` and `cgroup/connect6`: the outbound decision, and the rewrite to the proxy.
+//!
+//! Fail closed: a connection that should be decided but cannot be (no pod config for this netns,
+//! no socket storage to remember the original destination) is refused, never passed uncaptured.
+
+use aya_ebpf::{
+    bindings::{bpf_sock, bpf_sock_addr, sockaddr},
+    helpers::generated::{bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie},
+    programs::SockAddrContext,
+    EbpfContext as _,
+};
+use capture_common::{
+    config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
+    decision::{decide_tcp_connect, ip4, Connect, Pass, Verdict, LOCALHOST4, LOOPBACK6},
+    state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_REDIRECTED},
+    AF_INET, AF_INET6,
+};
+
+use crate::{
+    counters::{bump_node, bump_pod},
+    maps::{MapLists, POD_CONFIGS},
+    storage,
+};
+
+const SOCK_STREAM: u32 = 1;
+/// Word 2 of a v4-mapped IPv6 address (`::ffff:a.b.c.d`).
+pub const V4_MAPPED_PREFIX: u32 = ip4(0, 0, 0xff, 0xff);
+
+/// Why a connection was refused.
+pub enum ConnectError {
+    UnknownPod,
+    NoSocketStorage,
+}
+
+/// Where a redirected connection goes instead.
+struct Redirect {
+    port: u16,
+    /// Bind the socket to this pod address first (IPv4 in word 0), so that the proxy sees the pod
+    /// IP as its peer and the app its pod IP as local address, as with iptables, which picks the
+    /// source before it rewrites the destination.
+    bind_to: Option<[u32; 4]>,
+}
+
+#[inline(always)]
+fn sock_addr(ctx: &SockAddrContext) -> &mut bpf_sock_addr {
+    // SAFETY: the context pointer is valid for the whole program run.
+    unsafe { &mut *ctx.sock_addr }
+}
+
+#[inline(always)]
+fn sock(sa: &bpf_sock_addr) -> *mut bpf_sock {
+    // SAFETY: `sk` is the union's only pointer member in sock_addr programs.
+    unsafe { sa.__bindgen_anon_1.sk }
+}
+
+/// The socket's owner as iptables' `-m owner` sees it: its creator's uid and primary gid,
+/// recorded by `sock_create`; for a socket created before capture was attached, the caller's.
+#[inline(always)]
+fn owner(state: &SockState) -> (u32, u32) {
+    if state.flags & SOCK_CREATOR_KNOWN != 0 {
+        (state.creator_uid, state.creator_gid)
+    } else {
+        // SAFETY: a plain helper call.
+        let ids = unsafe { bpf_get_current_uid_gid() };
+        (ids as u32, (ids >> 32) as u32)
+    }
+}
+
+#[inline(always)]
+fn counter_for(verdict: Verdict) -> PodCounter {
+    match verdict {
+        Verdict::Outbound => PodCounter::RedirectedOutbound,
+        Verdict::Inbound => PodCounter::RedirectedInbound,
+        Verdict::Pass(Pass::Owner) => PodCounter::PassedOwner,
+        Verdict::Pass(
+            Pass::ExcludedPort | Pass::ExcludedCidr | Pass::NotIncluded | Pass::FamilyNotCaptured,
+        ) => PodCounter::PassedExcluded,
+        Verdict::Pass(Pass::Local | Pass::InboundPassthroughSource) => PodCounter::PassedLocal,
+    }
+}
+
+/// The pod's own address in the connection's family, if it has one.
+#[inline(always)]
+fn pod_address(cfg: &PodConfig, ipv6: bool) -> Option<[u32; 4]> {
+    if ipv6 {
+        cfg.has(FLAG_HAS_POD_IP6).then_some(cfg.pod_ip6)
+    } else {
+        cfg.has(FLAG_HAS_POD_IP4).then_some([cfg.pod_ip4, 0, 0, 0])
+    }
+}
+
+/// Decides one TCP connect and records the original destination; `Ok(None)` lets it through.
+#[inline(always)]
+fn decide(
+    ctx: &SockAddrContext,
+    sk: *mut bpf_sock,
+    mut conn: Connect,
+) -> Result<Option<Redirect>, ConnectError> {
+    // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: the entry is a plain value, read while the program runs.
+    let cfg: &PodConfig =
+        unsafe { POD_CONFIGS.get(netns_cookie) }.ok_or(ConnectError::UnknownPod)?;
+    let state = storage::get_or_create(sk.cast()).ok_or(ConnectError::NoSocketStorage)?;
+    (conn.uid, conn.gid) = owner(state);
+
+    let verdict = decide_tcp_connect(cfg, &MapLists { netns_cookie }, &conn);
+    bump_pod(netns_cookie, counter_for(verdict));
+    let port = match verdict {
+        Verdict::Outbound => cfg.outbound_port,
+        Verdict::Inbound => cfg.inbound_port,
+        Verdict::Pass(_) => return Ok(None),
+    };
+    state.orig = OriginalDst {
+        addr: conn.dst,
+        port: conn.dst_port,
+        family: if conn.ipv6 { AF_INET6 } else { AF_INET },
+    };
+    state.netns_cookie = netns_cookie;
+    state.flags |= SOCK_REDIRECTED;
+
+    // A loopback destination keeps its loopback source, as routing would pick it.
+    let dst_is_loopback = if conn.ipv6 {
+        conn.dst == LOOPBACK6
+    } else {
+        u32::from_be(conn.dst[0]) >> 24 == 127
+    };
+    let unbound = conn.src == [0; 4];
+    let bind_to = if unbound && !dst_is_loopback {
+        pod_address(cfg, conn.ipv6)
+    } else {
+        None
+    };
+    Ok(Some(Redirect { port, bind_to }))
+}
+
+#[repr(C)]
+struct SockaddrIn {
+    family: u16,
+    port: u16,
+    addr: u32,
+    zero: [u8; 8],
+}
+
+#[repr(C)]
+struct SockaddrIn6 {
+    family: u16,
+    port: u16,
+    flowinfo: u32,
+    addr: [u32; 4],
+    scope_id: u32,
+}
+
+/// Binds the socket's source address (the port is left to `connect()`). A failure only costs the
+/// peer-address parity, not capture, so it is ignored.
+#[inline(always)]
+fn bind_source<T>(ctx: &SockAddrContext, addr: &mut T) {
+    // SAFETY: `addr` is a sockaddr on this program's stack; bpf_bind is permitted in connect
+    // programs and defers the port to connect().
+    let _ = unsafe {
+        bpf_bind(
+            ctx.sock_addr,
+            core::ptr::from_mut(addr).cast::<sockaddr>(),
+            size_of::<T>() as i32,
+        )
+    };
+}
+
+#[inline(always)]
+fn port_of(user_port: u32) -> u16 {
+    u16::from_be(user_port as u16)
+}
+
+#[inline(always)]
+pub fn try_connect4(ctx: &SockAddrContext) -> Result<(), ConnectError> {
+    let sa = sock_addr(ctx);
+    if sa.type_ != SOCK_STREAM {
+        return Ok(());
+    }
+    let sk = sock(sa);
+    // SAFETY: `sk` is the context's socket, never null in sock_addr programs.
+    let src = unsafe { (*sk).src_ip4 };
+    let conn = Connect {
+        ipv6: false,
+        dst: [sa.user_ip4, 0, 0, 0],
+        dst_port: port_of(sa.user_port),
+        src: [src, 0, 0, 0],
+        uid: 0,
+        gid: 0,
+    };
+    let Some(redirect) = decide(ctx, sk, conn)? else {
+        return Ok(());
+    };
+    if let Some(addr) = redirect.bind_to {
+        let mut sin = SockaddrIn {
+            family: AF_INET,
+            port: 0,
+            addr: addr[0],
+            zero: [0; 8],
+        };
+        bind_source(ctx, &mut sin);
+    }
+    let sa = sock_addr(ctx);
+    sa.user_ip4 = LOCALHOST4;
+    sa.user_port = u32::from(redirect.port.to_be());
+    Ok(())
+}
+
+/// IPv6, including v4-mapped destinations on dual-stack sockets: the kernel runs no connect4
+/// program for those, so they get the IPv4 decision here and stay v4-mapped.
+#[inline(always)]
+pub fn try_connect6(ctx: &SockAddrContext) -> Result<(), ConnectError> {
+    let sa = sock_addr(ctx);
+    if sa.type_ != SOCK_STREAM {
+        return Ok(());
+    }
+    let sk = sock(sa);
+    let dst = [
+        sa.user_ip6[0],
+        sa.user_ip6[1],
+        sa.user_ip6[2],
+        sa.user_ip6[3],
+    ];
+    // SAFETY: as in connect4.
+    let src = unsafe {
+        [
+            (*sk).src_ip6[0],
+            (*sk).src_ip6[1],
+            (*sk).src_ip6[2],
+            (*sk).src_ip6[3],
+        ]
+    };
+    let mapped = dst[0] == 0 && dst[1] == 0 && dst[2] == V4_MAPPED_PREFIX;
+    let conn = if mapped {
+        let src4 = if src[2] == V4_MAPPED_PREFIX {
+            src[3]
+        } else {
+            0
+        };
+        Connect {
+            ipv6: false,
+            dst: [dst[3], 0, 0, 0],
+            src: [src4, 0, 0, 0],
+            dst_port: 0,
+            uid: 0,
+            gid: 0,
+        }
+    } else {
+        Connect {
+            ipv6: true,
+            dst,
+            src,
+            dst_port: 0,
+            uid: 0,
+            gid: 0,
+        }
+    };
+    let conn = Connect {
+        dst_port: port_of(sa.user_port),
+        ..conn
+    };
+    let Some(redirect) = decide(ctx, sk, conn)? else {
+        return Ok(());
+    };
+    let (to, bind) = if mapped {
+        let map4 = |a: u32| [0, 0, V4_MAPPED_PREFIX, a];
+        (map4(LOCALHOST4), redirect.bind_to.map(|a| map4(a[0])))
+    } else {
+        (LOOPBACK6, redirect.bind_to)
+    };
+    if let Some(addr) = bind {
+        let mut sin6 = SockaddrIn6 {
+            family: AF_INET6,
+            port: 0,
+            flowinfo: 0,
+            addr,
+            scope_id: 0,
+        };
+        bind_source(ctx, &mut sin6);
+    }
+    let sa = sock_addr(ctx);
+    // The verifier accepts only 4-byte stores into user_ip6.
+    sa.user_ip6[0] = to[0];
+    sa.user_ip6[1] = to[1];
+    sa.user_ip6[2] = to[2];
+    sa.user_ip6[3] = to[3];
+    sa.user_port = u32::from(redirect.port.to_be());
+    Ok(())
+}
+
+/// Maps a refusal to its node counter; the caller returns the "reject" verdict.
+#[inline(always)]
+pub fn record_refusal(err: &ConnectError) {
+    bump_node(match err {
+        ConnectError::UnknownPod => NodeError::UnknownPod,
+        ConnectError::NoSocketStorage => NodeError::NoSocketStorage,
+    });
+}

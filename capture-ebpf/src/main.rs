@@ -1,0 +1,82 @@
+//! capture's kernel programs. Loaded once per node, attached per pod (its cgroup), configured per
+//! pod through maps keyed by the pod's netns cookie.
+//!
+//! Each entry point is thin: it calls the module that does the work and maps the outcome to the
+//! hook's verdict. Verdicts: sock_addr and sockopt programs return 1 to let the call proceed and 0
+//! to refuse it (EPERM).
+#![no_std]
+#![no_main]
+
+mod connect;
+mod counters;
+mod maps;
+mod peer;
+mod sock;
+mod sockops;
+mod sockopt;
+mod storage;
+
+use aya_ebpf::{
+    macros::{cgroup_sock, cgroup_sock_addr, cgroup_sockopt, sock_ops},
+    programs::{SockAddrContext, SockContext, SockOpsContext, SockoptContext},
+};
+
+const PROCEED: i32 = 1;
+const REFUSE: i32 = 0;
+
+#[inline(always)]
+fn connect_verdict(result: Result<(), connect::ConnectError>) -> i32 {
+    match result {
+        Ok(()) => PROCEED,
+        Err(e) => {
+            connect::record_refusal(&e);
+            REFUSE
+        }
+    }
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn capture_connect4(ctx: SockAddrContext) -> i32 {
+    connect_verdict(connect::try_connect4(&ctx))
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn capture_connect6(ctx: SockAddrContext) -> i32 {
+    connect_verdict(connect::try_connect6(&ctx))
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn capture_getpeername4(ctx: SockAddrContext) -> i32 {
+    peer::on_getpeername4(&ctx);
+    PROCEED
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn capture_getpeername6(ctx: SockAddrContext) -> i32 {
+    peer::on_getpeername6(&ctx);
+    PROCEED
+}
+
+#[cgroup_sock(sock_create)]
+pub fn capture_sock_create(ctx: SockContext) -> i32 {
+    sock::on_sock_create(&ctx);
+    PROCEED
+}
+
+#[sock_ops]
+pub fn capture_sock_ops(ctx: SockOpsContext) -> u32 {
+    sockops::on_sock_ops(&ctx);
+    0
+}
+
+#[cgroup_sockopt(getsockopt)]
+pub fn capture_getsockopt(ctx: SockoptContext) -> i32 {
+    sockopt::on_getsockopt(&ctx);
+    PROCEED
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,100 @@
+//! Every map the programs share. User space creates them once per node (they are pinned) and
+//! fills the per-pod entries on attach.
+
+use aya_ebpf::{
+    bindings::{bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, BPF_F_CLONE, BPF_F_NO_PREALLOC},
+    btf_maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    macros::btf_map,
+};
+use capture_common::{
+    config::{ListKind, PodConfig, PodCounters, NODE_ERROR_KINDS},
+    decision::PodLists,
+    keys::{CidrKey, HandoffKey, PortKey, CIDR_KEY_FIXED_BITS},
+    state::{OriginalDst, SockState},
+};
+
+/// Pods one node can capture at once.
+const MAX_PODS: usize = 4096;
+/// Port-list entries over all pods.
+const MAX_PORT_ENTRIES: usize = 65536;
+/// CIDR-list entries over all pods.
+const MAX_CIDR_ENTRIES: usize = 16384;
+/// Connections between the app's `ESTABLISHED` and the proxy's accept. Entries normally live for
+/// one handshake; LRU eviction bounds what a lost handshake leaves behind.
+const MAX_HANDOFFS: usize = 65536;
+
+#[btf_map]
+pub static POD_CONFIGS: HashMap<u64, PodConfig, MAX_PODS> = HashMap::new();
+
+#[btf_map]
+pub static POD_COUNTERS: PerCpuHashMap<u64, PodCounters, MAX_PODS> = PerCpuHashMap::new();
+
+#[btf_map]
+pub static NODE_ERRORS: PerCpuArray<u64, { NODE_ERROR_KINDS as usize }> = PerCpuArray::new();
+
+#[btf_map]
+pub static PORT_LISTS: HashMap<PortKey, u8, MAX_PORT_ENTRIES> = HashMap::new();
+
+#[btf_map]
+pub static CIDR_LISTS: LpmTrie<CidrKey, u8, MAX_CIDR_ENTRIES> = LpmTrie::new();
+
+#[btf_map]
+pub static HANDOFF: LruHashMap<HandoffKey, OriginalDst, MAX_HANDOFFS> = LruHashMap::new();
+
+/// Socket-local storage. Declared by hand rather than with `btf_maps::SkStorage` because it needs
+/// `BPF_F_CLONE`: a listener's entry (its netns cookie) is copied into every socket it accepts.
+#[repr(C)]
+pub struct SocketStates {
+    r#type: *const [i32; BPF_MAP_TYPE_SK_STORAGE as usize],
+    key: *const i32,
+    value: *const SockState,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; (BPF_F_NO_PREALLOC | BPF_F_CLONE) as usize],
+}
+
+// SAFETY: the fields are type-only placeholders the loader reads from BTF; nothing dereferences them.
+unsafe impl Sync for SocketStates {}
+
+impl SocketStates {
+    const fn new() -> Self {
+        Self {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The map reference the helpers take; the loader relocates the symbol to the map's fd.
+    #[inline(always)]
+    pub fn as_ptr(&self) -> *mut core::ffi::c_void {
+        core::ptr::from_ref(self).cast_mut().cast()
+    }
+}
+
+#[btf_map]
+pub static SOCKET_STATES: SocketStates = SocketStates::new();
+
+/// The pod's lists, read through the maps for one netns.
+pub struct MapLists {
+    pub netns_cookie: u64,
+}
+
+impl PodLists for MapLists {
+    #[inline(always)]
+    fn port_listed(&self, list: ListKind, port: u16) -> bool {
+        // SAFETY: the value is a plain byte, read once.
+        unsafe { PORT_LISTS.get(PortKey::new(self.netns_cookie, list, port)) }.is_some()
+    }
+
+    #[inline(always)]
+    fn cidr_listed(&self, list: ListKind, ipv6: bool, addr: &[u32; 4]) -> bool {
+        let bits = if ipv6 { 128 } else { 32 };
+        let key = Key::new(
+            CIDR_KEY_FIXED_BITS + bits,
+            CidrKey::new(self.netns_cookie, list, ipv6, *addr),
+        );
+        CIDR_LISTS.get(&key).is_some()
+    }
+}

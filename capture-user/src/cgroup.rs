@@ -1,0 +1,62 @@
+//! cgroup v2 directories: verify the pod's, and find where cgroup2 is mounted.
+
+use std::{
+    fs::{self, File},
+    io,
+    path::{Path, PathBuf},
+};
+
+use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup {path}: {source}; pass the pod's cgroup v2 directory (under the cgroup2 mount{mount_hint})")]
+    Open {
+        path: PathBuf,
+        source: io::Error,
+        mount_hint: String,
+    },
+    #[error("cgroup {path} is not a cgroup v2 directory; pass the pod's directory under the cgroup2 mount{mount_hint}")]
+    NotCgroup2 { path: PathBuf, mount_hint: String },
+    #[error("no cgroup2 filesystem is mounted (see /proc/self/mounts); capture needs cgroup v2")]
+    NoCgroup2,
+}
+
+fn mount_hint() -> String {
+    cgroup2_mount()
+        .map(|m| format!(", here {}", m.display()))
+        .unwrap_or_default()
+}
+
+/// Opens a cgroup v2 directory for attaching programs to it.
+pub fn open_cgroup2(path: &Path) -> Result<File, CgroupError> {
+    let open_err = |source| CgroupError::Open {
+        path: path.into(),
+        source,
+        mount_hint: mount_hint(),
+    };
+    let meta = fs::metadata(path).map_err(open_err)?;
+    let fs = statfs(path).map_err(|e| open_err(io::Error::from(e)))?;
+    if !meta.is_dir() || fs.filesystem_type() != CGROUP2_SUPER_MAGIC {
+        return Err(CgroupError::NotCgroup2 {
+            path: path.into(),
+            mount_hint: mount_hint(),
+        });
+    }
+    File::open(path).map_err(open_err)
+}
+
+/// Where cgroup2 is mounted (`/sys/fs/cgroup` on most nodes, `/sys/fs/cgroup/unified` on hybrid
+/// hosts), read from `/proc/self/mounts`.
+pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
+    let mounts = fs::read_to_string("/proc/self/mounts").map_err(|_| CgroupError::NoCgroup2)?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (_src, target, fstype) = (f.next()?, f.next()?, f.next()?);
+            (fstype == "cgroup2").then(|| PathBuf::from(target.replace("\\040", " ")))
+        })
+        .next()
+        .ok_or(CgroupError::NoCgroup2)
+}

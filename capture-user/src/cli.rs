@@ -1,0 +1,181 @@
+//! The `capture` command line: the contract users and tests script against.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::{
+    config::{parse_annotation, parse_id_list, IdList, PodSpec},
+    ops::{self, AttachRequest, NodeStatus},
+    paths::{Paths, DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
+    record::Mode,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "capture",
+    version,
+    about = "eBPF traffic capture for service-mesh sidecars"
+)]
+pub struct Cli {
+    /// bpffs directory for pinned programs, maps and per-pod links.
+    #[arg(long, global = true, env = "CAPTURE_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
+    pub bpffs: PathBuf,
+    /// Directory for pod records and the node lock.
+    #[arg(long, global = true, env = "CAPTURE_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Capture a pod: attach the programs to its cgroup and configure it.
+    Attach {
+        /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
+        #[arg(long)]
+        netns: PathBuf,
+        /// The pod's cgroup v2 directory.
+        #[arg(long)]
+        cgroup: PathBuf,
+        /// The pod's IP address; repeat for an IPv4 and an IPv6 address.
+        #[arg(long = "pod-ip", required = true)]
+        pod_ips: Vec<IpAddr>,
+        /// A pod annotation, KEY=VALUE (Istio's traffic.sidecar.istio.io/* and friends); repeatable.
+        #[arg(long = "annotation", value_parser = parse_annotation)]
+        annotations: Vec<(String, String)>,
+        /// The proxy's uid(s), comma-separated (default 1337).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_uid: Option<IdList>,
+        /// The proxy's gid(s), comma-separated (default: the uids).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_gid: Option<IdList>,
+        #[arg(long, value_enum, default_value_t = Mode::Ebpf)]
+        mode: Mode,
+    },
+    /// Stop capturing a pod and remove everything attach created for it.
+    Detach {
+        #[arg(long)]
+        netns: PathBuf,
+    },
+    /// Show captured pods, their configuration, whether capture is in force, and counters.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one command; the binary prints the error chain on one line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let paths = Paths::new(&cli.bpffs, &cli.state_dir);
+    match cli.command {
+        Command::Attach {
+            netns,
+            cgroup,
+            pod_ips,
+            annotations,
+            proxy_uid,
+            proxy_gid,
+            mode,
+        } => {
+            let req = AttachRequest {
+                netns,
+                cgroup,
+                spec: PodSpec {
+                    pod_ips,
+                    annotations: annotations.into_iter().collect(),
+                    proxy_uids: proxy_uid.unwrap_or_default().0,
+                    proxy_gids: proxy_gid.unwrap_or_default().0,
+                },
+                mode,
+            };
+            let record = ops::attach(&paths, &req)?;
+            println!(
+                "captured netns {} (cookie {}) cgroup {} mode {}",
+                record.netns.display(),
+                record.netns_cookie,
+                record.cgroup.display(),
+                record.mode
+            );
+        }
+        Command::Detach { netns } => {
+            let record = ops::detach(&paths, &netns)?;
+            println!(
+                "released netns {} (cookie {})",
+                record.netns.display(),
+                record.netns_cookie
+            );
+        }
+        Command::Status { json } => {
+            let status = ops::status(&paths)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", render_status(&status));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The human-readable status table.
+#[must_use]
+pub fn render_status(status: &NodeStatus) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node: programs {} (bpffs {}), {} pod(s), kernel errors {:?}",
+        if status.programs_loaded {
+            "loaded"
+        } else {
+            "not loaded"
+        },
+        status.bpffs.display(),
+        status.pods.len(),
+        status.node_errors
+    );
+    for pod in &status.pods {
+        let r = &pod.record;
+        let _ = writeln!(
+            out,
+            "pod netns {} cookie {} cgroup {} mode {}: {}",
+            r.netns.display(),
+            r.netns_cookie,
+            r.cgroup.display(),
+            r.mode,
+            if pod.in_force {
+                "capture in force".to_string()
+            } else {
+                format!("NOT IN FORCE, missing {}", pod.missing.join(", "))
+            }
+        );
+        let ips: Vec<String> = r
+            .config
+            .pod_ip4
+            .map(|a| a.to_string())
+            .into_iter()
+            .chain(r.config.pod_ip6.map(|a| a.to_string()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  ips {}  proxy uids {:?} gids {:?}  outbound -> {}  include {:?}  exclude cidrs {:?}  ports include {:?} exclude {:?}",
+            ips.join(","),
+            r.config.proxy_uids,
+            r.config.proxy_gids,
+            r.config.outbound_port,
+            r.config.include_outbound_cidrs,
+            r.config.exclude_outbound_cidrs,
+            r.config.include_outbound_ports,
+            r.config.exclude_outbound_ports
+        );
+        if let Some(c) = &pod.counters {
+            let _ = writeln!(
+                out,
+                "  redirected outbound {} inbound {}  passed owner {} excluded {} local {}  errors {}",
+                c.redirected_outbound, c.redirected_inbound, c.passed_owner, c.passed_excluded, c.passed_local, c.errors
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,331 @@
+//! Pod annotations (Istio's) → one validated capture configuration (spec section A).
+//!
+//! Defaults are those of an injected sidecar. Every bad value is an error that names the
+//! annotation, the value and what would be accepted; nothing is silently dropped.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use ipnet::{IpNet, Ipv4Net};
+use serde::{Deserialize, Serialize};
+
+pub const ANN_INCLUDE_OUTBOUND_CIDRS: &str = "traffic.sidecar.istio.io/includeOutboundIPRanges";
+pub const ANN_EXCLUDE_OUTBOUND_CIDRS: &str = "traffic.sidecar.istio.io/excludeOutboundIPRanges";
+pub const ANN_INCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeOutboundPorts";
+pub const ANN_EXCLUDE_OUTBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeOutboundPorts";
+pub const ANN_INCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/includeInboundPorts";
+pub const ANN_EXCLUDE_INBOUND_PORTS: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
+pub const ANN_EXCLUDE_INTERFACES: &str = "traffic.sidecar.istio.io/excludeInterfaces";
+pub const ANN_KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
+pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
+pub const ANN_INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
+pub const ANN_STATUS_PORT: &str = "status.sidecar.istio.io/port";
+
+pub const DEFAULT_PROXY_ID: u32 = 1337;
+pub const OUTBOUND_PORT: u16 = 15001;
+pub const INBOUND_PORT: u16 = 15006;
+pub const TUNNEL_PORT: u16 = 15008;
+pub const DEFAULT_STATUS_PORT: u16 = 15020;
+/// Ports the injector always excludes from inbound capture, before the annotation's.
+pub const ALWAYS_EXCLUDED_INBOUND_PORTS: [u16; 2] = [15090, 15021];
+/// How many proxy uids, and gids, one pod may name (the kernel loop bound).
+pub const MAX_PROXY_IDS: usize = capture_common::config::MAX_PROXY_IDS;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("annotation {key}={value:?}: {reason}")]
+    Annotation {
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("annotation {key}={value:?} is not supported by capture yet: {reason}")]
+    Unsupported {
+        key: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    Pod(String),
+}
+
+/// `*` or an explicit list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection<T> {
+    All,
+    List(Vec<T>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum InterceptionMode {
+    Redirect,
+}
+
+/// Everything capture needs to know about one pod, validated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureConfig {
+    pub pod_ip4: Option<Ipv4Addr>,
+    pub pod_ip6: Option<Ipv6Addr>,
+    pub proxy_uids: Vec<u32>,
+    pub proxy_gids: Vec<u32>,
+    pub interception_mode: InterceptionMode,
+    pub outbound_port: u16,
+    pub inbound_port: u16,
+    pub tunnel_port: u16,
+    pub include_outbound_cidrs: Selection<IpNet>,
+    pub exclude_outbound_cidrs: Vec<IpNet>,
+    pub include_outbound_ports: Vec<u16>,
+    pub exclude_outbound_ports: Vec<u16>,
+    pub include_inbound_ports: Selection<u16>,
+    pub exclude_inbound_ports: Vec<u16>,
+    /// Istio's `HostIPv4LoopbackCidr`.
+    pub host_loopback_cidr: Ipv4Net,
+}
+
+/// What the caller knows about a pod before validation.
+#[derive(Clone, Debug, Default)]
+pub struct PodSpec {
+    pub pod_ips: Vec<IpAddr>,
+    pub annotations: BTreeMap<String, String>,
+    /// Empty means the default, 1337.
+    pub proxy_uids: Vec<u32>,
+    /// Empty means "the same as the uids", as with `istio-iptables -g`.
+    pub proxy_gids: Vec<u32>,
+}
+
+fn bad(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Annotation {
+        key: key.into(),
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Comma-separated items, empty ones dropped (Istio's list parsing).
+fn items(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn parse_port(key: &str, value: &str, item: &str) -> Result<u16, ConfigError> {
+    match item.parse::<u16>() {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(bad(
+            key,
+            value,
+            format!("{item:?} is not a port; use numbers 1-65535, comma-separated"),
+        )),
+    }
+}
+
+fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>, ConfigError> {
+    let mut ports = Vec::new();
+    for item in items(value) {
+        let p = parse_port(key, value, item)?;
+        if !ports.contains(&p) {
+            ports.push(p);
+        }
+    }
+    Ok(ports)
+}
+
+fn parse_port_selection(key: &str, value: &str) -> Result<Selection<u16>, ConfigError> {
+    if value.trim() == "*" {
+        return Ok(Selection::All);
+    }
+    parse_ports(key, value).map(Selection::List)
+}
+
+fn parse_cidrs(key: &str, value: &str) -> Result<Vec<IpNet>, ConfigError> {
+    items(value)
+        .map(|item| {
+            item.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
+                let hint = if item.parse::<IpAddr>().is_ok() {
+                    format!("{item:?} has no prefix length; write {item}/32 (or /128 for IPv6)")
+                } else if item == "*" {
+                    "\"*\" is allowed only as the whole value of an include list".to_string()
+                } else {
+                    format!("{item:?} is not a CIDR such as 10.0.0.0/8 or fd00::/8")
+                };
+                bad(key, value, hint)
+            })
+        })
+        .collect()
+}
+
+fn parse_cidr_selection(key: &str, value: &str) -> Result<Selection<IpNet>, ConfigError> {
+    if value.trim() == "*" {
+        return Ok(Selection::All);
+    }
+    parse_cidrs(key, value).map(Selection::List)
+}
+
+impl CaptureConfig {
+    /// Validates a pod's annotations and addresses into its capture configuration.
+    pub fn from_pod(spec: &PodSpec) -> Result<Self, ConfigError> {
+        let ann = |key: &str| spec.annotations.get(key).map(String::as_str);
+
+        for key in [
+            ANN_EXCLUDE_INTERFACES,
+            ANN_KUBEVIRT_INTERFACES,
+            ANN_REROUTE_VIRTUAL_INTERFACES,
+        ] {
+            if let Some(v) = ann(key).filter(|v| !v.trim().is_empty()) {
+                return Err(ConfigError::Unsupported {
+                    key: key.into(),
+                    value: v.into(),
+                    reason:
+                        "interface-based capture rules are not implemented; remove the annotation"
+                            .into(),
+                });
+            }
+        }
+        let interception_mode = match ann(ANN_INTERCEPTION_MODE).map(str::trim) {
+            None | Some("REDIRECT") => InterceptionMode::Redirect,
+            Some(v @ "TPROXY") => {
+                return Err(ConfigError::Unsupported {
+                    key: ANN_INTERCEPTION_MODE.into(),
+                    value: v.into(),
+                    reason: "TPROXY interception is not implemented; use REDIRECT".into(),
+                })
+            }
+            Some(v) => {
+                return Err(bad(ANN_INTERCEPTION_MODE, v, "must be REDIRECT or TPROXY"));
+            }
+        };
+
+        let (mut pod_ip4, mut pod_ip6) = (None, None);
+        for ip in &spec.pod_ips {
+            match ip {
+                IpAddr::V4(a) if pod_ip4.is_none() => pod_ip4 = Some(*a),
+                IpAddr::V6(a) if pod_ip6.is_none() => pod_ip6 = Some(*a),
+                _ => {
+                    return Err(ConfigError::Pod(format!(
+                        "pod IP {ip}: at most one IPv4 and one IPv6 address"
+                    )))
+                }
+            }
+        }
+        if pod_ip4.is_none() && pod_ip6.is_none() {
+            return Err(ConfigError::Pod("no pod IP given; pass --pod-ip".into()));
+        }
+
+        let proxy_uids = if spec.proxy_uids.is_empty() {
+            vec![DEFAULT_PROXY_ID]
+        } else {
+            spec.proxy_uids.clone()
+        };
+        let proxy_gids = if spec.proxy_gids.is_empty() {
+            proxy_uids.clone()
+        } else {
+            spec.proxy_gids.clone()
+        };
+        for (what, ids) in [("uids", &proxy_uids), ("gids", &proxy_gids)] {
+            if ids.len() > MAX_PROXY_IDS {
+                return Err(ConfigError::Pod(format!(
+                    "{} proxy {what} given; capture supports at most {MAX_PROXY_IDS}",
+                    ids.len()
+                )));
+            }
+        }
+
+        let include_outbound_cidrs = match ann(ANN_INCLUDE_OUTBOUND_CIDRS) {
+            None => Selection::All,
+            Some(v) => parse_cidr_selection(ANN_INCLUDE_OUTBOUND_CIDRS, v)?,
+        };
+        let exclude_outbound_cidrs = ann(ANN_EXCLUDE_OUTBOUND_CIDRS)
+            .map_or(Ok(Vec::new()), |v| {
+                parse_cidrs(ANN_EXCLUDE_OUTBOUND_CIDRS, v)
+            })?;
+        let include_outbound_ports = ann(ANN_INCLUDE_OUTBOUND_PORTS)
+            .map_or(Ok(Vec::new()), |v| {
+                parse_ports(ANN_INCLUDE_OUTBOUND_PORTS, v)
+            })?;
+        let exclude_outbound_ports = ann(ANN_EXCLUDE_OUTBOUND_PORTS)
+            .map_or(Ok(Vec::new()), |v| {
+                parse_ports(ANN_EXCLUDE_OUTBOUND_PORTS, v)
+            })?;
+        let include_inbound_ports = match ann(ANN_INCLUDE_INBOUND_PORTS) {
+            None => Selection::All,
+            Some(v) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
+        };
+        let status_port = match ann(ANN_STATUS_PORT) {
+            None => DEFAULT_STATUS_PORT,
+            Some(v) => parse_port(ANN_STATUS_PORT, v, v.trim())?,
+        };
+        // The injector's order: 15090, 15021, the annotation's ports, then the status port.
+        let mut exclude_inbound_ports = ALWAYS_EXCLUDED_INBOUND_PORTS.to_vec();
+        if let Some(v) = ann(ANN_EXCLUDE_INBOUND_PORTS) {
+            exclude_inbound_ports.extend(parse_ports(ANN_EXCLUDE_INBOUND_PORTS, v)?);
+        }
+        exclude_inbound_ports.push(status_port);
+        let mut seen = Vec::new();
+        exclude_inbound_ports.retain(|p| {
+            if seen.contains(p) {
+                false
+            } else {
+                seen.push(*p);
+                true
+            }
+        });
+
+        Ok(Self {
+            pod_ip4,
+            pod_ip6,
+            proxy_uids,
+            proxy_gids,
+            interception_mode,
+            outbound_port: OUTBOUND_PORT,
+            inbound_port: INBOUND_PORT,
+            tunnel_port: TUNNEL_PORT,
+            include_outbound_cidrs,
+            exclude_outbound_cidrs,
+            include_outbound_ports,
+            exclude_outbound_ports,
+            include_inbound_ports,
+            exclude_inbound_ports,
+            host_loopback_cidr: Ipv4Net::new(Ipv4Addr::LOCALHOST, 32).expect("valid prefix"),
+        })
+    }
+
+    /// Does an include CIDR start at a loopback address? Istio then drops its `-o lo` RETURN rules.
+    #[must_use]
+    pub fn include_covers_loopback(&self) -> bool {
+        match &self.include_outbound_cidrs {
+            Selection::All => false,
+            Selection::List(cidrs) => cidrs.iter().any(|c| c.network().is_loopback()),
+        }
+    }
+}
+
+/// Parses `KEY=VALUE` (the CLI's `--annotation`).
+pub fn parse_annotation(arg: &str) -> Result<(String, String), String> {
+    let (k, v) = arg.split_once('=').ok_or_else(|| {
+        format!("{arg:?} is not KEY=VALUE (for example {ANN_EXCLUDE_OUTBOUND_PORTS}=5432)")
+    })?;
+    if k.trim().is_empty() {
+        return Err(format!("{arg:?} has an empty annotation key"));
+    }
+    Ok((k.trim().to_string(), v.to_string()))
+}
+
+/// A comma-separated id list (`--proxy-uid 1337,1338`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdList(pub Vec<u32>);
+
+pub fn parse_id_list(arg: &str) -> Result<IdList, String> {
+    items(arg)
+        .map(|s| {
+            s.parse::<u32>()
+                .map_err(|_| format!("{s:?} is not a numeric uid/gid"))
+        })
+        .collect::<Result<_, _>>()
+        .map(IdList)
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

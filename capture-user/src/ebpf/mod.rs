@@ -1,0 +1,159 @@
+//! The ebpf backend: the node's programs attached to a pod's cgroup, its config in the maps.
+
+mod pod_maps;
+pub mod programs;
+pub mod sys;
+
+use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
+
+use capture_common::config::{PodCounters, NODE_ERROR_KINDS};
+pub use pod_maps::kernel_config;
+
+use self::programs::{NodePrograms, CGROUP_HOOKS};
+use crate::{config::CaptureConfig, paths::Paths};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    #[error(transparent)]
+    Load(#[from] programs::LoadError),
+    #[error(transparent)]
+    Maps(#[from] pod_maps::PodMapsError),
+    #[error("attaching {hook} to cgroup {cgroup}: {source}{hint}")]
+    Attach {
+        hook: &'static str,
+        cgroup: PathBuf,
+        source: io::Error,
+        hint: &'static str,
+    },
+    #[error("pinning the {hook} link at {path}: {source}")]
+    PinLink {
+        hook: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+/// Everything the backend needs to capture one pod.
+pub struct PodTarget<'a> {
+    pub netns_cookie: u64,
+    pub cgroup_path: &'a std::path::Path,
+    pub cgroup: &'a fs::File,
+}
+
+pub struct EbpfBackend {
+    paths: Paths,
+    node: NodePrograms,
+}
+
+impl EbpfBackend {
+    /// Opens (or first loads) the node's programs. The caller holds the node lock.
+    pub fn open(paths: &Paths, attached_pods: usize) -> Result<Self, EbpfError> {
+        let node = programs::open_or_load(paths, attached_pods)?;
+        Ok(Self {
+            paths: paths.clone(),
+            node,
+        })
+    }
+
+    /// Opens the node's programs only if they are already pinned (never loads): for read-only
+    /// callers and for detach.
+    pub fn adopt(paths: &Paths) -> Result<Self, EbpfError> {
+        Ok(Self {
+            paths: paths.clone(),
+            node: programs::adopt(paths)?,
+        })
+    }
+
+    /// Captures one pod. On any failure everything done so far is undone.
+    pub fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
+        // Leftovers of an attach that died half-way (no record survived it) go first.
+        self.purge(pod.netns_cookie);
+        let result = self.try_attach(pod, cfg);
+        if result.is_err() {
+            self.purge(pod.netns_cookie);
+        }
+        result
+    }
+
+    fn try_attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
+        pod_maps::install(&mut self.node.maps, pod.netns_cookie, cfg)?;
+        let dir = self.paths.pod_links_dir(pod.netns_cookie);
+        fs::create_dir_all(&dir).map_err(|source| EbpfError::PinLink {
+            hook: "-",
+            path: dir.clone(),
+            source,
+        })?;
+        for (hook, prog) in &self.node.programs {
+            let link = sys::link_create(prog.as_fd(), pod.cgroup.as_fd(), hook.attach_type).map_err(|source| {
+                let hint = if source.raw_os_error() == Some(libc::EINVAL) {
+                    "; this kernel may lack the hook (capture needs Linux 5.8+ with cgroup bpf links)"
+                } else {
+                    ""
+                };
+                EbpfError::Attach { hook: hook.hook, cgroup: pod.cgroup_path.into(), source, hint }
+            })?;
+            let path = dir.join(hook.program);
+            sys::obj_pin(link.as_fd(), &path).map_err(|source| EbpfError::PinLink {
+                hook: hook.hook,
+                path,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Stops capturing one pod: links go first (rewriting stops), then the map entries.
+    pub fn detach(&mut self, netns_cookie: u64) {
+        self.purge(netns_cookie);
+    }
+
+    /// Removes the pod's links (in reverse attach order) and map entries; idempotent.
+    fn purge(&mut self, netns_cookie: u64) {
+        let dir = self.paths.pod_links_dir(netns_cookie);
+        for hook in CGROUP_HOOKS.iter().rev() {
+            let _ = fs::remove_file(dir.join(hook.program));
+        }
+        let _ = fs::remove_dir_all(&dir);
+        pod_maps::remove(&mut self.node.maps, netns_cookie);
+    }
+
+    /// Hooks whose link pin is missing for the pod (empty when capture is fully in place).
+    #[must_use]
+    pub fn missing_hooks(&self, netns_cookie: u64) -> Vec<&'static str> {
+        let dir = self.paths.pod_links_dir(netns_cookie);
+        let mut missing: Vec<_> = CGROUP_HOOKS
+            .iter()
+            .filter(|h| sys::obj_get(&dir.join(h.program)).is_err())
+            .map(|h| h.hook)
+            .collect();
+        if self.node.maps.pod_configs.get(&netns_cookie, 0).is_err() {
+            missing.push("pod config");
+        }
+        missing
+    }
+
+    #[must_use]
+    pub fn counters(&self, netns_cookie: u64) -> Option<PodCounters> {
+        pod_maps::counters(&self.node.maps, netns_cookie)
+    }
+
+    /// Node-wide kernel error counters, summed over CPUs, in `NodeError` order.
+    #[must_use]
+    pub fn node_errors(&self) -> Vec<u64> {
+        (0..NODE_ERROR_KINDS)
+            .map(|i| {
+                self.node
+                    .maps
+                    .node_errors
+                    .get(&i, 0)
+                    .map_or(0, |v| v.iter().sum())
+            })
+            .collect()
+    }
+
+    /// Entries waiting in the hand-off map (connections established but not yet accepted).
+    #[must_use]
+    pub fn pending_handoffs(&self) -> usize {
+        self.node.maps.handoff.keys().count()
+    }
+}

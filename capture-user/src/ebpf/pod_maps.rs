@@ -1,0 +1,194 @@
+//! One pod's entries in the node's maps: its config, its lists, its counters.
+
+use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
+use capture_common::{
+    config::{
+        ListKind, PodConfig, PodCounters, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_OUTBOUND_PORTS,
+        FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4,
+        FLAG_HAS_POD_IP6, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK, MAX_PROXY_IDS,
+    },
+    keys::{CidrKey, PortKey, CIDR_KEY_FIXED_BITS},
+};
+use ipnet::IpNet;
+
+use super::programs::Maps;
+use crate::config::{CaptureConfig, Selection};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodMapsError {
+    #[error("writing {what} for the pod: {source}{hint}")]
+    Write {
+        what: String,
+        source: MapError,
+        hint: &'static str,
+    },
+    #[error("counting possible CPUs: {0}")]
+    Cpus(std::io::Error),
+}
+
+fn ip6_words(octets: [u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([octets[i], octets[i + 1], octets[i + 2], octets[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+fn ids(list: &[u32]) -> [u32; MAX_PROXY_IDS] {
+    let mut out = [0; MAX_PROXY_IDS];
+    out[..list.len()].copy_from_slice(list);
+    out
+}
+
+/// The kernel's view of a validated config.
+#[must_use]
+pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
+    let mut flags = 0;
+    let mut set = |cond: bool, flag: u32| {
+        if cond {
+            flags |= flag;
+        }
+    };
+    let (include_all, include_cidrs) = match &cfg.include_outbound_cidrs {
+        Selection::All => (true, false),
+        Selection::List(l) => (false, !l.is_empty()),
+    };
+    set(include_all, FLAG_INCLUDE_ALL_OUTBOUND);
+    set(include_cidrs, FLAG_HAS_INCLUDE_CIDRS);
+    set(
+        !cfg.exclude_outbound_cidrs.is_empty(),
+        FLAG_HAS_EXCLUDE_CIDRS,
+    );
+    set(
+        !cfg.exclude_outbound_ports.is_empty(),
+        FLAG_HAS_EXCLUDE_OUTBOUND_PORTS,
+    );
+    set(
+        !cfg.include_outbound_ports.is_empty(),
+        FLAG_HAS_INCLUDE_OUTBOUND_PORTS,
+    );
+    set(cfg.include_covers_loopback(), FLAG_INCLUDE_COVERS_LOOPBACK);
+    set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
+    set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
+    PodConfig {
+        flags,
+        proxy_uid_count: cfg.proxy_uids.len() as u32,
+        proxy_gid_count: cfg.proxy_gids.len() as u32,
+        loopback4_net: u32::from_ne_bytes(cfg.host_loopback_cidr.network().octets()),
+        loopback4_mask: u32::from_ne_bytes(cfg.host_loopback_cidr.netmask().octets()),
+        pod_ip4: cfg.pod_ip4.map_or(0, |a| u32::from_ne_bytes(a.octets())),
+        pod_ip6: cfg.pod_ip6.map_or([0; 4], |a| ip6_words(a.octets())),
+        proxy_uids: ids(&cfg.proxy_uids),
+        proxy_gids: ids(&cfg.proxy_gids),
+        outbound_port: cfg.outbound_port,
+        inbound_port: cfg.inbound_port,
+        tunnel_port: cfg.tunnel_port,
+        _pad: 0,
+    }
+}
+
+/// The LPM key of a CIDR in one pod's list.
+#[must_use]
+pub fn cidr_key(netns_cookie: u64, list: ListKind, net: &IpNet) -> Key<CidrKey> {
+    let (ipv6, addr) = match net {
+        IpNet::V4(n) => (false, [u32::from_ne_bytes(n.network().octets()), 0, 0, 0]),
+        IpNet::V6(n) => (true, ip6_words(n.network().octets())),
+    };
+    Key::new(
+        CIDR_KEY_FIXED_BITS + u32::from(net.prefix_len()),
+        CidrKey::new(netns_cookie, list, ipv6, addr),
+    )
+}
+
+fn port_entries(cfg: &CaptureConfig) -> impl Iterator<Item = (ListKind, u16)> + '_ {
+    let with = |kind| move |p: &u16| (kind, *p);
+    cfg.exclude_outbound_ports
+        .iter()
+        .map(with(ListKind::ExcludeOutboundPorts))
+        .chain(
+            cfg.include_outbound_ports
+                .iter()
+                .map(with(ListKind::IncludeOutboundPorts)),
+        )
+}
+
+fn cidr_entries(cfg: &CaptureConfig) -> impl Iterator<Item = (ListKind, &IpNet)> + '_ {
+    let include: &[IpNet] = match &cfg.include_outbound_cidrs {
+        Selection::All => &[],
+        Selection::List(l) => l,
+    };
+    cfg.exclude_outbound_cidrs
+        .iter()
+        .map(|n| (ListKind::ExcludeOutboundCidrs, n))
+        .chain(include.iter().map(|n| (ListKind::IncludeOutboundCidrs, n)))
+}
+
+const FULL_HINT: &str =
+    " (the node-wide map may be full: too many pods or list entries on this node)";
+
+/// Writes the pod's entries; the config goes last, since its presence is what the programs act on.
+pub fn install(
+    maps: &mut Maps,
+    netns_cookie: u64,
+    cfg: &CaptureConfig,
+) -> Result<(), PodMapsError> {
+    let write = |what: String| {
+        move |source| PodMapsError::Write {
+            what,
+            source,
+            hint: FULL_HINT,
+        }
+    };
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| PodMapsError::Cpus(e))?;
+    let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("non-empty");
+    maps.pod_counters
+        .insert(netns_cookie, zero, 0)
+        .map_err(write("counters".into()))?;
+    for (list, port) in port_entries(cfg) {
+        maps.port_lists
+            .insert(PortKey::new(netns_cookie, list, port), 1, 0)
+            .map_err(write(format!("{list:?} port {port}")))?;
+    }
+    for (list, net) in cidr_entries(cfg) {
+        maps.cidr_lists
+            .insert(&cidr_key(netns_cookie, list, net), 1, 0)
+            .map_err(write(format!("{list:?} CIDR {net}")))?;
+    }
+    maps.pod_configs
+        .insert(netns_cookie, kernel_config(cfg), 0)
+        .map_err(write("config".into()))
+}
+
+/// Removes every entry of the pod, whatever its config was (also after a partial install).
+pub fn remove(maps: &mut Maps, netns_cookie: u64) {
+    let _ = maps.pod_configs.remove(&netns_cookie);
+    let ports: Vec<PortKey> = maps
+        .port_lists
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.netns_cookie == netns_cookie)
+        .collect();
+    for k in ports {
+        let _ = maps.port_lists.remove(&k);
+    }
+    let cookie_words =
+        CidrKey::new(netns_cookie, ListKind::ExcludeOutboundCidrs, false, [0; 4]).netns_cookie;
+    let cidrs: Vec<_> = maps
+        .cidr_lists
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.data().netns_cookie == cookie_words)
+        .collect();
+    for k in cidrs {
+        let _ = maps.cidr_lists.remove(&k);
+    }
+    let _ = maps.pod_counters.remove(&netns_cookie);
+}
+
+/// The pod's counters summed over CPUs.
+#[must_use]
+pub fn counters(maps: &Maps, netns_cookie: u64) -> Option<PodCounters> {
+    let per_cpu = maps.pod_counters.get(&netns_cookie, 0).ok()?;
+    Some(
+        per_cpu
+            .iter()
+            .fold(PodCounters::default(), PodCounters::plus),
+    )
+}

@@ -1,0 +1,301 @@
+//! The node's program set: loaded once from the embedded object and pinned, then adopted from
+//! the pins by every later `capture` run (and by a restarted agent), never loaded twice.
+
+use std::{
+    fs,
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap},
+    programs::{Program, ProgramError},
+    EbpfLoader,
+};
+use capture_common::{
+    config::{PodConfig, PodCounters},
+    keys::{CidrKey, HandoffKey, PortKey},
+    state::OriginalDst,
+};
+
+use super::sys;
+use crate::paths::Paths;
+
+/// The kernel programs, built by build.rs from capture-ebpf.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+/// One program and the cgroup hook it attaches to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hook {
+    /// The program's name in the object (its function name).
+    pub program: &'static str,
+    /// `enum bpf_attach_type`.
+    pub attach_type: u32,
+    /// The hook as people call it.
+    pub hook: &'static str,
+}
+
+/// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers) is in
+/// place before connect4/6 start rewriting. Detach runs in reverse, so rewriting stops first.
+pub const CGROUP_HOOKS: [Hook; 7] = [
+    Hook {
+        program: "capture_sock_create",
+        attach_type: 2,
+        hook: "cgroup/sock_create",
+    },
+    Hook {
+        program: "capture_sock_ops",
+        attach_type: 3,
+        hook: "sock_ops",
+    },
+    Hook {
+        program: "capture_getsockopt",
+        attach_type: 21,
+        hook: "cgroup/getsockopt",
+    },
+    Hook {
+        program: "capture_getpeername4",
+        attach_type: 29,
+        hook: "cgroup/getpeername4",
+    },
+    Hook {
+        program: "capture_getpeername6",
+        attach_type: 30,
+        hook: "cgroup/getpeername6",
+    },
+    Hook {
+        program: "capture_connect4",
+        attach_type: 10,
+        hook: "cgroup/connect4",
+    },
+    Hook {
+        program: "capture_connect6",
+        attach_type: 11,
+        hook: "cgroup/connect6",
+    },
+];
+
+const MAP_NAMES: [&str; 7] = [
+    "POD_CONFIGS",
+    "POD_COUNTERS",
+    "NODE_ERRORS",
+    "PORT_LISTS",
+    "CIDR_LISTS",
+    "HANDOFF",
+    "SOCKET_STATES",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("this capture binary was built without kernel programs (CAPTURE_SKIP_EBPF_BUILD=1); rebuild it")]
+    NoObject,
+    #[error("parsing the embedded BPF object: {0}")]
+    Parse(#[source] aya::EbpfError),
+    #[error("the object has no program {0}")]
+    MissingProgram(&'static str),
+    #[error("the kernel rejected {hook} (program {program}): {reason}; capture needs a kernel with BTF and this hook (see README, kernel requirements)")]
+    Rejected {
+        hook: &'static str,
+        program: &'static str,
+        reason: String,
+    },
+    #[error("pinning {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+    #[error("opening pinned {path}: {reason}; if the pins are damaged, run `capture detach` for every pod and remove the directory")]
+    Adopt { path: PathBuf, reason: String },
+    #[error("the programs pinned under {dir} come from another capture build and {pods} pod(s) still use them; detach those pods (or restart them) before upgrading")]
+    StaleBuild { dir: PathBuf, pods: usize },
+}
+
+/// Identifies the embedded object, so that pins from another build are recognised.
+#[must_use]
+pub fn object_id() -> String {
+    // FNV-1a: stable across runs and builds, and needs no dependency.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in OBJECT {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The maps user space reads and writes.
+pub struct Maps {
+    pub pod_configs: HashMap<MapData, u64, PodConfig>,
+    pub pod_counters: PerCpuHashMap<MapData, u64, PodCounters>,
+    pub node_errors: PerCpuArray<MapData, u64>,
+    pub port_lists: HashMap<MapData, PortKey, u8>,
+    pub cidr_lists: LpmTrie<MapData, CidrKey, u8>,
+    pub handoff: HashMap<MapData, HandoffKey, OriginalDst>,
+}
+
+/// The node's programs (as fds, ready to attach) and maps.
+pub struct NodePrograms {
+    pub programs: Vec<(Hook, OwnedFd)>,
+    pub maps: Maps,
+}
+
+fn load_program(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> {
+    match program {
+        Program::CgroupSockAddr(p) => p.load(),
+        Program::CgroupSock(p) => p.load(),
+        Program::SockOps(p) => p.load(),
+        Program::CgroupSockopt(p) => p.load(),
+        _ => unreachable!("{} has an unexpected program type", hook.program),
+    }
+}
+
+/// One line from a load failure: the errno, and the verifier's last complaint (the whole log goes
+/// to the debug log).
+fn summarize(e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            log::debug!("verifier log:\n{log}");
+            let complaint = log
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .take_while(|l| !l.starts_with("verification time") && !l.starts_with("processed "))
+                .last()
+                .unwrap_or("no verifier output");
+            format!("{io_error}; verifier: {complaint}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Loads the embedded object into the kernel and pins every program and map.
+fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
+    if OBJECT.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Parse)?;
+    for hook in &CGROUP_HOOKS {
+        let program = ebpf
+            .program_mut(hook.program)
+            .ok_or(LoadError::MissingProgram(hook.program))?;
+        load_program(hook, program).map_err(|e| LoadError::Rejected {
+            hook: hook.hook,
+            program: hook.program,
+            reason: summarize(&e),
+        })?;
+        let path = paths.programs_dir().join(hook.program);
+        program.pin(&path).map_err(|e| LoadError::Pin {
+            path,
+            reason: e.to_string(),
+        })?;
+    }
+    for name in MAP_NAMES {
+        let map = ebpf.map(name).ok_or(LoadError::MissingProgram(name))?;
+        let path = paths.maps_dir().join(name);
+        map.pin(&path).map_err(|e| LoadError::Pin {
+            path,
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+fn all_pinned(paths: &Paths) -> bool {
+    CGROUP_HOOKS
+        .iter()
+        .all(|h| paths.programs_dir().join(h.program).exists())
+        && MAP_NAMES.iter().all(|m| paths.maps_dir().join(m).exists())
+}
+
+/// Removes the node's program and map pins (the kernel frees them once no link uses them).
+pub fn unpin_node(paths: &Paths) {
+    for dir in [paths.programs_dir(), paths.maps_dir()] {
+        if let Ok(entries) = fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+fn open_map<T>(paths: &Paths, name: &str) -> Result<T, LoadError>
+where
+    T: TryFrom<Map>,
+    <T as TryFrom<Map>>::Error: std::fmt::Display,
+{
+    let path = paths.maps_dir().join(name);
+    let adopt = |e: String| LoadError::Adopt {
+        path: path.clone(),
+        reason: e,
+    };
+    let data = MapData::from_pin(&path).map_err(|e| adopt(e.to_string()))?;
+    let map = Map::from_map_data(data).map_err(|e| adopt(e.to_string()))?;
+    T::try_from(map).map_err(|e| adopt(e.to_string()))
+}
+
+pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
+    let programs = CGROUP_HOOKS
+        .iter()
+        .map(|hook| {
+            let path = paths.programs_dir().join(hook.program);
+            sys::obj_get(&path)
+                .map(|fd| (*hook, fd))
+                .map_err(|e| LoadError::Adopt {
+                    path,
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let maps = Maps {
+        pod_configs: open_map(paths, "POD_CONFIGS")?,
+        pod_counters: open_map(paths, "POD_COUNTERS")?,
+        node_errors: open_map(paths, "NODE_ERRORS")?,
+        port_lists: open_map(paths, "PORT_LISTS")?,
+        cidr_lists: open_map(paths, "CIDR_LISTS")?,
+        handoff: open_map(paths, "HANDOFF")?,
+    };
+    Ok(NodePrograms { programs, maps })
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct NodeRecord {
+    object_id: String,
+}
+
+/// Opens the node's programs, loading and pinning them first if this node has none (or only
+/// unused ones from another build). The caller holds the node lock.
+pub fn open_or_load(paths: &Paths, attached_pods: usize) -> Result<NodePrograms, LoadError> {
+    let id = object_id();
+    let record_path = paths.node_record_path();
+    let pinned_id = fs::read_to_string(&record_path)
+        .ok()
+        .and_then(|s| serde_json::from_str::<NodeRecord>(&s).ok())
+        .map(|r| r.object_id);
+    let current = all_pinned(paths) && pinned_id.as_deref() == Some(id.as_str());
+    if !current {
+        if attached_pods > 0 && all_pinned(paths) {
+            return Err(LoadError::StaleBuild {
+                dir: paths.bpffs.clone(),
+                pods: attached_pods,
+            });
+        }
+        unpin_node(paths);
+        if let Err(e) = load_and_pin(paths) {
+            unpin_node(paths);
+            return Err(e);
+        }
+        let record = serde_json::to_string(&NodeRecord { object_id: id }).expect("serialisable");
+        write_atomic(&record_path, record.as_bytes()).map_err(|e| LoadError::Pin {
+            path: record_path.clone(),
+            reason: e.to_string(),
+        })?;
+    }
+    adopt(paths)
+}
+
+/// Writes a file so that readers see the old or the new content, never a torn one.
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, data)?;
+    fs::rename(&tmp, path)
+}

@@ -1,0 +1,12 @@
+//! capture's user space: pod configuration, the ebpf backend, and the operations the `capture`
+//! CLI (and later the node agent and CNI plugin) run.
+
+pub mod cgroup;
+pub mod cli;
+pub mod config;
+pub mod ebpf;
+pub mod lock;
+pub mod netns;
+pub mod ops;
+pub mod paths;
+pub mod record;

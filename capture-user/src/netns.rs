@@ -1,0 +1,116 @@
+//! Network namespaces: open and verify a netns path, learn its cookie, run code inside it.
+
+use std::{
+    fs::File,
+    io,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+};
+
+use nix::sched::{setns, CloneFlags};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error(
+        "netns {path}: {source}; pass a netns file such as /var/run/netns/NAME or /proc/PID/ns/net"
+    )]
+    Open { path: PathBuf, source: io::Error },
+    #[error("netns {path} is not a network namespace; pass a netns file such as /var/run/netns/NAME or /proc/PID/ns/net")]
+    NotNetns { path: PathBuf },
+    #[error("netns {path}: cannot enter it: {source}")]
+    Enter { path: PathBuf, source: nix::Error },
+    #[error("netns {path}: the kernel cannot report the netns cookie (SO_NETNS_COOKIE needs Linux 5.14+): {source}")]
+    Cookie { path: PathBuf, source: io::Error },
+}
+
+/// `NS_GET_NSTYPE` (`_IO(0xb7, 0x3)`).
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// `SO_NETNS_COOKIE`.
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// An open network namespace.
+#[derive(Debug)]
+pub struct Netns {
+    file: File,
+    path: PathBuf,
+}
+
+impl Netns {
+    pub fn open(path: &Path) -> Result<Self, NetnsError> {
+        let file = File::open(path).map_err(|source| NetnsError::Open {
+            path: path.into(),
+            source,
+        })?;
+        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
+        let ns_type = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE) };
+        if ns_type != libc::CLONE_NEWNET {
+            return Err(NetnsError::NotNetns { path: path.into() });
+        }
+        Ok(Self {
+            file,
+            path: path.into(),
+        })
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    #[must_use]
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Runs `f` on a thread that has entered this netns (only that thread moves).
+    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|source| {
+                    NetnsError::Enter {
+                        path: self.path.clone(),
+                        source,
+                    }
+                })?;
+                Ok(f())
+            })
+            .join()
+            .expect("netns thread panicked")
+        })
+    }
+
+    /// The kernel's cookie for this netns: what the kernel programs key the pod by.
+    pub fn cookie(&self) -> Result<u64, NetnsError> {
+        self.run_in(netns_cookie_here)?
+            .map_err(|source| NetnsError::Cookie {
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+/// The cookie of the calling thread's netns.
+pub fn netns_cookie_here() -> io::Result<u64> {
+    // SAFETY: plain socket/getsockopt/close calls with a correctly sized out-buffer.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cookie: u64 = 0;
+        let mut len = size_of::<u64>() as libc::socklen_t;
+        let rc = libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        );
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            return Err(err);
+        }
+        Ok(cookie)
+    }
+}

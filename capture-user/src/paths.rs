@@ -1,0 +1,119 @@
+//! Every path capture keeps state under: one bpffs directory for pinned kernel objects and one
+//! runtime directory for pod records and the node lock.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use nix::{
+    mount::{mount, MsFlags},
+    sys::statfs::{statfs, BPF_FS_MAGIC},
+};
+
+pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/capture";
+pub const DEFAULT_STATE_DIR: &str = "/run/capture";
+const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PathsError {
+    #[error("{path} is not on a bpf filesystem; mount one (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs under one")]
+    NotBpffs { path: PathBuf },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// Pinned programs, maps and per-pod links.
+    pub bpffs: PathBuf,
+    /// Pod records and the node lock.
+    pub state_dir: PathBuf,
+}
+
+impl Paths {
+    #[must_use]
+    pub fn new(bpffs: impl Into<PathBuf>, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            bpffs: bpffs.into(),
+            state_dir: state_dir.into(),
+        }
+    }
+
+    #[must_use]
+    pub fn programs_dir(&self) -> PathBuf {
+        self.bpffs.join("programs")
+    }
+
+    #[must_use]
+    pub fn maps_dir(&self) -> PathBuf {
+        self.bpffs.join("maps")
+    }
+
+    /// Where one pod's links are pinned, named by its netns cookie.
+    #[must_use]
+    pub fn pod_links_dir(&self, netns_cookie: u64) -> PathBuf {
+        self.bpffs.join("pods").join(netns_cookie.to_string())
+    }
+
+    #[must_use]
+    pub fn records_dir(&self) -> PathBuf {
+        self.state_dir.join("pods")
+    }
+
+    #[must_use]
+    pub fn record_path(&self, netns_cookie: u64) -> PathBuf {
+        self.records_dir().join(format!("{netns_cookie}.json"))
+    }
+
+    #[must_use]
+    pub fn lock_path(&self) -> PathBuf {
+        self.state_dir.join("lock")
+    }
+
+    #[must_use]
+    pub fn node_record_path(&self) -> PathBuf {
+        self.state_dir.join("node.json")
+    }
+
+    /// Creates the directories, mounting bpffs at /sys/fs/bpf first if the pin directory is
+    /// below it and nothing is mounted there yet.
+    pub fn prepare(&self) -> Result<(), PathsError> {
+        if self.bpffs.starts_with(BPFFS_MOUNT) && !is_bpffs(Path::new(BPFFS_MOUNT)) {
+            mount(
+                Some("bpf"),
+                BPFFS_MOUNT,
+                Some("bpf"),
+                MsFlags::empty(),
+                None::<&str>,
+            )
+            .map_err(|e| PathsError::Io {
+                path: BPFFS_MOUNT.into(),
+                source: e.into(),
+            })?;
+        }
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| PathsError::Io { path, source }
+        };
+        fs::create_dir_all(&self.bpffs).map_err(io_err(&self.bpffs))?;
+        if !is_bpffs(&self.bpffs) {
+            return Err(PathsError::NotBpffs {
+                path: self.bpffs.clone(),
+            });
+        }
+        for dir in [
+            self.programs_dir(),
+            self.maps_dir(),
+            self.bpffs.join("pods"),
+            self.records_dir(),
+        ] {
+            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+        Ok(())
+    }
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    statfs(path).is_ok_and(|s| s.filesystem_type() == BPF_FS_MAGIC)
+}

@@ -1,0 +1,103 @@
+//! Pod records: what was attached where, kept in the state directory so that `detach`,
+//! `status` and a restarted agent find every captured pod.
+
+use std::{
+    collections::BTreeMap,
+    fs, io,
+    path::PathBuf,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{config::CaptureConfig, ebpf::programs::write_atomic, paths::Paths};
+
+/// How a pod is captured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Kernel programs on the pod's cgroup.
+    Ebpf,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Ebpf => "ebpf",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub netns_cookie: u64,
+    pub netns: PathBuf,
+    pub cgroup: PathBuf,
+    pub mode: Mode,
+    pub annotations: BTreeMap<String, String>,
+    pub config: CaptureConfig,
+    pub attached_at_unix: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("pod record {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("pod record {path} is damaged ({source}); remove it after checking `capture status`")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+#[must_use]
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub fn save(paths: &Paths, record: &PodRecord) -> Result<(), RecordError> {
+    let path = paths.record_path(record.netns_cookie);
+    let json = serde_json::to_vec_pretty(record).expect("records serialise");
+    write_atomic(&path, &json).map_err(|source| RecordError::Io { path, source })
+}
+
+pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
+    let path = paths.record_path(netns_cookie);
+    match fs::remove_file(&path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(RecordError::Io { path, source: e }),
+        _ => Ok(()),
+    }
+}
+
+/// Every pod record, oldest first.
+pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
+    let dir = paths.records_dir();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(RecordError::Io { path: dir, source }),
+    };
+    let mut records = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|source| RecordError::Io {
+                path: dir.clone(),
+                source,
+            })?
+            .path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let data = fs::read(&path).map_err(|source| RecordError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        records.push(
+            serde_json::from_slice(&data).map_err(|source| RecordError::Parse { path, source })?,
+        );
+    }
+    records.sort_by_key(|r: &PodRecord| (r.attached_at_unix, r.netns_cookie));
+    Ok(records)
+}
