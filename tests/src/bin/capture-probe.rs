@@ -1,0 +1,361 @@
+//! The tests' traffic probe. It enters a pod (cgroup, netns, identity) the way a container's
+//! process would, then serves or connects and prints what it saw as one JSON line.
+//!
+//! `serve` answers every TCP connection with a JSON line naming the listener, its local and peer
+//! address and `SO_ORIGINAL_DST`, and echoes UDP datagrams; `connect` prints its own view plus
+//! the server's line.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+};
+
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Args {
+    /// Join this cgroup (v2 directory) first.
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+    /// Enter this network namespace.
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// Become this uid (after joining the pod).
+    #[arg(long)]
+    uid: Option<u32>,
+    /// Become this primary gid.
+    #[arg(long)]
+    gid: Option<u32>,
+    /// Supplementary groups, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    groups: Vec<u32>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve until killed. Prints `ready` once every listener is bound.
+    Serve {
+        /// NAME=ADDR: a TCP listener reporting itself as NAME.
+        #[arg(long = "tcp")]
+        tcp: Vec<String>,
+        /// NAME=ADDR: a UDP echo socket.
+        #[arg(long = "udp")]
+        udp: Vec<String>,
+    },
+    /// Connect once and print the outcome.
+    Connect {
+        #[arg(long)]
+        to: SocketAddr,
+        /// Bind this source address first.
+        #[arg(long)]
+        bind: Option<SocketAddr>,
+        /// Use UDP (connect, send, expect the echo).
+        #[arg(long)]
+        udp: bool,
+        /// Create the socket as UID:GID, then switch to --uid/--gid before connect().
+        #[arg(long)]
+        create_as: Option<String>,
+        /// Use an IPv6 socket even for an IPv4-mapped destination.
+        #[arg(long)]
+        v6_socket: bool,
+        /// Wait for a line on stdin before connecting.
+        #[arg(long)]
+        wait_stdin: bool,
+    },
+}
+
+fn die(msg: impl std::fmt::Display) -> ! {
+    eprintln!("capture-probe: {msg}");
+    std::process::exit(2)
+}
+
+fn check(rc: libc::c_int, what: &str) {
+    if rc != 0 {
+        die(format!("{what}: {}", std::io::Error::last_os_error()));
+    }
+}
+
+/// setresgid/setresuid keeping the saved ids root, so a later switch is still possible.
+fn become_ids(uid: u32, gid: u32, groups: &[u32]) {
+    // SAFETY: plain credential syscalls.
+    unsafe {
+        check(libc::setresuid(0, 0, 0), "setresuid(0)");
+        check(libc::setgroups(groups.len(), groups.as_ptr()), "setgroups");
+        check(libc::setresgid(gid, gid, 0), "setresgid");
+        check(libc::setresuid(uid, uid, 0), "setresuid");
+    }
+}
+
+fn enter(args: &Args) {
+    if let Some(cg) = &args.cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .unwrap_or_else(|e| die(format!("join cgroup {}: {e}", cg.display())));
+    }
+    if let Some(ns) = &args.netns {
+        let f =
+            std::fs::File::open(ns).unwrap_or_else(|e| die(format!("open {}: {e}", ns.display())));
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| die(format!("setns: {e}")));
+    }
+}
+
+fn drop_privileges(args: &Args) {
+    if args.uid.is_some() || args.gid.is_some() {
+        become_ids(args.uid.unwrap_or(0), args.gid.unwrap_or(0), &args.groups);
+    }
+}
+
+fn parse_named(spec: &str) -> (String, SocketAddr) {
+    let (name, addr) = spec
+        .split_once('=')
+        .unwrap_or_else(|| die(format!("{spec}: want NAME=ADDR")));
+    (
+        name.to_string(),
+        addr.parse().unwrap_or_else(|e| die(format!("{addr}: {e}"))),
+    )
+}
+
+fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "ECONNREFUSED".into(),
+        Some(libc::EPERM) => "EPERM".into(),
+        Some(libc::ETIMEDOUT) | Some(libc::EAGAIN) => "ETIMEDOUT".into(),
+        Some(libc::ENETUNREACH) => "ENETUNREACH".into(),
+        _ if e.kind() == std::io::ErrorKind::TimedOut
+            || e.kind() == std::io::ErrorKind::WouldBlock =>
+        {
+            "ETIMEDOUT".into()
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// `SO_ORIGINAL_DST` (IPv4) or `IP6T_SO_ORIGINAL_DST` (IPv6) of an accepted socket.
+fn original_dst(stream: &TcpStream, ipv6: bool) -> Value {
+    let mut buf = [0u8; 28];
+    let mut len = if ipv6 { 28 } else { 16 } as libc::socklen_t;
+    let level = if ipv6 { libc::SOL_IPV6 } else { libc::SOL_IP };
+    // SAFETY: the buffer is at least `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            level,
+            80,
+            buf.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return json!({ "error": errno_name(&std::io::Error::last_os_error()) });
+    }
+    let port = u16::from_be_bytes([buf[2], buf[3]]);
+    let addr: SocketAddr = if ipv6 {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&buf[8..24]);
+        (std::net::Ipv6Addr::from(a), port).into()
+    } else {
+        (
+            std::net::Ipv4Addr::new(buf[4], buf[5], buf[6], buf[7]),
+            port,
+        )
+            .into()
+    };
+    json!(addr.to_string())
+}
+
+fn serve_tcp(name: String, listener: TcpListener) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let local = stream.local_addr().ok();
+        let ipv6 = local.is_some_and(|a| {
+            a.is_ipv6()
+                && !matches!(a.ip(), std::net::IpAddr::V6(v) if v.to_ipv4_mapped().is_some())
+        });
+        let line = json!({
+            "server": name,
+            "local": local.map(|a| a.to_string()),
+            "peer": stream.peer_addr().ok().map(|a| a.to_string()),
+            "orig": original_dst(&stream, ipv6),
+        });
+        let _ = writeln!(stream, "{line}");
+    }
+}
+
+fn serve_udp(name: String, socket: UdpSocket) {
+    let mut buf = [0u8; 1500];
+    while let Ok((n, from)) = socket.recv_from(&mut buf) {
+        let reply = json!({ "server": name, "peer": from.to_string(), "echo": String::from_utf8_lossy(&buf[..n]) });
+        let _ = socket.send_to(reply.to_string().as_bytes(), from);
+    }
+}
+
+/// A bound socket; IPv6 ones are v6-only so that `0.0.0.0` and `[::]` can share a port.
+fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::OwnedFd {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockaddrStorage,
+    };
+    let family = if addr.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let fd = socket(family, ty, SockFlag::SOCK_CLOEXEC, None).unwrap_or_else(|e| die(e));
+    setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap_or_else(|e| die(e));
+    // The remote owns its addresses through local routes, not interface addresses; IPv6 binds
+    // such an address only with freebind.
+    setsockopt(&fd, sockopt::IpFreebind, &true).unwrap_or_else(|e| die(e));
+    if addr.is_ipv6() {
+        setsockopt(&fd, sockopt::Ipv6V6Only, &true).unwrap_or_else(|e| die(e));
+    }
+    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))
+        .unwrap_or_else(|e| die(format!("bind {addr}: {e}")));
+    fd
+}
+
+fn bind_tcp(addr: SocketAddr) -> TcpListener {
+    use nix::sys::socket::{listen, Backlog, SockType};
+    let fd = bound(addr, SockType::Stream);
+    listen(&fd, Backlog::new(128).expect("backlog")).unwrap_or_else(|e| die(e));
+    TcpListener::from(fd)
+}
+
+fn serve(tcp: &[String], udp: &[String]) -> ! {
+    let mut threads = Vec::new();
+    for spec in tcp {
+        let (name, addr) = parse_named(spec);
+        let listener = bind_tcp(addr);
+        threads.push(std::thread::spawn(move || serve_tcp(name, listener)));
+    }
+    for spec in udp {
+        let (name, addr) = parse_named(spec);
+        let socket = UdpSocket::from(bound(addr, nix::sys::socket::SockType::Datagram));
+        threads.push(std::thread::spawn(move || serve_udp(name, socket)));
+    }
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    for t in threads {
+        let _ = t.join();
+    }
+    std::process::exit(0)
+}
+
+fn new_socket(to: SocketAddr, udp: bool, v6_socket: bool) -> std::os::fd::OwnedFd {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let family = if to.is_ipv6() || v6_socket {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let ty = if udp {
+        SockType::Datagram
+    } else {
+        SockType::Stream
+    };
+    socket(family, ty, SockFlag::SOCK_CLOEXEC, None).unwrap_or_else(|e| die(e))
+}
+
+fn sockaddr_of(addr: SocketAddr, v6_socket: bool) -> nix::sys::socket::SockaddrStorage {
+    match addr {
+        SocketAddr::V4(a) if v6_socket => {
+            SocketAddr::new(a.ip().to_ipv6_mapped().into(), a.port()).into()
+        }
+        other => other.into(),
+    }
+}
+
+fn connect(
+    args: &Args,
+    to: SocketAddr,
+    bind: Option<SocketAddr>,
+    udp: bool,
+    create_as: Option<&str>,
+    v6_socket: bool,
+) -> Value {
+    use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
+    if let Some(spec) = create_as {
+        let (u, g) = spec
+            .split_once(':')
+            .unwrap_or_else(|| die("--create-as wants UID:GID"));
+        become_ids(
+            u.parse().unwrap_or_else(|e| die(e)),
+            g.parse().unwrap_or_else(|e| die(e)),
+            &[],
+        );
+    }
+    let fd = new_socket(to, udp, v6_socket);
+    if create_as.is_some() {
+        drop_privileges(args);
+    }
+    if let Some(b) = bind {
+        nix::sys::socket::bind(fd.as_raw_fd(), &sockaddr_of(b, v6_socket))
+            .unwrap_or_else(|e| die(format!("bind {b}: {e}")));
+    }
+    let timeout = nix::sys::time::TimeVal::new(3, 0);
+    let _ = nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::SendTimeout, &timeout);
+    let _ = nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &timeout);
+    if let Err(e) = nix::sys::socket::connect(fd.as_raw_fd(), &sockaddr_of(to, v6_socket)) {
+        return json!({ "ok": false, "error": errno_name(&std::io::Error::from(e)) });
+    }
+    let show = |a: nix::Result<SockaddrStorage>| a.ok().map(|a| a.to_string());
+    let local = show(getsockname(fd.as_raw_fd()));
+    let peer = show(getpeername(fd.as_raw_fd()));
+    let reply = if udp {
+        let sock = UdpSocket::from(fd);
+        if let Err(e) = sock.send(b"ping") {
+            return json!({ "ok": false, "error": errno_name(&e), "local": local, "peer": peer });
+        }
+        let mut buf = [0u8; 1500];
+        match sock.recv(&mut buf) {
+            Ok(n) => serde_json::from_slice(&buf[..n]).unwrap_or(Value::Null),
+            Err(e) => {
+                return json!({ "ok": false, "error": errno_name(&e), "local": local, "peer": peer })
+            }
+        }
+    } else {
+        let mut stream = TcpStream::from(fd);
+        let mut line = String::new();
+        match BufReader::new(&mut stream).read_line(&mut line) {
+            Ok(_) => serde_json::from_str(line.trim()).unwrap_or(Value::Null),
+            Err(e) => {
+                return json!({ "ok": false, "error": errno_name(&e), "local": local, "peer": peer })
+            }
+        }
+    };
+    json!({ "ok": true, "local": local, "peer": peer, "reply": reply })
+}
+
+fn main() {
+    let args = Args::parse();
+    enter(&args);
+    match &args.cmd {
+        Cmd::Serve { tcp, udp } => {
+            drop_privileges(&args);
+            serve(tcp, udp)
+        }
+        Cmd::Connect {
+            to,
+            bind,
+            udp,
+            create_as,
+            v6_socket,
+            wait_stdin,
+        } => {
+            if *wait_stdin {
+                println!("waiting");
+                let _ = std::io::stdout().flush();
+                let mut b = [0u8; 1];
+                let _ = std::io::stdin().read(&mut b);
+            }
+            if create_as.is_none() {
+                drop_privileges(&args);
+            }
+            let out = connect(&args, *to, *bind, *udp, create_as.as_deref(), *v6_socket);
+            println!("{out}");
+        }
+    }
+}

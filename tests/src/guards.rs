@@ -1,0 +1,151 @@
+//! RAII guards for everything a test creates in the kernel or on disk.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::unique;
+
+/// Runs a command, panicking with its stderr if it fails.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ip ARGS...`
+pub fn ip(args: &[&str]) -> String {
+    run(Command::new("ip").args(args))
+}
+
+/// A named network namespace (`ip netns add`), deleted on drop.
+pub struct NetnsGuard {
+    pub name: String,
+}
+
+impl NetnsGuard {
+    pub fn new(prefix: &str) -> Self {
+        let name = unique(prefix);
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        Self { name }
+    }
+
+    #[must_use]
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/var/run/netns").join(&self.name)
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A cgroup v2 directory under the cgroup2 mount; its processes are killed and it is removed on
+/// drop.
+pub struct CgroupGuard {
+    pub path: PathBuf,
+}
+
+impl CgroupGuard {
+    pub fn new(prefix: &str) -> Self {
+        let mount = capture_user::cgroup::cgroup2_mount().expect("cgroup2 mounted");
+        let path = mount.join(unique(prefix));
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        Self { path }
+    }
+
+    /// Moves a running process into this cgroup.
+    pub fn add(&self, pid: u32) {
+        fs::write(self.path.join("cgroup.procs"), pid.to_string()).expect("write cgroup.procs");
+    }
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        let _ = fs::write(self.path.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fs::remove_dir(&self.path).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A bpffs pin directory and a state directory for one test's `capture` runs.
+pub struct CaptureDirs {
+    pub bpffs: PathBuf,
+    pub state: PathBuf,
+}
+
+impl CaptureDirs {
+    pub fn new() -> Self {
+        let name = unique("capture-test");
+        Self {
+            bpffs: Path::new("/sys/fs/bpf").join(&name),
+            state: std::env::temp_dir().join(name),
+        }
+    }
+}
+
+impl Default for CaptureDirs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for CaptureDirs {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.bpffs);
+        let _ = fs::remove_dir_all(&self.state);
+    }
+}
+
+/// A child process killed on drop.
+pub struct ChildGuard {
+    pub child: Child,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd` and waits for it to print `ready` (or `waiting`) on stdout.
+    pub fn spawn_ready(cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let guard = Self { child };
+        assert!(
+            matches!(line.trim(), "ready" | "waiting"),
+            "{cmd:?} did not come up (printed {line:?})"
+        );
+        guard
+    }
+
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,152 @@
+//! Running the probe as a pod's process, and reading what it saw.
+
+use std::{path::PathBuf, process::Command};
+
+use serde_json::Value;
+
+use crate::built_binary;
+
+#[must_use]
+pub fn probe_bin() -> PathBuf {
+    built_binary("capture-probe", "CAPTURE_PROBE_BIN")
+}
+
+/// A process identity inside the pod.
+#[derive(Clone, Debug)]
+pub struct Who {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Who {
+    #[must_use]
+    pub fn new(uid: u32, gid: u32) -> Self {
+        Self {
+            uid,
+            gid,
+            groups: Vec::new(),
+        }
+    }
+    /// The application container (uid/gid 1000).
+    #[must_use]
+    pub fn app() -> Self {
+        Self::new(1000, 1000)
+    }
+    /// The sidecar proxy (uid/gid 1337).
+    #[must_use]
+    pub fn proxy() -> Self {
+        Self::new(1337, 1337)
+    }
+    #[must_use]
+    pub fn with_groups(mut self, groups: &[u32]) -> Self {
+        self.groups = groups.to_vec();
+        self
+    }
+
+    /// The probe arguments that enter a pod as this identity.
+    pub fn args(&self, cmd: &mut Command) {
+        cmd.arg("--uid")
+            .arg(self.uid.to_string())
+            .arg("--gid")
+            .arg(self.gid.to_string());
+        if !self.groups.is_empty() {
+            let g: Vec<String> = self.groups.iter().map(u32::to_string).collect();
+            cmd.arg("--groups").arg(g.join(","));
+        }
+    }
+}
+
+/// How the probe connects.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectOpts {
+    /// Bind this source first (`ADDR:PORT`).
+    pub bind: Option<String>,
+    pub udp: bool,
+    /// Create the socket as (uid, gid), connect as the `Who`.
+    pub create_as: Option<(u32, u32)>,
+    /// An AF_INET6 socket for an IPv4 destination (v4-mapped).
+    pub v6_socket: bool,
+}
+
+impl ConnectOpts {
+    pub fn args(&self, cmd: &mut Command) {
+        if let Some(b) = &self.bind {
+            cmd.arg("--bind").arg(b);
+        }
+        if self.udp {
+            cmd.arg("--udp");
+        }
+        if let Some((u, g)) = self.create_as {
+            cmd.arg("--create-as").arg(format!("{u}:{g}"));
+        }
+        if self.v6_socket {
+            cmd.arg("--v6-socket");
+        }
+    }
+}
+
+/// What one connection attempt saw: the client's view and the accepting server's report.
+#[derive(Clone, Debug)]
+pub struct Outcome(pub Value);
+
+impl Outcome {
+    /// Parses the probe's output line.
+    pub fn parse(stdout: &str) -> Self {
+        let line = stdout.lines().last().unwrap_or_default();
+        Self(serde_json::from_str(line).unwrap_or_else(|e| panic!("probe printed {stdout:?}: {e}")))
+    }
+    fn str_at(&self, path: &[&str]) -> Option<String> {
+        let mut v = &self.0;
+        for p in path {
+            v = v.get(p)?;
+        }
+        v.as_str().map(String::from)
+    }
+    #[must_use]
+    pub fn ok(&self) -> bool {
+        self.0["ok"].as_bool().unwrap_or(false)
+    }
+    /// The errno name of a failed attempt.
+    #[must_use]
+    pub fn error(&self) -> Option<String> {
+        self.str_at(&["error"])
+    }
+    /// The name of the listener that accepted (`outbound`, `inbound`, `app`, `remote`).
+    #[must_use]
+    pub fn server(&self) -> Option<String> {
+        self.str_at(&["reply", "server"])
+    }
+    /// `SO_ORIGINAL_DST` as the accepting listener read it.
+    #[must_use]
+    pub fn orig(&self) -> Option<String> {
+        self.str_at(&["reply", "orig"])
+    }
+    /// The client address as the accepting listener saw it.
+    #[must_use]
+    pub fn peer_seen(&self) -> Option<String> {
+        self.str_at(&["reply", "peer"])
+    }
+    /// The accepting socket's local address.
+    #[must_use]
+    pub fn server_local(&self) -> Option<String> {
+        self.str_at(&["reply", "local"])
+    }
+    /// The client's `getpeername()`.
+    #[must_use]
+    pub fn client_peer(&self) -> Option<String> {
+        self.str_at(&["peer"])
+    }
+    /// The client's `getsockname()`.
+    #[must_use]
+    pub fn client_local(&self) -> Option<String> {
+        self.str_at(&["local"])
+    }
+}
+
+/// The IP part of `ADDR:PORT` / `[ADDR]:PORT`.
+#[must_use]
+pub fn ip_of(addr: &str) -> String {
+    addr.parse::<std::net::SocketAddr>()
+        .map_or_else(|_| addr.to_string(), |a| a.ip().to_string())
+}

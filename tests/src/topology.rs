@@ -1,0 +1,258 @@
+//! One captured pod on a little network: the pod netns (eth0 10.1.0.10/24, fd00:1::10/64) joined
+//! by veth to a "remote" netns that owns every destination the tests dial (10.0.0.0/16,
+//! 10.2.0.0/16, 10.96.0.0/16, 1.0.0.0/8, fd00:2::/64), plus the pod's cgroup and its own capture
+//! directories.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use crate::{
+    built_binary,
+    guards::{ip, CaptureDirs, CgroupGuard, ChildGuard, NetnsGuard},
+    probe::{probe_bin, ConnectOpts, Outcome, Who},
+    require_root,
+};
+
+pub const POD_IP4: &str = "10.1.0.10";
+pub const POD_IP6: &str = "fd00:1::10";
+/// TCP ports the remote netns serves on every address it owns (v4 and v6).
+pub const REMOTE_PORTS: [u16; 7] = [80, 5555, 8080, 9090, 15008, 15020, 32000];
+/// UDP echo port on the remote side (at 10.0.0.5 and fd00:2::5).
+pub const REMOTE_UDP_PORT: u16 = 5000;
+
+/// The `capture` binary under test.
+#[must_use]
+pub fn capture_bin() -> PathBuf {
+    built_binary("capture", "CAPTURE_BIN")
+}
+
+/// A pod: its netns and cgroup.
+pub struct Pod {
+    pub cgroup: CgroupGuard,
+    pub netns: NetnsGuard,
+}
+
+pub struct Topology {
+    // Field order is drop order: servers die before their cgroup and netns go.
+    servers: Vec<ChildGuard>,
+    pub pod: Pod,
+    pub remote: NetnsGuard,
+    pub dirs: CaptureDirs,
+}
+
+impl Topology {
+    /// A pod and its remote, wired up, nothing attached or running yet.
+    pub fn new() -> Self {
+        Self::with_dirs(CaptureDirs::new())
+    }
+
+    /// As `new`, sharing another topology's capture directories (several pods on one "node").
+    pub fn with_dirs(dirs: CaptureDirs) -> Self {
+        require_root();
+        let pod = Pod {
+            cgroup: CgroupGuard::new("capture-pod"),
+            netns: NetnsGuard::new("capture-pod"),
+        };
+        let remote = NetnsGuard::new("capture-remote");
+        let (p, r) = (pod.netns.name.as_str(), remote.name.as_str());
+        ip(&[
+            "-n", p, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", r,
+        ]);
+        for (ns, v4, v6) in [
+            (p, "10.1.0.10/24", "fd00:1::10/64"),
+            (r, "10.1.0.1/24", "fd00:1::1/64"),
+        ] {
+            ip(&["-n", ns, "addr", "add", v4, "dev", "eth0"]);
+            ip(&["-n", ns, "addr", "add", v6, "dev", "eth0", "nodad"]);
+            ip(&["-n", ns, "link", "set", "eth0", "up"]);
+        }
+        ip(&["-n", p, "route", "add", "default", "via", "10.1.0.1"]);
+        ip(&["-n", p, "-6", "route", "add", "default", "via", "fd00:1::1"]);
+        for prefix in ["10.0.0.0/16", "10.2.0.0/16", "10.96.0.0/16", "1.0.0.0/8"] {
+            ip(&["-n", r, "route", "add", "local", prefix, "dev", "lo"]);
+        }
+        ip(&[
+            "-n",
+            r,
+            "-6",
+            "route",
+            "add",
+            "local",
+            "fd00:2::/64",
+            "dev",
+            "lo",
+        ]);
+        Self {
+            servers: Vec::new(),
+            pod,
+            remote,
+            dirs,
+        }
+    }
+
+    /// Runs `capture` with this topology's directories.
+    pub fn capture(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(capture_bin());
+        cmd.arg("--bpffs")
+            .arg(&self.dirs.bpffs)
+            .arg("--state-dir")
+            .arg(&self.dirs.state)
+            .args(args);
+        cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    }
+
+    /// `capture attach` for this pod (both pod IPs) plus `extra`, returning the raw output.
+    pub fn try_attach(&self, extra: &[&str]) -> Output {
+        let netns = self.pod.netns.path();
+        let cgroup = self.pod.cgroup.path.clone();
+        let mut args = vec![
+            "attach",
+            "--netns",
+            netns.to_str().unwrap(),
+            "--cgroup",
+            cgroup.to_str().unwrap(),
+        ];
+        args.extend(["--pod-ip", POD_IP4, "--pod-ip", POD_IP6]);
+        args.extend(extra);
+        self.capture(&args)
+    }
+
+    /// Attaches, panicking with capture's error if it fails.
+    pub fn attach(&self, extra: &[&str]) {
+        let out = self.try_attach(extra);
+        assert!(
+            out.status.success(),
+            "capture attach failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn detach(&self) -> Output {
+        self.capture(&["detach", "--netns", self.pod.netns.path().to_str().unwrap()])
+    }
+
+    /// `capture status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.capture(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "capture status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    fn probe_in_pod(&self, who: &Who) -> Command {
+        let mut cmd = Command::new(probe_bin());
+        cmd.arg("--cgroup")
+            .arg(&self.pod.cgroup.path)
+            .arg("--netns")
+            .arg(self.pod.netns.path());
+        who.args(&mut cmd);
+        cmd
+    }
+
+    fn serve(&mut self, mut cmd: Command, listeners: &[(&str, String)]) {
+        cmd.arg("serve");
+        for (name, addr) in listeners {
+            cmd.arg("--tcp").arg(format!("{name}={addr}"));
+        }
+        self.servers.push(ChildGuard::spawn_ready(&mut cmd));
+    }
+
+    /// The remote side: a `remote` listener on every REMOTE_PORTS port (v4 and v6) and a UDP echo.
+    pub fn start_remote(&mut self) {
+        let mut cmd = Command::new(probe_bin());
+        cmd.arg("--netns").arg(self.remote.path());
+        let mut listeners = Vec::new();
+        for port in REMOTE_PORTS {
+            listeners.push(("remote", format!("0.0.0.0:{port}")));
+            listeners.push(("remote", format!("[::]:{port}")));
+        }
+        // UDP echoes on fixed addresses: a wildcard socket would answer from another source,
+        // which a connected client socket drops.
+        cmd.arg("serve")
+            .arg("--udp")
+            .arg(format!("remote=10.0.0.5:{REMOTE_UDP_PORT}"))
+            .arg("--udp")
+            .arg(format!("remote=[fd00:2::5]:{REMOTE_UDP_PORT}"));
+        for (name, addr) in &listeners {
+            cmd.arg("--tcp").arg(format!("{name}={addr}"));
+        }
+        self.servers.push(ChildGuard::spawn_ready(&mut cmd));
+    }
+
+    /// The sidecar in the pod (uid/gid 1337): `outbound` on 15001 and `inbound` on 15006, v4 and v6.
+    pub fn start_proxy(&mut self) {
+        self.start_proxy_on(&[("outbound", 15001), ("inbound", 15006)]);
+    }
+
+    /// The sidecar with only some of its listeners.
+    pub fn start_proxy_on(&mut self, listeners: &[(&str, u16)]) {
+        let cmd = self.probe_in_pod(&Who::proxy());
+        let l: Vec<_> = listeners
+            .iter()
+            .flat_map(|(n, p)| [(*n, format!("0.0.0.0:{p}")), (*n, format!("[::]:{p}"))])
+            .collect();
+        self.serve(cmd, &l);
+    }
+
+    /// The application in the pod (uid/gid 1000): `app` on 8080, 9090 and 15008, v4 and v6.
+    pub fn start_app(&mut self) {
+        let cmd = self.probe_in_pod(&Who::app());
+        let l: Vec<_> = [8080, 9090, 15008]
+            .iter()
+            .flat_map(|p| {
+                [
+                    ("app", format!("0.0.0.0:{p}")),
+                    ("app", format!("[::]:{p}")),
+                ]
+            })
+            .collect();
+        self.serve(cmd, &l);
+    }
+
+    /// Remote, proxy and app all running.
+    pub fn start_all(&mut self) {
+        self.start_remote();
+        self.start_proxy();
+        self.start_app();
+    }
+
+    /// One connection from inside the pod.
+    pub fn connect(&self, who: &Who, to: &str, opts: &ConnectOpts) -> Outcome {
+        let mut cmd = self.probe_in_pod(who);
+        cmd.arg("connect").arg("--to").arg(to);
+        opts.args(&mut cmd);
+        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "probe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Outcome::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// A TCP connection with default options.
+    pub fn tcp(&self, who: &Who, to: &str) -> Outcome {
+        self.connect(who, to, &ConnectOpts::default())
+    }
+
+    /// Starts a probe in the pod netns but outside its cgroup, waiting for a line on stdin
+    /// before it connects.
+    pub fn spawn_waiting_client(&self, who: &Who, to: &str) -> ChildGuard {
+        let mut cmd = Command::new(probe_bin());
+        cmd.arg("--netns").arg(self.pod.netns.path());
+        who.args(&mut cmd);
+        cmd.arg("connect").arg("--to").arg(to).arg("--wait-stdin");
+        ChildGuard::spawn_ready(&mut cmd)
+    }
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,400 @@
+//! Outbound capture on real traffic: the cases of spec section I and more from sections C and E,
+//! IPv4 and IPv6, each against a freshly attached pod.
+
+use capture_tests::{
+    cases::{run_cases, Case, Expect::*},
+    probe::{ConnectOpts, Who},
+    topology::Topology,
+};
+
+fn pod(annotations: &[&str]) -> Topology {
+    let mut topo = Topology::new();
+    topo.attach(annotations);
+    topo.start_all();
+    topo
+}
+
+fn udp() -> ConnectOpts {
+    ConnectOpts {
+        udp: true,
+        ..ConnectOpts::default()
+    }
+}
+
+fn bind(addr: &str) -> ConnectOpts {
+    ConnectOpts {
+        bind: Some(addr.into()),
+        ..ConnectOpts::default()
+    }
+}
+
+#[test]
+fn default_sidecar_ipv4() {
+    let topo = pod(&[]);
+    let app = Who::app;
+    let proxy = Who::proxy;
+    run_cases(
+        &topo,
+        &[
+            Case::new("T01", app(), "10.0.0.5:80", Outbound("10.0.0.5:80")).peer("10.1.0.10"),
+            Case::new("T04", proxy(), "10.0.0.5:80", Remote("10.0.0.5:80")),
+            Case::new(
+                "T05",
+                Who::new(2000, 1337),
+                "10.0.0.5:80",
+                Remote("10.0.0.5:80"),
+            ),
+            Case::new("T06", app(), "127.0.0.1:9090", App),
+            Case::new("T07", app(), "10.1.0.10:8080", App).peer("10.1.0.10"),
+            Case::new("T09", proxy(), "10.1.0.10:8080", Inbound("10.1.0.10:8080"))
+                .peer("10.1.0.10"),
+            Case::new("T11", proxy(), "10.1.0.10:8080", App)
+                .opts(bind("127.0.0.6:0"))
+                .peer("127.0.0.6"),
+            Case::new("T15", proxy(), "127.0.0.2:8080", Inbound("127.0.0.2:8080"))
+                .peer("127.0.0.1"),
+            Case::new("T18", app(), "10.0.0.5:15020", Outbound("10.0.0.5:15020")),
+            Case::new("E3 proxy to 127.0.0.1", proxy(), "127.0.0.1:9090", App),
+            Case::new("E3 app to other 127/8", app(), "127.0.0.2:9090", App),
+            Case::new(
+                "E5 proxy to own tunnel port",
+                proxy(),
+                "10.1.0.10:15008",
+                App,
+            ),
+            Case::new(
+                "app to tunnel port elsewhere",
+                app(),
+                "10.0.0.5:15008",
+                Outbound("10.0.0.5:15008"),
+            ),
+            Case::new(
+                "app source 127.0.0.6 to own IP",
+                app(),
+                "10.1.0.10:8080",
+                App,
+            )
+            .opts(bind("127.0.0.6:0")),
+            Case::new(
+                "app to 1.1.0.5",
+                app(),
+                "1.1.0.5:80",
+                Outbound("1.1.0.5:80"),
+            ),
+            Case::new("T83", app(), "10.0.0.5:80", Remote("10.0.0.5:80")).opts(ConnectOpts {
+                create_as: Some((1337, 1337)),
+                ..ConnectOpts::default()
+            }),
+            Case::new("T84", proxy(), "10.0.0.5:80", Outbound("10.0.0.5:80")).opts(ConnectOpts {
+                create_as: Some((1000, 1000)),
+                ..ConnectOpts::default()
+            }),
+            Case::new(
+                "T85",
+                Who::app().with_groups(&[1337]),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+            // uid 1337's lo-RETURN rule (B10) passes a gid-only proxy before the gid rules are reached.
+            Case::new(
+                "gid 1337 to own IP",
+                Who::new(2000, 1337),
+                "10.1.0.10:8080",
+                App,
+            ),
+            Case::new(
+                "v4-mapped on a v6 socket",
+                app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            )
+            .opts(ConnectOpts {
+                v6_socket: true,
+                ..ConnectOpts::default()
+            })
+            .peer("10.1.0.10"),
+        ],
+    );
+}
+
+#[test]
+fn udp_is_never_sent_to_the_proxy() {
+    let topo = pod(&[]);
+    // T16: UDP keeps its destination; the remote echo answers.
+    let got = topo.connect(&Who::app(), "10.0.0.5:5000", &udp());
+    assert!(got.ok(), "udp: {:?}", got.0);
+    assert_eq!(got.server().as_deref(), Some("remote"), "{:?}", got.0);
+    assert_eq!(got.client_peer().as_deref(), Some("10.0.0.5:5000"));
+}
+
+#[test]
+fn default_sidecar_ipv6() {
+    let topo = pod(&[]);
+    let app = Who::app;
+    let proxy = Who::proxy;
+    run_cases(
+        &topo,
+        &[
+            Case::new("T29", app(), "[fd00:2::5]:80", Outbound("[fd00:2::5]:80"))
+                .peer("fd00:1::10"),
+            Case::new(
+                "v6 proxy direct",
+                proxy(),
+                "[fd00:2::5]:80",
+                Remote("[fd00:2::5]:80"),
+            ),
+            Case::new("v6 app to ::1", app(), "[::1]:9090", App),
+            Case::new("v6 app to own IP", app(), "[fd00:1::10]:8080", App),
+            Case::new(
+                "v6 proxy to own IP",
+                proxy(),
+                "[fd00:1::10]:8080",
+                Inbound("[fd00:1::10]:8080"),
+            )
+            .peer("fd00:1::10"),
+            Case::new("v6 proxy to ::1", proxy(), "[::1]:9090", App),
+            Case::new(
+                "v6 proxy to own tunnel port",
+                proxy(),
+                "[fd00:1::10]:15008",
+                App,
+            ),
+            Case::new(
+                "v6 gid 1337",
+                Who::new(2000, 1337),
+                "[fd00:2::5]:80",
+                Remote("[fd00:2::5]:80"),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn include_outbound_cidrs() {
+    // T40: only 10.0.0.0/8 goes to the proxy.
+    let topo = pod(&[
+        "--annotation",
+        "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/8,fd00:2::/120",
+    ]);
+    run_cases(
+        &topo,
+        &[
+            Case::new("T40", Who::app(), "1.1.0.5:80", Remote("1.1.0.5:80")),
+            Case::new(
+                "T40 included",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+            Case::new(
+                "v6 included",
+                Who::app(),
+                "[fd00:2::5]:80",
+                Outbound("[fd00:2::5]:80"),
+            ),
+            Case::new(
+                "v6 not included",
+                Who::app(),
+                "[fd00:2::1:5]:80",
+                Remote("[fd00:2::1:5]:80"),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn exclude_cidrs_rank_above_include_ports() {
+    // T43: -x 10.2.0.0/16 -q 32000
+    let topo = pod(&[
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges=10.2.0.0/16,fd00:2::/64",
+        "--annotation",
+        "traffic.sidecar.istio.io/includeOutboundPorts=32000",
+        "--annotation",
+        "traffic.sidecar.istio.io/includeOutboundIPRanges=",
+    ]);
+    run_cases(
+        &topo,
+        &[
+            Case::new(
+                "T43",
+                Who::app(),
+                "10.2.0.7:32000",
+                Remote("10.2.0.7:32000"),
+            ),
+            Case::new(
+                "T43 port included",
+                Who::app(),
+                "10.0.0.5:32000",
+                Outbound("10.0.0.5:32000"),
+            ),
+            Case::new(
+                "T43 nothing included",
+                Who::app(),
+                "10.0.0.5:80",
+                Remote("10.0.0.5:80"),
+            ),
+            Case::new(
+                "v6 excluded",
+                Who::app(),
+                "[fd00:2::5]:32000",
+                Remote("[fd00:2::5]:32000"),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn exclude_outbound_ports_rank_first() {
+    // T44: -o 5555 wins over everything, also for the proxy's own-pod rule.
+    let topo = pod(&[
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeOutboundPorts=5555,8080",
+    ]);
+    run_cases(
+        &topo,
+        &[
+            Case::new("T44", Who::app(), "10.0.0.5:5555", Remote("10.0.0.5:5555")),
+            Case::new(
+                "T44 v6",
+                Who::app(),
+                "[fd00:2::5]:5555",
+                Remote("[fd00:2::5]:5555"),
+            ),
+            Case::new(
+                "T44 other port",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+            Case::new(
+                "excluded port beats proxy-to-own-IP",
+                Who::proxy(),
+                "10.1.0.10:8080",
+                App,
+            ),
+        ],
+    );
+}
+
+#[test]
+fn several_proxy_uids_in_order() {
+    // T72: -u 1337,1338: uid 1337's lo-RETURN rule catches 1338 towards the pod's own IP.
+    let topo = pod(&["--proxy-uid", "1337,1338"]);
+    run_cases(
+        &topo,
+        &[
+            Case::new("T72", Who::new(1338, 1338), "10.1.0.10:8080", App),
+            Case::new(
+                "T72 outbound",
+                Who::new(1338, 1338),
+                "10.0.0.5:80",
+                Remote("10.0.0.5:80"),
+            ),
+            Case::new(
+                "T72 first uid",
+                Who::proxy(),
+                "10.1.0.10:8080",
+                Inbound("10.1.0.10:8080"),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn loopback_include_cidr_is_captured() {
+    // T73: -i 127.1.2.3/32 drops the lo-RETURN rules, so that range goes to the proxy.
+    let topo = pod(&[
+        "--annotation",
+        "traffic.sidecar.istio.io/includeOutboundIPRanges=127.1.2.3/32",
+    ]);
+    run_cases(
+        &topo,
+        &[
+            Case::new("T73", Who::app(), "127.1.2.3:80", Outbound("127.1.2.3:80")),
+            Case::new("T73 other loopback", Who::app(), "127.0.0.2:9090", App),
+        ],
+    );
+}
+
+#[test]
+fn proxy_to_own_pod_ip_with_nothing_included() {
+    // T81: -b '' -i '' still sends the proxy's own-pod traffic to 15006.
+    let topo = pod(&[
+        "--annotation",
+        "traffic.sidecar.istio.io/includeInboundPorts=",
+        "--annotation",
+        "traffic.sidecar.istio.io/includeOutboundIPRanges=",
+    ]);
+    run_cases(
+        &topo,
+        &[
+            Case::new(
+                "T81",
+                Who::proxy(),
+                "10.1.0.10:8080",
+                Inbound("10.1.0.10:8080"),
+            ),
+            Case::new("T81 app", Who::app(), "10.0.0.5:80", Remote("10.0.0.5:80")),
+        ],
+    );
+}
+
+#[test]
+fn no_outbound_listener_is_refused() {
+    // T35: with nothing on 15001 the app gets ECONNREFUSED, never a silent bypass.
+    let mut topo = Topology::new();
+    topo.attach(&[]);
+    topo.start_remote();
+    topo.start_proxy_on(&[("inbound", 15006)]);
+    run_cases(
+        &topo,
+        &[
+            Case::new("T35", Who::app(), "10.0.0.5:80", Refused("ECONNREFUSED")),
+            Case::new(
+                "T35 v6",
+                Who::app(),
+                "[fd00:2::5]:80",
+                Refused("ECONNREFUSED"),
+            ),
+        ],
+    );
+}
+
+#[test]
+fn ipv4_only_pod_leaves_ipv6_alone() {
+    // Istio writes no ip6tables rules for a pod without an IPv6 address.
+    let mut topo = Topology::new();
+    let out = topo.capture(&[
+        "attach",
+        "--netns",
+        topo.pod.netns.path().to_str().unwrap(),
+        "--cgroup",
+        topo.pod.cgroup.path.to_str().unwrap(),
+        "--pod-ip",
+        "10.1.0.10",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    topo.start_all();
+    run_cases(
+        &topo,
+        &[
+            Case::new(
+                "v4 captured",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+            Case::new(
+                "v6 untouched",
+                Who::app(),
+                "[fd00:2::5]:80",
+                Remote("[fd00:2::5]:80"),
+            ),
+        ],
+    );
+}
