@@ -7,12 +7,14 @@
 
 use aya_ebpf::{
     bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB},
+    helpers::generated::bpf_get_netns_cookie,
     programs::SockOpsContext,
+    EbpfContext as _,
 };
 use capture_common::{
     config::NodeError,
     keys::HandoffKey,
-    state::{SOCK_ACCEPTED_REDIRECTED, SOCK_REDIRECTED},
+    state::{SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_REDIRECTED},
     AF_INET, AF_INET6,
 };
 
@@ -96,11 +98,18 @@ fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
 /// The proxy accepted a connection: take the original destination, if the app published one.
 #[inline(always)]
 fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
-    // The accepted socket's storage is a clone of its listener's, which carries the netns.
-    let state = storage::get(sock(ctx)?)?;
+    let sk = sock(ctx)?;
+    // The accepted socket's storage is a clone of its listener's, which carries the netns. A
+    // listener created before capture was attached has none: ask the kernel (Linux 6.0+).
+    let state = storage::get(sk);
+    let netns_cookie = match &state {
+        Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => s.netns_cookie,
+        // SAFETY: a plain helper call on the program's context.
+        _ => unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+    };
     let t = tuple(ctx)?;
     let key = HandoffKey {
-        netns_cookie: state.netns_cookie,
+        netns_cookie,
         local_addr: t.local,
         remote_addr: t.remote,
         local_port: t.local_port,
@@ -110,6 +119,10 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     };
     // SAFETY: the value is read before the entry is removed.
     let orig = unsafe { HANDOFF.get(&key) }?;
+    let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {
+        bump_node(NodeError::HandoffFailed);
+        return None;
+    };
     // Field by field: a struct copy between two map values compiles to memmove, which BPF lacks.
     state.orig.addr[0] = orig.addr[0];
     state.orig.addr[1] = orig.addr[1];

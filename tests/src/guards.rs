@@ -4,7 +4,7 @@ use std::{
     fs,
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -112,9 +112,10 @@ impl Drop for CaptureDirs {
     }
 }
 
-/// A child process killed on drop.
+/// A child process killed on drop. Its stdout stays open, so it can keep printing.
 pub struct ChildGuard {
     pub child: Child,
+    stdout: BufReader<ChildStdout>,
 }
 
 impl ChildGuard {
@@ -126,10 +127,10 @@ impl ChildGuard {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        let stdout = child.stdout.take().expect("stdout");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let guard = Self { child };
+        let _ = stdout.read_line(&mut line);
+        let guard = Self { child, stdout };
         assert!(
             matches!(line.trim(), "ready" | "waiting"),
             "{cmd:?} did not come up (printed {line:?})"
@@ -140,6 +141,18 @@ impl ChildGuard {
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends a line to the child's stdin, then waits for it and returns the rest of its stdout.
+    pub fn release_and_wait(mut self, line: &str) -> String {
+        use std::io::{Read as _, Write as _};
+        let mut stdin = self.child.stdin.take().expect("stdin");
+        stdin.write_all(line.as_bytes()).expect("write stdin");
+        drop(stdin);
+        let mut rest = String::new();
+        let _ = self.stdout.read_to_string(&mut rest);
+        let _ = self.child.wait();
+        rest
     }
 }
 

@@ -256,3 +256,37 @@ impl Default for Topology {
         Self::new()
     }
 }
+
+/// The programs attached to a cgroup, as bpftool lists them (names), empty when none.
+#[must_use]
+pub fn cgroup_programs(cgroup: &std::path::Path) -> Vec<String> {
+    let out = crate::guards::run(
+        Command::new("bpftool")
+            .args(["-j", "cgroup", "show"])
+            .arg(cgroup),
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Array(vec![]));
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The number of entries in one of a node's pinned maps.
+#[must_use]
+pub fn pinned_map_len(bpffs: &std::path::Path, map: &str) -> usize {
+    let path = bpffs.join("maps").join(map);
+    let out = crate::guards::run(
+        Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned"])
+            .arg(&path),
+    );
+    serde_json::from_str::<serde_json::Value>(out.trim())
+        .ok()
+        .and_then(|v| v.as_array().map(Vec::len))
+        .unwrap_or(0)
+}

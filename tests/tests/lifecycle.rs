@@ -1,0 +1,310 @@
+//! Attach/detach lifecycle on real traffic: detach restores direct traffic and leaves nothing,
+//! late joiners are captured, pods never see each other's state, failures roll back.
+
+use std::time::Duration;
+
+use capture_tests::{
+    cases::{run_cases, Case, Expect::*},
+    guards::CaptureDirs,
+    probe::{ConnectOpts, Outcome, Who},
+    topology::{cgroup_programs, pinned_map_len, Topology},
+};
+
+#[test]
+fn detach_restores_direct_traffic_and_leaves_nothing() {
+    let mut topo = Topology::new();
+    topo.attach(&[]);
+    topo.start_all();
+    assert_eq!(
+        cgroup_programs(&topo.pod.cgroup.path).len(),
+        7,
+        "all seven hooks attached"
+    );
+    run_cases(
+        &topo,
+        &[Case::new(
+            "attached",
+            Who::app(),
+            "10.0.0.5:80",
+            Outbound("10.0.0.5:80"),
+        )],
+    );
+
+    let out = topo.detach();
+    assert!(
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run_cases(
+        &topo,
+        &[
+            Case::new(
+                "detached v4",
+                Who::app(),
+                "10.0.0.5:80",
+                Remote("10.0.0.5:80"),
+            ),
+            Case::new(
+                "detached v6",
+                Who::app(),
+                "[fd00:2::5]:80",
+                Remote("[fd00:2::5]:80"),
+            ),
+        ],
+    );
+    assert!(
+        cgroup_programs(&topo.pod.cgroup.path).is_empty(),
+        "no program left on the cgroup"
+    );
+    for map in [
+        "POD_CONFIGS",
+        "POD_COUNTERS",
+        "PORT_LISTS",
+        "CIDR_LISTS",
+        "HANDOFF",
+    ] {
+        assert_eq!(
+            pinned_map_len(&topo.dirs.bpffs, map),
+            0,
+            "{map} still has entries"
+        );
+    }
+    assert!(
+        !topo
+            .dirs
+            .bpffs
+            .join("pods")
+            .read_dir()
+            .unwrap()
+            .any(|_| true),
+        "pod link pins left"
+    );
+    assert_eq!(topo.status()["pods"].as_array().unwrap().len(), 0);
+
+    // Capture can come back on the same pod.
+    topo.attach(&[]);
+    run_cases(
+        &topo,
+        &[Case::new(
+            "re-attached",
+            Who::app(),
+            "10.0.0.5:80",
+            Outbound("10.0.0.5:80"),
+        )],
+    );
+}
+
+#[test]
+fn a_process_that_joins_the_cgroup_after_attach_is_captured() {
+    let mut topo = Topology::new();
+    topo.start_all();
+    // Started in the pod netns but outside its cgroup, before capture exists.
+    let client = topo.spawn_waiting_client(&Who::app(), "10.0.0.5:80");
+    topo.attach(&[]);
+    topo.pod.cgroup.add(client.pid());
+    let got = Outcome::parse(&client.release_and_wait("go\n"));
+    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    assert_eq!(got.orig().as_deref(), Some("10.0.0.5:80"));
+}
+
+#[test]
+fn status_counts_decisions() {
+    let mut topo = Topology::new();
+    topo.attach(&[]);
+    topo.start_all();
+    run_cases(
+        &topo,
+        &[
+            Case::new(
+                "redirect",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+            Case::new(
+                "redirect again",
+                Who::app(),
+                "[fd00:2::5]:80",
+                Outbound("[fd00:2::5]:80"),
+            ),
+            Case::new("owner", Who::proxy(), "10.0.0.5:80", Remote("10.0.0.5:80")),
+            Case::new("local", Who::app(), "127.0.0.1:9090", App),
+        ],
+    );
+    let status = topo.status();
+    let pod = &status["pods"][0];
+    assert_eq!(pod["in_force"], true, "{pod}");
+    let c = &pod["counters"];
+    assert_eq!(c["redirected_outbound"], 2, "{c}");
+    // The proxy's own listeners and connections count as owner passes too.
+    assert!(c["passed_owner"].as_u64().unwrap() >= 1, "{c}");
+    assert!(c["passed_local"].as_u64().unwrap() >= 1, "{c}");
+    assert_eq!(c["errors"], 0, "{c}");
+    assert_eq!(
+        status["pending_handoffs"], 0,
+        "hand-off entries must leave with the handshake"
+    );
+}
+
+#[test]
+fn attach_is_idempotent_and_refuses_a_conflicting_second_attach() {
+    let topo = Topology::new();
+    topo.attach(&[]);
+    topo.attach(&[]);
+    let out = topo.try_attach(&[
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeOutboundPorts=80",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already captured") && err.contains("capture detach"),
+        "{err}"
+    );
+    assert_eq!(
+        cgroup_programs(&topo.pod.cgroup.path).len(),
+        7,
+        "exactly one set of hooks"
+    );
+}
+
+/// Two pods on one node whose proxies see the very same loopback 4-tuple
+/// (127.0.0.1:P -> 127.0.0.1:15006) at the same time, for different original destinations.
+#[test]
+fn pods_with_colliding_loopback_tuples_keep_their_own_destinations() {
+    let mut a = Topology::new();
+    let mut b = Topology::with_dirs(CaptureDirs::new());
+    // Same node: b uses a's pin and state directories (and so a's programs and maps).
+    let b_dirs = std::mem::replace(
+        &mut b.dirs,
+        CaptureDirs {
+            bpffs: a.dirs.bpffs.clone(),
+            state: a.dirs.state.clone(),
+        },
+    );
+    drop(b_dirs);
+    a.attach(&[]);
+    b.attach(&[]);
+    for t in [&mut a, &mut b] {
+        t.start_proxy();
+        t.start_app();
+    }
+    let rounds = 12;
+    let run = |topo: &Topology, to: &'static str| {
+        (0..rounds)
+            .map(|i| {
+                let opts = ConnectOpts {
+                    bind: Some(format!("127.0.0.1:{}", 41000 + i)),
+                    ..ConnectOpts::default()
+                };
+                let got = topo.connect(&Who::proxy(), to, &opts);
+                (got.server(), got.orig(), got.peer_seen())
+            })
+            .collect::<Vec<_>>()
+    };
+    let (got_a, got_b) = std::thread::scope(|s| {
+        let ha = s.spawn(|| run(&a, "127.0.0.2:8080"));
+        let hb = s.spawn(|| run(&b, "127.0.0.3:9090"));
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    for (i, (ga, gb)) in got_a.iter().zip(&got_b).enumerate() {
+        let port = 41000 + i;
+        assert_eq!(
+            ga,
+            &(
+                Some("inbound".into()),
+                Some("127.0.0.2:8080".into()),
+                Some(format!("127.0.0.1:{port}"))
+            ),
+            "pod a round {i}"
+        );
+        assert_eq!(
+            gb,
+            &(
+                Some("inbound".into()),
+                Some("127.0.0.3:9090".into()),
+                Some(format!("127.0.0.1:{port}"))
+            ),
+            "pod b round {i}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        pinned_map_len(&a.dirs.bpffs, "HANDOFF"),
+        0,
+        "hand-off entries left behind"
+    );
+    // Dropping `b` must not remove a's directories twice: forget b's copy of the paths.
+    std::mem::forget(std::mem::replace(&mut b.dirs, CaptureDirs::new()));
+}
+
+#[test]
+fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
+    // Fill the node's CIDR map almost completely with pod a, then let pod b overflow it.
+    let cidrs = |base: u32, n: u32| -> String {
+        (0..n)
+            .map(|i| {
+                let v = base + i;
+                format!("{}.{}.{}.0/24", 11 + (v >> 16), (v >> 8) & 0xff, v & 0xff)
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut a = Topology::new();
+    let include = format!(
+        "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16,{}",
+        cidrs(0, 8000)
+    );
+    let exclude = format!(
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
+        cidrs(8000, 8000)
+    );
+    a.attach(&["--annotation", &include, "--annotation", &exclude]);
+    a.start_all();
+
+    let mut b = Topology::new();
+    let shared = CaptureDirs {
+        bpffs: a.dirs.bpffs.clone(),
+        state: a.dirs.state.clone(),
+    };
+    drop(std::mem::replace(&mut b.dirs, shared));
+    let exclude_b = format!(
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
+        cidrs(20000, 1000)
+    );
+    let out = b.try_attach(&["--annotation", &exclude_b]);
+    assert!(
+        !out.status.success(),
+        "attach b should overflow the CIDR map"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one error line: {err}");
+    assert!(err.contains("CIDR") && err.contains("full"), "{err}");
+
+    assert!(
+        cgroup_programs(&b.pod.cgroup.path).is_empty(),
+        "b half-attached"
+    );
+    assert_eq!(
+        b.status()["pods"].as_array().unwrap().len(),
+        1,
+        "only a is recorded"
+    );
+    assert_eq!(pinned_map_len(&a.dirs.bpffs, "POD_CONFIGS"), 1);
+    assert_eq!(
+        pinned_map_len(&a.dirs.bpffs, "CIDR_LISTS"),
+        16001,
+        "b's partial entries were removed"
+    );
+    run_cases(
+        &a,
+        &[Case::new(
+            "a still captured",
+            Who::app(),
+            "10.0.0.5:80",
+            Outbound("10.0.0.5:80"),
+        )],
+    );
+    std::mem::forget(std::mem::replace(&mut b.dirs, CaptureDirs::new()));
+}
