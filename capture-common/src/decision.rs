@@ -181,3 +181,7 @@ pub fn decide_tcp_connect<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) 
     }
     Verdict::Pass(Pass::NotIncluded)
 }
+
+#[cfg(test)]
+#[path = "decision_tests.rs"]
+mod tests;

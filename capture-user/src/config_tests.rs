@@ -1,1 +1,127 @@
+use std::collections::BTreeMap;
 
+use super::*;
+
+fn spec(annotations: &[(&str, &str)]) -> PodSpec {
+    PodSpec {
+        pod_ips: vec!["10.1.0.10".parse().unwrap()],
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect::<BTreeMap<_, _>>(),
+        ..PodSpec::default()
+    }
+}
+
+#[test]
+fn injected_sidecar_defaults() {
+    let c = CaptureConfig::from_pod(&spec(&[])).unwrap();
+    assert_eq!(c.proxy_uids, vec![1337]);
+    assert_eq!(c.proxy_gids, vec![1337]);
+    assert_eq!(c.include_outbound_cidrs, Selection::All);
+    assert!(c.exclude_outbound_cidrs.is_empty() && c.exclude_outbound_ports.is_empty());
+    assert_eq!(c.include_inbound_ports, Selection::All);
+    assert_eq!(c.exclude_inbound_ports, vec![15090, 15021, 15020]);
+    assert_eq!(
+        (c.outbound_port, c.inbound_port, c.tunnel_port),
+        (15001, 15006, 15008)
+    );
+    assert_eq!(c.host_loopback_cidr.to_string(), "127.0.0.1/32");
+}
+
+#[test]
+fn lists_drop_empty_items_and_duplicates() {
+    let c = CaptureConfig::from_pod(&spec(&[
+        (ANN_EXCLUDE_OUTBOUND_PORTS, "80,,443, 80"),
+        (ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.5/8, fd00::/8"),
+        (ANN_EXCLUDE_INBOUND_PORTS, "9000,15021"),
+        (ANN_STATUS_PORT, "15999"),
+    ]))
+    .unwrap();
+    assert_eq!(c.exclude_outbound_ports, vec![80, 443]);
+    assert_eq!(
+        c.include_outbound_cidrs,
+        Selection::List(vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "fd00::/8".parse().unwrap()
+        ])
+    );
+    assert_eq!(c.exclude_inbound_ports, vec![15090, 15021, 9000, 15999]);
+}
+
+#[test]
+fn empty_include_means_nothing() {
+    let c = CaptureConfig::from_pod(&spec(&[
+        (ANN_INCLUDE_OUTBOUND_CIDRS, ""),
+        (ANN_INCLUDE_INBOUND_PORTS, ""),
+    ]))
+    .unwrap();
+    assert_eq!(c.include_outbound_cidrs, Selection::List(vec![]));
+    assert_eq!(c.include_inbound_ports, Selection::List(vec![]));
+}
+
+#[test]
+fn loopback_include_is_detected() {
+    let c =
+        CaptureConfig::from_pod(&spec(&[(ANN_INCLUDE_OUTBOUND_CIDRS, "127.1.2.3/32")])).unwrap();
+    assert!(c.include_covers_loopback());
+    let c = CaptureConfig::from_pod(&spec(&[(ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.0/8")])).unwrap();
+    assert!(!c.include_covers_loopback());
+}
+
+#[test]
+fn errors_name_the_annotation_and_value() {
+    let err = |k, v| {
+        CaptureConfig::from_pod(&spec(&[(k, v)]))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(ANN_EXCLUDE_OUTBOUND_PORTS, "80,http");
+    assert!(
+        e.contains(ANN_EXCLUDE_OUTBOUND_PORTS) && e.contains("\"http\""),
+        "{e}"
+    );
+    let e = err(ANN_EXCLUDE_OUTBOUND_CIDRS, "*");
+    assert!(e.contains("include list"), "{e}");
+    let e = err(ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.1");
+    assert!(e.contains("10.0.0.1/32"), "{e}");
+    let e = err(ANN_INTERCEPTION_MODE, "TPROXY");
+    assert!(e.contains("not supported"), "{e}");
+    let e = err(ANN_KUBEVIRT_INTERFACES, "eth1");
+    assert!(e.contains("not supported"), "{e}");
+}
+
+#[test]
+fn pod_ips_and_ids_are_checked() {
+    let mut s = spec(&[]);
+    s.pod_ips.clear();
+    assert!(CaptureConfig::from_pod(&s)
+        .unwrap_err()
+        .to_string()
+        .contains("--pod-ip"));
+    s.pod_ips = vec!["10.1.0.10".parse().unwrap(), "10.1.0.11".parse().unwrap()];
+    assert!(CaptureConfig::from_pod(&s).is_err());
+    let mut s = spec(&[]);
+    s.proxy_uids = vec![1337, 1338];
+    let c = CaptureConfig::from_pod(&s).unwrap();
+    assert_eq!(c.proxy_gids, vec![1337, 1338], "gids default to the uids");
+    s.proxy_gids = vec![1, 2, 3, 4, 5];
+    assert!(CaptureConfig::from_pod(&s)
+        .unwrap_err()
+        .to_string()
+        .contains("at most"));
+}
+
+#[test]
+fn annotation_and_id_arguments() {
+    assert_eq!(
+        parse_annotation("a/b=c=d").unwrap(),
+        ("a/b".into(), "c=d".into())
+    );
+    assert!(parse_annotation("novalue").is_err());
+    assert_eq!(
+        parse_id_list("1337, 1338").unwrap(),
+        IdList(vec![1337, 1338])
+    );
+    assert!(parse_id_list("istio").is_err());
+}

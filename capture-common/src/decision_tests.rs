@@ -1,0 +1,235 @@
+//! The decision procedure against spec section C/E, without a kernel.
+
+extern crate std;
+use std::{vec, vec::Vec};
+
+use super::*;
+use crate::config::FLAG_HAS_POD_IP6;
+
+const POD4: u32 = ip4(10, 1, 0, 10);
+const POD6: [u32; 4] = [
+    u32::from_ne_bytes([0xfd, 0, 0, 1]),
+    0,
+    0,
+    u32::from_ne_bytes([0, 0, 0, 0x10]),
+];
+
+#[derive(Default)]
+struct Lists {
+    ports: Vec<(ListKind, u16)>,
+    cidrs4: Vec<(ListKind, u32, u32)>, // list, network, mask (network order)
+}
+
+impl PodLists for Lists {
+    fn port_listed(&self, list: ListKind, port: u16) -> bool {
+        self.ports.contains(&(list, port))
+    }
+    fn cidr_listed(&self, list: ListKind, ipv6: bool, addr: &[u32; 4]) -> bool {
+        !ipv6
+            && self
+                .cidrs4
+                .iter()
+                .any(|(l, net, mask)| *l == list && addr[0] & mask == *net)
+    }
+}
+
+fn default_cfg() -> PodConfig {
+    PodConfig {
+        flags: FLAG_INCLUDE_ALL_OUTBOUND | FLAG_HAS_POD_IP4 | FLAG_HAS_POD_IP6,
+        proxy_uid_count: 1,
+        proxy_gid_count: 1,
+        loopback4_net: LOCALHOST4,
+        loopback4_mask: u32::MAX,
+        pod_ip4: POD4,
+        pod_ip6: POD6,
+        proxy_uids: [1337, 0, 0, 0],
+        proxy_gids: [1337, 0, 0, 0],
+        outbound_port: 15001,
+        inbound_port: 15006,
+        tunnel_port: 15008,
+        _pad: 0,
+    }
+}
+
+fn v4(dst: u32, port: u16, uid: u32, gid: u32) -> Connect {
+    Connect {
+        ipv6: false,
+        dst: [dst, 0, 0, 0],
+        dst_port: port,
+        src: [0; 4],
+        uid,
+        gid,
+    }
+}
+
+fn decide(cfg: &PodConfig, lists: &Lists, c: Connect) -> Verdict {
+    decide_tcp_connect(cfg, lists, &c)
+}
+
+#[test]
+fn default_sidecar_cases() {
+    let cfg = default_cfg();
+    let l = Lists::default();
+    let remote = ip4(10, 0, 0, 5);
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1000, 1000)),
+        Verdict::Outbound,
+        "T01"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1337, 1337)),
+        Verdict::Pass(Pass::Owner),
+        "T04"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 2000, 1337)),
+        Verdict::Pass(Pass::Owner),
+        "T05"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(LOCALHOST4, 9090, 1000, 1000)),
+        Verdict::Pass(Pass::Local),
+        "T06"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(POD4, 8080, 1000, 1000)),
+        Verdict::Pass(Pass::Local),
+        "T07"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(POD4, 8080, 1337, 1337)),
+        Verdict::Inbound,
+        "T09"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(ip4(127, 0, 0, 2), 8080, 1337, 1337)),
+        Verdict::Inbound,
+        "T15"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(LOCALHOST4, 8080, 1337, 1337)),
+        Verdict::Pass(Pass::Owner),
+        "E3"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(POD4, 15008, 1337, 1337)),
+        Verdict::Pass(Pass::Owner),
+        "E5"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 15020, 1000, 1000)),
+        Verdict::Outbound,
+        "T18"
+    );
+    let mut c = v4(POD4, 8080, 1337, 1337);
+    c.src = [INBOUND_PASSTHROUGH_SRC4, 0, 0, 0];
+    assert_eq!(
+        decide(&cfg, &l, c),
+        Verdict::Pass(Pass::InboundPassthroughSource),
+        "T11"
+    );
+}
+
+#[test]
+fn precedence_of_port_and_cidr_lists() {
+    let mut cfg = default_cfg();
+    cfg.flags = FLAG_HAS_POD_IP4
+        | FLAG_HAS_EXCLUDE_CIDRS
+        | FLAG_HAS_INCLUDE_OUTBOUND_PORTS
+        | FLAG_HAS_EXCLUDE_OUTBOUND_PORTS;
+    let l = Lists {
+        ports: vec![
+            (ListKind::IncludeOutboundPorts, 32000),
+            (ListKind::ExcludeOutboundPorts, 5555),
+        ],
+        cidrs4: vec![(
+            ListKind::ExcludeOutboundCidrs,
+            ip4(10, 2, 0, 0),
+            ip4(255, 255, 0, 0),
+        )],
+    };
+    assert_eq!(
+        decide(&cfg, &l, v4(ip4(10, 2, 0, 7), 32000, 1000, 1000)),
+        Verdict::Pass(Pass::ExcludedCidr),
+        "T43"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(ip4(10, 0, 0, 5), 32000, 1000, 1000)),
+        Verdict::Outbound
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(ip4(10, 0, 0, 5), 80, 1000, 1000)),
+        Verdict::Pass(Pass::NotIncluded)
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(POD4, 5555, 1337, 1337)),
+        Verdict::Pass(Pass::ExcludedPort),
+        "T44 first"
+    );
+}
+
+#[test]
+fn several_uids_and_loopback_include() {
+    let mut cfg = default_cfg();
+    cfg.proxy_uid_count = 2;
+    cfg.proxy_uids = [1337, 1338, 0, 0];
+    let l = Lists::default();
+    assert_eq!(
+        decide(&cfg, &l, v4(POD4, 8080, 1338, 1338)),
+        Verdict::Pass(Pass::Local),
+        "T72"
+    );
+    cfg.flags |= FLAG_INCLUDE_COVERS_LOOPBACK;
+    cfg.flags &= !FLAG_INCLUDE_ALL_OUTBOUND;
+    cfg.flags |= FLAG_HAS_INCLUDE_CIDRS;
+    let l = Lists {
+        cidrs4: vec![(ListKind::IncludeOutboundCidrs, ip4(127, 1, 2, 3), u32::MAX)],
+        ..Lists::default()
+    };
+    assert_eq!(
+        decide(&cfg, &l, v4(ip4(127, 1, 2, 3), 80, 1000, 1000)),
+        Verdict::Outbound,
+        "T73"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(LOCALHOST4, 80, 1000, 1000)),
+        Verdict::Pass(Pass::Local),
+        "LOOP stays direct"
+    );
+}
+
+#[test]
+fn ipv6() {
+    let cfg = default_cfg();
+    let l = Lists::default();
+    let remote6 = [
+        u32::from_ne_bytes([0xfd, 0, 0, 2]),
+        0,
+        0,
+        u32::from_ne_bytes([0, 0, 0, 5]),
+    ];
+    let c = |dst, uid| Connect {
+        ipv6: true,
+        dst,
+        dst_port: 80,
+        src: [0; 4],
+        uid,
+        gid: uid,
+    };
+    assert_eq!(decide(&cfg, &l, c(remote6, 1000)), Verdict::Outbound, "T29");
+    assert_eq!(
+        decide(&cfg, &l, c(LOOPBACK6, 1000)),
+        Verdict::Pass(Pass::Local)
+    );
+    assert_eq!(decide(&cfg, &l, c(POD6, 1337)), Verdict::Inbound);
+    assert_eq!(
+        decide(&cfg, &l, c(LOOPBACK6, 1337)),
+        Verdict::Pass(Pass::Owner)
+    );
+    let mut v4_only = cfg;
+    v4_only.flags &= !FLAG_HAS_POD_IP6;
+    assert_eq!(
+        decide(&v4_only, &l, c(remote6, 1000)),
+        Verdict::Pass(Pass::FamilyNotCaptured)
+    );
+}
