@@ -42,6 +42,10 @@ struct Redirect {
 }
 
 #[inline(always)]
+#[expect(
+    clippy::mut_from_ref,
+    reason = "the context wraps the kernel's raw pointer; the program is its only user"
+)]
 fn sock_addr(ctx: &SockAddrContext) -> &mut bpf_sock_addr {
     // SAFETY: the context pointer is valid for the whole program run.
     unsafe { &mut *ctx.sock_addr }

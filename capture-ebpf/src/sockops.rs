@@ -118,7 +118,7 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
         _pad: 0,
     };
     // SAFETY: the value is read before the entry is removed.
-    let orig = unsafe { HANDOFF.get(&key) }?;
+    let orig = unsafe { HANDOFF.get(key) }?;
     let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {
         bump_node(NodeError::HandoffFailed);
         return None;
@@ -131,7 +131,7 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     state.orig.port = orig.port;
     state.orig.family = orig.family;
     state.flags |= SOCK_ACCEPTED_REDIRECTED;
-    let _ = HANDOFF.remove(&key);
+    let _ = HANDOFF.remove(key);
     Some(())
 }
 

@@ -30,18 +30,16 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {
         return p.into();
     }
+    // Tests run from target/<profile>/deps/, binaries (the demo) from target/<profile>/.
     let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps/<test>");
-    let path = profile_dir.join(name);
-    assert!(
-        path.exists(),
-        "{} not built; run `cargo xtask test` (it builds every binary first) or set {env}",
-        path.display()
-    );
-    path
+    let dir = exe.parent().expect("executable directory");
+    let candidates = [
+        dir.join(name),
+        dir.parent().map(|d| d.join(name)).unwrap_or_default(),
+    ];
+    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+        panic!("{name} not built next to {}; run `cargo xtask test` (it builds every binary first) or set {env}", exe.display())
+    })
 }
 
 pub mod cases;

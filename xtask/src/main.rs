@@ -1,1 +1,126 @@
-fn main() {}
+//! capture's developer tasks: `cargo xtask setup|build|test|lint|demo`.
+//!
+//! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
+//! rustup, cargo and root.
+
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Args {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent; a fast no-op when all is present).
+    Setup,
+    /// Build every binary of the default members (the kernel programs are built and embedded by
+    /// capture-user's build.rs; capture-ebpf itself only builds for BPF).
+    Build,
+    /// Run every test: unit tests and the privileged end-to-end suite (needs root).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// cargo fmt --check and clippy -D warnings, user side and kernel side.
+    Lint,
+    /// Capture a demo pod's traffic and show it (needs root).
+    Demo,
+}
+
+/// Runs a command, failing with its name if it does not succeed.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn build() -> Result<()> {
+    run(cargo().args(["build", "--bins", "--locked"]))
+}
+
+fn require_root(what: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("{what} loads BPF programs and creates network namespaces: run it as root");
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    match run_task(Args::parse().task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_task(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => setup::setup(),
+        Task::Build => {
+            setup::setup()?;
+            build()
+        }
+        Task::Test { args } => {
+            require_root("cargo xtask test")?;
+            setup::setup()?;
+            build()?;
+            run(cargo().args(["test", "--locked"]).args(&args))
+        }
+        Task::Lint => {
+            setup::setup()?;
+            run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+            run(cargo().args([
+                "clippy",
+                "--all-targets",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ]))?;
+            run(Command::new("rustup")
+                .args([
+                    "run",
+                    "nightly",
+                    "cargo",
+                    "clippy",
+                    "--release",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+                .current_dir("capture-ebpf"))
+        }
+        Task::Demo => {
+            require_root("cargo xtask demo")?;
+            setup::setup()?;
+            build()?;
+            run(cargo().args([
+                "run",
+                "--quiet",
+                "--locked",
+                "-p",
+                "capture-tests",
+                "--bin",
+                "capture-demo",
+            ]))
+        }
+    }
+}
