@@ -132,6 +132,16 @@ impl Outcome {
     pub fn server_local(&self) -> Option<String> {
         self.str_at(&["reply", "local"])
     }
+    /// The accepting socket's IP_TTL / IPV6_UNICAST_HOPS.
+    #[must_use]
+    pub fn server_ttl(&self) -> Option<u64> {
+        self.0["reply"]["ttl"].as_u64()
+    }
+    /// The `SO_ORIGINAL_DST` error of an accepting socket that has no original destination.
+    #[must_use]
+    pub fn orig_error(&self) -> Option<String> {
+        self.str_at(&["reply", "orig", "error"])
+    }
     /// The client's `getpeername()`.
     #[must_use]
     pub fn client_peer(&self) -> Option<String> {

@@ -308,3 +308,25 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
     );
     std::mem::forget(std::mem::replace(&mut b.dirs, CaptureDirs::new()));
 }
+
+#[test]
+fn other_getsockopt_calls_keep_the_kernels_answer() {
+    let mut topo = Topology::new();
+    topo.attach(&[]);
+    topo.start_all();
+    // Captured: the proxy's socket answers SO_ORIGINAL_DST, and IP_TTL (same level) is untouched.
+    for to in ["10.0.0.5:80", "[fd00:2::5]:80"] {
+        let got = topo.tcp(&Who::app(), to);
+        assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+        assert_eq!(got.server_ttl(), Some(64), "{:?}", got.0);
+    }
+    // Not captured (app to its own IP): the app's listener gets the kernel's own SO_ORIGINAL_DST
+    // error, the same as an uncaptured listener in the remote netns.
+    let inside = topo.tcp(&Who::app(), "10.1.0.10:8080");
+    let outside = topo.tcp(&Who::proxy(), "10.0.0.5:80");
+    assert_eq!(inside.server().as_deref(), Some("app"));
+    assert_eq!(outside.server().as_deref(), Some("remote"));
+    assert!(inside.orig_error().is_some(), "{:?}", inside.0);
+    assert_eq!(inside.orig_error(), outside.orig_error());
+    assert_eq!(inside.server_ttl(), Some(64));
+}

@@ -168,6 +168,23 @@ fn original_dst(stream: &TcpStream, ipv6: bool) -> Value {
     json!(addr.to_string())
 }
 
+/// IPV6_UNICAST_HOPS of a socket.
+fn stream_hops(stream: &TcpStream) -> Option<u32> {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `v` is an int-sized out-buffer.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_IPV6,
+            libc::IPV6_UNICAST_HOPS,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then_some(v as u32)
+}
+
 fn serve_tcp(name: String, listener: TcpListener) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
@@ -181,6 +198,8 @@ fn serve_tcp(name: String, listener: TcpListener) {
             "local": local.map(|a| a.to_string()),
             "peer": stream.peer_addr().ok().map(|a| a.to_string()),
             "orig": original_dst(&stream, ipv6),
+            // Another SOL_IP/SOL_IPV6 option, to show capture leaves other getsockopt calls alone.
+            "ttl": if ipv6 { stream_hops(&stream) } else { stream.ttl().ok() },
         });
         let _ = writeln!(stream, "{line}");
     }
