@@ -69,6 +69,7 @@ pub enum ListKind {
 /// Per-pod counters (`POD_COUNTERS`, per CPU; user space sums them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
 pub struct PodCounters {
     /// Connections rewritten to the outbound listener (15001).
     pub redirected_outbound: u64,

@@ -19,6 +19,7 @@ use capture_common::{
 use crate::{
     counters::{bump_node, bump_pod},
     maps::{MapLists, POD_CONFIGS},
+    sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
 };
 
@@ -105,7 +106,10 @@ fn decide(
     // SAFETY: the entry is a plain value, read while the program runs.
     let cfg: &PodConfig =
         unsafe { POD_CONFIGS.get(netns_cookie) }.ok_or(ConnectError::UnknownPod)?;
-    let state = storage::get_or_create(sk.cast()).ok_or(ConnectError::NoSocketStorage)?;
+    let Some(state) = storage::get_or_create(sk.cast()) else {
+        bump_pod(netns_cookie, PodCounter::Errors);
+        return Err(ConnectError::NoSocketStorage);
+    };
     (conn.uid, conn.gid) = owner(state);
 
     let verdict = decide_tcp_connect(cfg, &MapLists { netns_cookie }, &conn);
@@ -136,23 +140,6 @@ fn decide(
         None
     };
     Ok(Some(Redirect { port, bind_to }))
-}
-
-#[repr(C)]
-struct SockaddrIn {
-    family: u16,
-    port: u16,
-    addr: u32,
-    zero: [u8; 8],
-}
-
-#[repr(C)]
-struct SockaddrIn6 {
-    family: u16,
-    port: u16,
-    flowinfo: u32,
-    addr: [u32; 4],
-    scope_id: u32,
 }
 
 /// Binds the socket's source address (the port is left to `connect()`). A failure only costs the

@@ -12,6 +12,7 @@ mod counters;
 mod maps;
 mod peer;
 mod sock;
+mod sockaddr;
 mod sockops;
 mod sockopt;
 mod storage;

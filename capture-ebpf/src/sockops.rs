@@ -12,13 +12,18 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use capture_common::{
-    config::NodeError,
+    config::{NodeError, PodCounter},
     keys::HandoffKey,
     state::{SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_REDIRECTED},
     AF_INET, AF_INET6,
 };
 
-use crate::{connect::V4_MAPPED_PREFIX, counters::bump_node, maps::HANDOFF, storage};
+use crate::{
+    connect::V4_MAPPED_PREFIX,
+    counters::{bump_node, bump_pod},
+    maps::HANDOFF,
+    storage,
+};
 
 /// A connection's endpoints from the socket's own side; IPv4 (also v4-mapped) in word 0.
 struct Tuple {
@@ -91,6 +96,7 @@ fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
     };
     if HANDOFF.insert(key, state.orig, 0).is_err() {
         bump_node(NodeError::HandoffFailed);
+        bump_pod(state.netns_cookie, PodCounter::Errors);
     }
     Some(())
 }
@@ -121,6 +127,7 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     let orig = unsafe { HANDOFF.get(key) }?;
     let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {
         bump_node(NodeError::HandoffFailed);
+        bump_pod(netns_cookie, PodCounter::Errors);
         return None;
     };
     // Field by field: a struct copy between two map values compiles to memmove, which BPF lacks.

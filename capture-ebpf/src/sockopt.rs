@@ -8,7 +8,10 @@ use capture_common::{
     AF_INET, AF_INET6, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST,
 };
 
-use crate::storage;
+use crate::{
+    sockaddr::{SockaddrIn, SockaddrIn6},
+    storage,
+};
 
 /// The original destination to report for this option on this socket, if any.
 #[inline(always)]
@@ -33,23 +36,6 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
         _ => false,
     };
     family_matches.then_some(state.orig)
-}
-
-#[repr(C)]
-struct SockaddrIn {
-    family: u16,
-    port: u16,
-    addr: u32,
-    zero: [u8; 8],
-}
-
-#[repr(C)]
-struct SockaddrIn6 {
-    family: u16,
-    port: u16,
-    flowinfo: u32,
-    addr: [u32; 4],
-    scope_id: u32,
 }
 
 /// Copies `value` into the option buffer and reports success, if the caller's buffer holds it.

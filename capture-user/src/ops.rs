@@ -6,6 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use capture_common::config::PodCounters;
 use serde::Serialize;
 
 use crate::{
@@ -142,17 +143,7 @@ pub struct PodStatus {
     pub in_force: bool,
     /// What is missing when not in force.
     pub missing: Vec<String>,
-    pub counters: Option<Counters>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct Counters {
-    pub redirected_outbound: u64,
-    pub redirected_inbound: u64,
-    pub passed_owner: u64,
-    pub passed_excluded: u64,
-    pub passed_local: u64,
-    pub errors: u64,
+    pub counters: Option<PodCounters>,
 }
 
 #[derive(Debug, Serialize)]
@@ -177,14 +168,7 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
                         .into_iter()
                         .map(String::from)
                         .collect(),
-                    b.counters(record.netns_cookie).map(|c| Counters {
-                        redirected_outbound: c.redirected_outbound,
-                        redirected_inbound: c.redirected_inbound,
-                        passed_owner: c.passed_owner,
-                        passed_excluded: c.passed_excluded,
-                        passed_local: c.passed_local,
-                        errors: c.errors,
-                    }),
+                    b.counters(record.netns_cookie),
                 ),
                 None => (vec!["node programs (not loaded)".to_string()], None),
             };

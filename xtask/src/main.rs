@@ -53,6 +53,44 @@ fn build() -> Result<()> {
     run(cargo().args(["build", "--bins", "--locked"]))
 }
 
+/// `cargo test`, streaming its output, then one closing line that totals every test binary
+/// (cargo's own last line is often a doc-test run with nothing in it).
+fn test(args: &[String]) -> Result<()> {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = cargo()
+        .args(["test", "--locked", "--no-fail-fast"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(summary) = line.strip_prefix("test result: ") {
+            for part in summary.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let n: u64 = n.parse().unwrap_or(0);
+                match what {
+                    "passed" => passed += n,
+                    "failed" => failed += n,
+                    "ignored" => ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    Ok(())
+}
+
 fn require_root(what: &str) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -82,7 +120,7 @@ fn run_task(task: Task) -> Result<()> {
             require_root("cargo xtask test")?;
             setup::setup()?;
             build()?;
-            run(cargo().args(["test", "--locked"]).args(&args))
+            test(&args)
         }
         Task::Lint => {
             setup::setup()?;
