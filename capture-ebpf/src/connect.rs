@@ -117,7 +117,11 @@ fn decide(
     let port = match verdict {
         Verdict::Outbound => cfg.outbound_port,
         Verdict::Inbound => cfg.inbound_port,
-        Verdict::Pass(_) => return Ok(None),
+        Verdict::Pass(_) => {
+            // A socket may connect again after a failed attempt; forget an earlier rewrite.
+            state.flags &= !SOCK_REDIRECTED;
+            return Ok(None);
+        }
     };
     state.orig = OriginalDst {
         addr: conn.dst,
