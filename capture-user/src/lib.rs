@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod ebpf;
+pub mod iptables;
 pub mod lock;
 pub mod netns;
 pub mod ops;

@@ -1,0 +1,134 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::config::{
+    PodSpec, ANN_EXCLUDE_INBOUND_PORTS, ANN_EXCLUDE_OUTBOUND_CIDRS, ANN_EXCLUDE_OUTBOUND_PORTS,
+    ANN_INCLUDE_INBOUND_PORTS, ANN_INCLUDE_OUTBOUND_CIDRS, ANN_INCLUDE_OUTBOUND_PORTS,
+};
+
+fn config(annotations: &[(&str, &str)], uids: &[u32]) -> CaptureConfig {
+    CaptureConfig::from_pod(&PodSpec {
+        pod_ips: vec!["10.1.0.10".parse().unwrap(), "fd00:1::10".parse().unwrap()],
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect::<BTreeMap<_, _>>(),
+        proxy_uids: uids.to_vec(),
+        proxy_gids: Vec::new(),
+    })
+    .unwrap()
+}
+
+#[test]
+fn default_sidecar_matches_the_spec_rule_set() {
+    let want = include_str!("testdata/rules-default-sidecar.v4.txt");
+    assert_eq!(restore_input(&config(&[], &[]), Family::V4), want);
+}
+
+#[test]
+fn ipv6_uses_its_own_loopback_and_passthrough_addresses() {
+    let v6 = nat_rules(&config(&[], &[]), Family::V6);
+    let v4 = nat_rules(&config(&[], &[]), Family::V4);
+    assert_eq!(v6.len(), v4.len());
+    assert!(v6.contains(&"-A ISTIO_OUTPUT -o lo -s ::6/128 -j RETURN".to_string()));
+    assert!(v6.contains(&"-A ISTIO_OUTPUT -d ::1/128 -j RETURN".to_string()));
+    assert!(!v6.iter().any(|l| l.contains("127.0.0.")), "{v6:#?}");
+}
+
+#[test]
+fn lists_land_in_istio_order_and_family() {
+    let rules = nat_rules(
+        &config(
+            &[
+                (ANN_EXCLUDE_OUTBOUND_PORTS, "5555"),
+                (ANN_EXCLUDE_OUTBOUND_CIDRS, "10.2.0.0/16,fd00:2::/64"),
+                (ANN_INCLUDE_OUTBOUND_PORTS, "32000"),
+                (ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.0/8"),
+            ],
+            &[],
+        ),
+        Family::V4,
+    );
+    let pos = |needle: &str| {
+        rules
+            .iter()
+            .position(|l| l == needle)
+            .unwrap_or_else(|| panic!("{needle} missing from {rules:#?}"))
+    };
+    let o_tcp = pos("-A ISTIO_OUTPUT -p tcp --dport 5555 -j RETURN");
+    let o_udp = pos("-A ISTIO_OUTPUT -p udp --dport 5555 -j RETURN");
+    let passthrough = pos("-A ISTIO_OUTPUT -o lo -s 127.0.0.6/32 -j RETURN");
+    let loopback = pos("-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN");
+    let x = pos("-A ISTIO_OUTPUT -d 10.2.0.0/16 -j RETURN");
+    let q = pos("-A ISTIO_OUTPUT -p tcp --dport 32000 -j ISTIO_REDIRECT");
+    let i = pos("-A ISTIO_OUTPUT -d 10.0.0.0/8 -j ISTIO_REDIRECT");
+    assert!(
+        o_tcp < o_udp
+            && o_udp < passthrough
+            && passthrough < loopback
+            && loopback < x
+            && x < q
+            && q < i
+    );
+    assert_eq!(
+        rules.last().map(String::as_str),
+        Some("-A ISTIO_OUTPUT -d 10.0.0.0/8 -j ISTIO_REDIRECT")
+    );
+    assert!(
+        !rules.iter().any(|l| l.contains("fd00")),
+        "v6 CIDRs stay out of the v4 set"
+    );
+    assert!(
+        !rules.contains(&"-A ISTIO_OUTPUT -j ISTIO_REDIRECT".to_string()),
+        "no catch-all with an include list"
+    );
+}
+
+#[test]
+fn inbound_variants() {
+    let none = nat_rules(&config(&[(ANN_INCLUDE_INBOUND_PORTS, "")], &[]), Family::V4);
+    assert!(
+        !none.iter().any(|l| l.starts_with("-A PREROUTING")),
+        "empty include: no inbound capture"
+    );
+    // T45: an explicit include list ignores excludeInboundPorts.
+    let explicit = nat_rules(
+        &config(
+            &[
+                (ANN_INCLUDE_INBOUND_PORTS, "8080"),
+                (ANN_EXCLUDE_INBOUND_PORTS, "8080"),
+            ],
+            &[],
+        ),
+        Family::V4,
+    );
+    assert!(
+        explicit.contains(&"-A ISTIO_INBOUND -p tcp --dport 8080 -j ISTIO_IN_REDIRECT".to_string())
+    );
+    assert!(
+        !explicit
+            .iter()
+            .any(|l| l.contains("--dport 8080 -j RETURN")),
+        "{explicit:#?}"
+    );
+    assert!(!explicit.contains(&"-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT".to_string()));
+}
+
+#[test]
+fn several_uids_and_loopback_include() {
+    let rules = nat_rules(
+        &config(
+            &[(ANN_INCLUDE_OUTBOUND_CIDRS, "127.1.2.3/32")],
+            &[1337, 1338],
+        ),
+        Family::V4,
+    );
+    let owners: Vec<&String> = rules.iter().filter(|l| l.contains("-owner")).collect();
+    // Per id: IN_REDIRECT and RETURN; the lo-RETURN is dropped because an include CIDR is loopback (E.9).
+    assert_eq!(owners.len(), 2 * 4, "{owners:#?}");
+    assert!(
+        owners[0].contains("--uid-owner 1337 -j ISTIO_IN_REDIRECT")
+            && owners[2].contains("--uid-owner 1338")
+    );
+    assert!(!rules.iter().any(|l| l.contains("! --uid-owner")));
+}
