@@ -13,6 +13,7 @@ use crate::{
     cgroup::{self, CgroupError},
     config::{CaptureConfig, ConfigError, PodSpec},
     ebpf::{EbpfBackend, EbpfError, PodTarget},
+    iptables::apply::{self as iptables, IptablesError},
     lock::NodeLock,
     netns::{Netns, NetnsError},
     paths::{Paths, PathsError},
@@ -33,6 +34,8 @@ pub enum Error {
     Ebpf(#[from] EbpfError),
     #[error(transparent)]
     Record(#[from] RecordError),
+    #[error(transparent)]
+    Iptables(#[from] IptablesError),
     #[error("taking the node lock {path}: {source}")]
     Lock {
         path: PathBuf,
@@ -82,13 +85,6 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         });
     }
 
-    let mut backend = EbpfBackend::open(paths, records.len())?;
-    let target = PodTarget {
-        netns_cookie,
-        cgroup_path: &req.cgroup,
-        cgroup: &cgroup,
-    };
-    backend.attach(&target, &config)?;
     let record = PodRecord {
         netns_cookie,
         netns: req.netns.clone(),
@@ -98,9 +94,28 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         config,
         attached_at_unix: record::now_unix(),
     };
-    if let Err(e) = record::save(paths, &record) {
-        backend.detach(netns_cookie);
-        return Err(e.into());
+    match req.mode {
+        Mode::Ebpf => {
+            let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
+            let mut backend = EbpfBackend::open(paths, ebpf_pods)?;
+            let target = PodTarget {
+                netns_cookie,
+                cgroup_path: &req.cgroup,
+                cgroup: &cgroup,
+            };
+            backend.attach(&target, &record.config)?;
+            if let Err(e) = record::save(paths, &record) {
+                backend.detach(netns_cookie);
+                return Err(e.into());
+            }
+        }
+        Mode::Iptables => {
+            iptables::apply(&req.netns, &record.config)?;
+            if let Err(e) = record::save(paths, &record) {
+                let _ = iptables::remove(&req.netns, &record.config);
+                return Err(e.into());
+            }
+        }
     }
     Ok(record)
 }
@@ -123,12 +138,17 @@ pub fn detach(paths: &Paths, netns_path: &Path) -> Result<PodRecord, Error> {
     let _lock = lock(paths)?;
     let record =
         find_record(paths, netns_path)?.ok_or_else(|| Error::NotAttached(netns_path.into()))?;
-    match EbpfBackend::adopt(paths) {
-        Ok(mut backend) => backend.detach(record.netns_cookie),
-        // Without the node's pins there is nothing in the kernel left to remove but the links.
-        Err(_) => {
-            let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
-        }
+    match record.mode {
+        Mode::Ebpf => match EbpfBackend::adopt(paths) {
+            Ok(mut backend) => backend.detach(record.netns_cookie),
+            // Without the node's pins there is nothing in the kernel left to remove but the links.
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
+            }
+        },
+        // A netns that is gone took its rules with it.
+        Mode::Iptables if record.netns.exists() => iptables::remove(&record.netns, &record.config)?,
+        Mode::Iptables => {}
     }
     record::remove(paths, record.netns_cookie)?;
     Ok(record)
@@ -162,15 +182,16 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
     let pods = records
         .into_iter()
         .map(|record| {
-            let (missing, counters) = match &backend {
-                Some(b) => (
+            let (missing, counters) = match (&backend, record.mode) {
+                (_, Mode::Iptables) => (iptables::missing(&record.netns, &record.config), None),
+                (Some(b), Mode::Ebpf) => (
                     b.missing_hooks(record.netns_cookie)
                         .into_iter()
                         .map(String::from)
                         .collect(),
                     b.counters(record.netns_cookie),
                 ),
-                None => (vec!["node programs (not loaded)".to_string()], None),
+                (None, Mode::Ebpf) => (vec!["node programs (not loaded)".to_string()], None),
             };
             PodStatus {
                 in_force: missing.is_empty(),

@@ -18,12 +18,15 @@ use crate::{config::CaptureConfig, ebpf::programs::write_atomic, paths::Paths};
 pub enum Mode {
     /// Kernel programs on the pod's cgroup.
     Ebpf,
+    /// Istio's nat rules in the pod's netns (the reference and fallback).
+    Iptables,
 }
 
 impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Ebpf => "ebpf",
+            Self::Iptables => "iptables",
         })
     }
 }

@@ -1,0 +1,182 @@
+//! Writing and removing the rules inside a pod's netns with `iptables-restore`, run through
+//! `nsenter` so that nothing but that netns is touched.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use super::rules::{nat_rules, restore_input, Family, NAT_CHAINS};
+use crate::config::CaptureConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IptablesError {
+    #[error("running {tool} in netns {netns}: {reason}; install iptables (Debian: apt-get install iptables)")]
+    Spawn {
+        tool: &'static str,
+        netns: PathBuf,
+        reason: String,
+    },
+    #[error("{tool} in netns {netns} refused the rules: {stderr}")]
+    Rejected {
+        tool: &'static str,
+        netns: PathBuf,
+        stderr: String,
+    },
+}
+
+/// The families a pod gets rules for: IPv4 always, IPv6 when it has an IPv6 address (as Istio).
+#[must_use]
+pub fn families(cfg: &CaptureConfig) -> Vec<Family> {
+    let mut f = vec![Family::V4];
+    if cfg.pod_ip6.is_some() {
+        f.push(Family::V6);
+    }
+    f
+}
+
+fn tool(family: Family, restore: bool) -> &'static str {
+    match (family, restore) {
+        (Family::V4, true) => "iptables-restore",
+        (Family::V6, true) => "ip6tables-restore",
+        (Family::V4, false) => "iptables-save",
+        (Family::V6, false) => "ip6tables-save",
+    }
+}
+
+/// Runs an iptables tool in the netns, feeding `input` on stdin; returns its stdout.
+fn in_netns(
+    netns: &Path,
+    tool: &'static str,
+    args: &[&str],
+    input: &str,
+) -> Result<String, IptablesError> {
+    let spawn_err = |reason: String| IptablesError::Spawn {
+        tool,
+        netns: netns.into(),
+        reason,
+    };
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg(tool)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| spawn_err(e.to_string()))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(input.as_bytes())
+        .map_err(|e| spawn_err(e.to_string()))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| spawn_err(e.to_string()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .replace('\n', "; ");
+        return Err(IptablesError::Rejected {
+            tool,
+            netns: netns.into(),
+            stderr,
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Writes the pod's rules (all families or none).
+pub fn apply(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
+    let mut done = Vec::new();
+    for family in families(cfg) {
+        if let Err(e) = in_netns(
+            netns,
+            tool(family, true),
+            &["--noflush"],
+            &restore_input(cfg, family),
+        ) {
+            for f in done {
+                let _ = remove_family(netns, cfg, f);
+            }
+            return Err(e);
+        }
+        done.push(family);
+    }
+    Ok(())
+}
+
+/// The restore input that removes exactly what `apply` wrote for one family.
+#[must_use]
+pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
+    let mut out = String::from("* nat\n");
+    for rule in nat_rules(cfg, family) {
+        if let Some(jump) = rule
+            .strip_prefix("-A PREROUTING ")
+            .or_else(|| rule.strip_prefix("-A OUTPUT "))
+        {
+            let chain = if rule.starts_with("-A PREROUTING") {
+                "PREROUTING"
+            } else {
+                "OUTPUT"
+            };
+            out.push_str(&format!("-D {chain} {jump}\n"));
+        }
+    }
+    for chain in NAT_CHAINS {
+        out.push_str(&format!("-F {chain}\n"));
+    }
+    for chain in NAT_CHAINS {
+        out.push_str(&format!("-X {chain}\n"));
+    }
+    out.push_str("COMMIT\n");
+    out
+}
+
+fn remove_family(netns: &Path, cfg: &CaptureConfig, family: Family) -> Result<(), IptablesError> {
+    in_netns(
+        netns,
+        tool(family, true),
+        &["--noflush"],
+        &removal_input(cfg, family),
+    )
+    .map(drop)
+}
+
+/// Removes the pod's rules; every family is attempted, the first error is returned.
+pub fn remove(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
+    families(cfg)
+        .into_iter()
+        .map(|f| remove_family(netns, cfg, f))
+        .fold(Ok(()), Result::and)
+}
+
+/// What is missing from the netns (empty when the rules are in force): each family's chains and
+/// the jumps into them.
+#[must_use]
+pub fn missing(netns: &Path, cfg: &CaptureConfig) -> Vec<String> {
+    let mut missing = Vec::new();
+    for family in families(cfg) {
+        let saved = match in_netns(netns, tool(family, false), &["-t", "nat"], "") {
+            Ok(s) => s,
+            Err(e) => {
+                missing.push(e.to_string());
+                continue;
+            }
+        };
+        for chain in NAT_CHAINS {
+            if !saved.lines().any(|l| l.starts_with(&format!(":{chain} "))) {
+                missing.push(format!("{family:?} chain {chain}"));
+            }
+        }
+        if !saved
+            .lines()
+            .any(|l| l.starts_with("-A OUTPUT") && l.ends_with("-j ISTIO_OUTPUT"))
+        {
+            missing.push(format!("{family:?} OUTPUT jump"));
+        }
+    }
+    missing
+}
