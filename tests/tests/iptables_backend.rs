@@ -4,47 +4,11 @@
 use std::process::Command;
 
 use capture_tests::{
-    cases::{run_cases, Case, Expect::*},
+    cases::{default_sidecar_cases, run_cases, Case, Expect::*},
     guards::run,
-    probe::{ConnectOpts, Who},
+    probe::Who,
     topology::{cgroup_programs, Topology},
 };
-
-fn outbound_cases() -> Vec<Case> {
-    let (app, proxy) = (Who::app, Who::proxy);
-    vec![
-        Case::new("T01", app(), "10.0.0.5:80", Outbound("10.0.0.5:80")).peer("10.1.0.10"),
-        Case::new("T04", proxy(), "10.0.0.5:80", Remote("10.0.0.5:80")),
-        Case::new(
-            "T05",
-            Who::new(2000, 1337),
-            "10.0.0.5:80",
-            Remote("10.0.0.5:80"),
-        ),
-        Case::new("T06", app(), "127.0.0.1:9090", App),
-        Case::new("T07", app(), "10.1.0.10:8080", App).peer("10.1.0.10"),
-        Case::new("T09", proxy(), "10.1.0.10:8080", Inbound("10.1.0.10:8080")).peer("10.1.0.10"),
-        Case::new("T15", proxy(), "127.0.0.2:8080", Inbound("127.0.0.2:8080")).peer("127.0.0.1"),
-        Case::new("T18", app(), "10.0.0.5:15020", Outbound("10.0.0.5:15020")),
-        Case::new("T83", app(), "10.0.0.5:80", Remote("10.0.0.5:80")).opts(ConnectOpts {
-            create_as: Some((1337, 1337)),
-            ..ConnectOpts::default()
-        }),
-        Case::new(
-            "T85",
-            Who::app().with_groups(&[1337]),
-            "10.0.0.5:80",
-            Outbound("10.0.0.5:80"),
-        ),
-        Case::new("T29", app(), "[fd00:2::5]:80", Outbound("[fd00:2::5]:80")).peer("fd00:1::10"),
-        Case::new(
-            "v6 proxy to own IP",
-            proxy(),
-            "[fd00:1::10]:8080",
-            Inbound("[fd00:1::10]:8080"),
-        ),
-    ]
-}
 
 fn nat_table(topo: &Topology, tool: &str) -> String {
     run(Command::new("ip").args(["netns", "exec", &topo.pod.netns.name, tool, "-t", "nat"]))
@@ -56,7 +20,7 @@ fn outbound_parity_between_backends() {
         let mut topo = Topology::new();
         topo.attach(&["--mode", mode]);
         topo.start_all();
-        run_cases(&topo, &outbound_cases());
+        run_cases(&topo, &default_sidecar_cases());
     }
 }
 

@@ -2,7 +2,7 @@
 //! IPv4 and IPv6, each against a freshly attached pod.
 
 use capture_tests::{
-    cases::{run_cases, Case, Expect::*},
+    cases::{default_sidecar_cases, run_cases, Case, Expect::*},
     probe::{ConnectOpts, Who},
     topology::Topology,
 };
@@ -21,100 +21,9 @@ fn udp() -> ConnectOpts {
     }
 }
 
-fn bind(addr: &str) -> ConnectOpts {
-    ConnectOpts {
-        bind: Some(addr.into()),
-        ..ConnectOpts::default()
-    }
-}
-
 #[test]
-fn default_sidecar_ipv4() {
-    let topo = pod(&[]);
-    let app = Who::app;
-    let proxy = Who::proxy;
-    run_cases(
-        &topo,
-        &[
-            Case::new("T01", app(), "10.0.0.5:80", Outbound("10.0.0.5:80")).peer("10.1.0.10"),
-            Case::new("T04", proxy(), "10.0.0.5:80", Remote("10.0.0.5:80")),
-            Case::new(
-                "T05",
-                Who::new(2000, 1337),
-                "10.0.0.5:80",
-                Remote("10.0.0.5:80"),
-            ),
-            Case::new("T06", app(), "127.0.0.1:9090", App),
-            Case::new("T07", app(), "10.1.0.10:8080", App).peer("10.1.0.10"),
-            Case::new("T09", proxy(), "10.1.0.10:8080", Inbound("10.1.0.10:8080"))
-                .peer("10.1.0.10"),
-            Case::new("T11", proxy(), "10.1.0.10:8080", App)
-                .opts(bind("127.0.0.6:0"))
-                .peer("127.0.0.6"),
-            Case::new("T15", proxy(), "127.0.0.2:8080", Inbound("127.0.0.2:8080"))
-                .peer("127.0.0.1"),
-            Case::new("T18", app(), "10.0.0.5:15020", Outbound("10.0.0.5:15020")),
-            Case::new("E3 proxy to 127.0.0.1", proxy(), "127.0.0.1:9090", App),
-            Case::new("E3 app to other 127/8", app(), "127.0.0.2:9090", App),
-            Case::new(
-                "E5 proxy to own tunnel port",
-                proxy(),
-                "10.1.0.10:15008",
-                App,
-            ),
-            Case::new(
-                "app to tunnel port elsewhere",
-                app(),
-                "10.0.0.5:15008",
-                Outbound("10.0.0.5:15008"),
-            ),
-            Case::new(
-                "app source 127.0.0.6 to own IP",
-                app(),
-                "10.1.0.10:8080",
-                App,
-            )
-            .opts(bind("127.0.0.6:0")),
-            Case::new(
-                "app to 1.1.0.5",
-                app(),
-                "1.1.0.5:80",
-                Outbound("1.1.0.5:80"),
-            ),
-            Case::new("T83", app(), "10.0.0.5:80", Remote("10.0.0.5:80")).opts(ConnectOpts {
-                create_as: Some((1337, 1337)),
-                ..ConnectOpts::default()
-            }),
-            Case::new("T84", proxy(), "10.0.0.5:80", Outbound("10.0.0.5:80")).opts(ConnectOpts {
-                create_as: Some((1000, 1000)),
-                ..ConnectOpts::default()
-            }),
-            Case::new(
-                "T85",
-                Who::app().with_groups(&[1337]),
-                "10.0.0.5:80",
-                Outbound("10.0.0.5:80"),
-            ),
-            // uid 1337's lo-RETURN rule (B10) passes a gid-only proxy before the gid rules are reached.
-            Case::new(
-                "gid 1337 to own IP",
-                Who::new(2000, 1337),
-                "10.1.0.10:8080",
-                App,
-            ),
-            Case::new(
-                "v4-mapped on a v6 socket",
-                app(),
-                "10.0.0.5:80",
-                Outbound("10.0.0.5:80"),
-            )
-            .opts(ConnectOpts {
-                v6_socket: true,
-                ..ConnectOpts::default()
-            })
-            .peer("10.1.0.10"),
-        ],
-    );
+fn default_sidecar() {
+    run_cases(&pod(&[]), &default_sidecar_cases());
 }
 
 #[test]
@@ -125,48 +34,6 @@ fn udp_is_never_sent_to_the_proxy() {
     assert!(got.ok(), "udp: {:?}", got.0);
     assert_eq!(got.server().as_deref(), Some("remote"), "{:?}", got.0);
     assert_eq!(got.client_peer().as_deref(), Some("10.0.0.5:5000"));
-}
-
-#[test]
-fn default_sidecar_ipv6() {
-    let topo = pod(&[]);
-    let app = Who::app;
-    let proxy = Who::proxy;
-    run_cases(
-        &topo,
-        &[
-            Case::new("T29", app(), "[fd00:2::5]:80", Outbound("[fd00:2::5]:80"))
-                .peer("fd00:1::10"),
-            Case::new(
-                "v6 proxy direct",
-                proxy(),
-                "[fd00:2::5]:80",
-                Remote("[fd00:2::5]:80"),
-            ),
-            Case::new("v6 app to ::1", app(), "[::1]:9090", App),
-            Case::new("v6 app to own IP", app(), "[fd00:1::10]:8080", App),
-            Case::new(
-                "v6 proxy to own IP",
-                proxy(),
-                "[fd00:1::10]:8080",
-                Inbound("[fd00:1::10]:8080"),
-            )
-            .peer("fd00:1::10"),
-            Case::new("v6 proxy to ::1", proxy(), "[::1]:9090", App),
-            Case::new(
-                "v6 proxy to own tunnel port",
-                proxy(),
-                "[fd00:1::10]:15008",
-                App,
-            ),
-            Case::new(
-                "v6 gid 1337",
-                Who::new(2000, 1337),
-                "[fd00:2::5]:80",
-                Remote("[fd00:2::5]:80"),
-            ),
-        ],
-    );
 }
 
 #[test]
