@@ -87,6 +87,8 @@ impl Drop for CgroupGuard {
 pub struct CaptureDirs {
     pub bpffs: PathBuf,
     pub state: PathBuf,
+    /// Only the owner removes the directories.
+    owned: bool,
 }
 
 impl CaptureDirs {
@@ -95,6 +97,17 @@ impl CaptureDirs {
         Self {
             bpffs: Path::new("/sys/fs/bpf").join(&name),
             state: std::env::temp_dir().join(name),
+            owned: true,
+        }
+    }
+
+    /// The same directories for another pod on the same "node"; the original still removes them.
+    #[must_use]
+    pub fn shared(&self) -> Self {
+        Self {
+            bpffs: self.bpffs.clone(),
+            state: self.state.clone(),
+            owned: false,
         }
     }
 }
@@ -107,6 +120,9 @@ impl Default for CaptureDirs {
 
 impl Drop for CaptureDirs {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = fs::remove_dir_all(&self.bpffs);
         let _ = fs::remove_dir_all(&self.state);
     }

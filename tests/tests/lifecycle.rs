@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
-    guards::CaptureDirs,
     probe::{ConnectOpts, Outcome, Who},
     topology::{cgroup_programs, pinned_map_len, Topology},
 };
@@ -174,16 +173,8 @@ fn attach_is_idempotent_and_refuses_a_conflicting_second_attach() {
 #[test]
 fn pods_with_colliding_loopback_tuples_keep_their_own_destinations() {
     let mut a = Topology::new();
-    let mut b = Topology::with_dirs(CaptureDirs::new());
     // Same node: b uses a's pin and state directories (and so a's programs and maps).
-    let b_dirs = std::mem::replace(
-        &mut b.dirs,
-        CaptureDirs {
-            bpffs: a.dirs.bpffs.clone(),
-            state: a.dirs.state.clone(),
-        },
-    );
-    drop(b_dirs);
+    let mut b = Topology::with_dirs(a.dirs.shared());
     a.attach(&[]);
     b.attach(&[]);
     for t in [&mut a, &mut b] {
@@ -235,8 +226,6 @@ fn pods_with_colliding_loopback_tuples_keep_their_own_destinations() {
         0,
         "hand-off entries left behind"
     );
-    // Dropping `b` must not remove a's directories twice: forget b's copy of the paths.
-    std::mem::forget(std::mem::replace(&mut b.dirs, CaptureDirs::new()));
 }
 
 #[test]
@@ -263,12 +252,7 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
     a.attach(&["--annotation", &include, "--annotation", &exclude]);
     a.start_all();
 
-    let mut b = Topology::new();
-    let shared = CaptureDirs {
-        bpffs: a.dirs.bpffs.clone(),
-        state: a.dirs.state.clone(),
-    };
-    drop(std::mem::replace(&mut b.dirs, shared));
+    let b = Topology::with_dirs(a.dirs.shared());
     let exclude_b = format!(
         "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
         cidrs(20000, 1000)
@@ -306,7 +290,6 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
             Outbound("10.0.0.5:80"),
         )],
     );
-    std::mem::forget(std::mem::replace(&mut b.dirs, CaptureDirs::new()));
 }
 
 #[test]
