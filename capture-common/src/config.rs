@@ -22,6 +22,12 @@ pub const FLAG_INCLUDE_COVERS_LOOPBACK: u32 = 1 << 5;
 pub const FLAG_HAS_POD_IP4: u32 = 1 << 6;
 /// The pod has an IPv6 address (`pod_ip6` is valid).
 pub const FLAG_HAS_POD_IP6: u32 = 1 << 7;
+/// `includeInboundPorts == "*"`: every inbound port but the excluded ones goes to the proxy.
+pub const FLAG_INBOUND_ALL_PORTS: u32 = 1 << 8;
+/// `includeInboundPorts` is an explicit, non-empty list in `PORT_LISTS`.
+pub const FLAG_HAS_INCLUDE_INBOUND_PORTS: u32 = 1 << 9;
+/// `excludeInboundPorts` has entries in `PORT_LISTS` (only read with `FLAG_INBOUND_ALL_PORTS`).
+pub const FLAG_HAS_EXCLUDE_INBOUND_PORTS: u32 = 1 << 10;
 
 /// One pod's outbound capture rules, flattened for the kernel. Addresses are in network byte order
 /// (as `bpf_sock_addr` holds them), ports in host byte order.
@@ -64,6 +70,8 @@ pub enum ListKind {
     IncludeOutboundPorts = 2,
     ExcludeOutboundCidrs = 3,
     IncludeOutboundCidrs = 4,
+    IncludeInboundPorts = 5,
+    ExcludeInboundPorts = 6,
 }
 
 /// Per-pod counters (`POD_COUNTERS`, per CPU; user space sums them).
@@ -83,8 +91,14 @@ pub struct PodCounters {
     pub passed_local: u64,
     /// Connections the kernel programs could not handle (refused, never passed uncaptured).
     pub errors: u64,
+    /// Inbound connections steered to the inbound listener (15006).
+    pub captured_inbound: u64,
+    /// Inbound connections left to their own listener (excluded or not included port, tunnel).
+    pub passed_inbound: u64,
+    /// Inbound connections refused because the pod has no inbound listener (as iptables' REDIRECT).
+    pub refused_inbound: u64,
 }
-const _: () = assert!(size_of::<PodCounters>() == 48);
+const _: () = assert!(size_of::<PodCounters>() == 72);
 
 /// Which `PodCounters` field an event counts in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +109,9 @@ pub enum PodCounter {
     PassedExcluded,
     PassedLocal,
     Errors,
+    CapturedInbound,
+    PassedInbound,
+    RefusedInbound,
 }
 
 impl PodCounters {
@@ -107,6 +124,9 @@ impl PodCounters {
             PodCounter::PassedExcluded => &mut self.passed_excluded,
             PodCounter::PassedLocal => &mut self.passed_local,
             PodCounter::Errors => &mut self.errors,
+            PodCounter::CapturedInbound => &mut self.captured_inbound,
+            PodCounter::PassedInbound => &mut self.passed_inbound,
+            PodCounter::RefusedInbound => &mut self.refused_inbound,
         };
         *field += 1;
     }
@@ -121,6 +141,9 @@ impl PodCounters {
             passed_excluded: self.passed_excluded + o.passed_excluded,
             passed_local: self.passed_local + o.passed_local,
             errors: self.errors + o.errors,
+            captured_inbound: self.captured_inbound + o.captured_inbound,
+            passed_inbound: self.passed_inbound + o.passed_inbound,
+            refused_inbound: self.refused_inbound + o.refused_inbound,
         }
     }
 }
@@ -135,5 +158,7 @@ pub enum NodeError {
     NoSocketStorage = 1,
     /// The original destination could not be handed to the proxy's socket.
     HandoffFailed = 2,
+    /// The proxy's inbound listener could not be registered for inbound capture.
+    ListenerRegistration = 3,
 }
-pub const NODE_ERROR_KINDS: u32 = 3;
+pub const NODE_ERROR_KINDS: u32 = 4;

@@ -3,8 +3,9 @@
 //! tests call it with in-memory lists. Both therefore run the same rules in the same order.
 
 use crate::config::{
-    ListKind, PodConfig, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_OUTBOUND_PORTS,
-    FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
+    ListKind, PodConfig, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS,
+    FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
+    FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6, FLAG_INBOUND_ALL_PORTS,
     FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK, MAX_PROXY_IDS,
 };
 
@@ -180,6 +181,52 @@ pub fn decide_tcp_connect<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) 
         return Verdict::Outbound;
     }
     Verdict::Pass(Pass::NotIncluded)
+}
+
+/// Why an arriving connection keeps its destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InboundPass {
+    /// `includeInboundPorts` is empty: no inbound capture at all.
+    Disabled,
+    /// The HBONE tunnel port (15008) is never captured in REDIRECT mode (B1).
+    Tunnel,
+    /// `excludeInboundPorts` (with `includeInboundPorts == "*"`).
+    ExcludedPort,
+    /// Not in an explicit `includeInboundPorts` list.
+    NotIncluded,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InboundVerdict {
+    /// Steer to the inbound listener (`ISTIO_IN_REDIRECT`, 15006).
+    Capture,
+    Pass(InboundPass),
+}
+
+/// Spec section C, `inbound_redirect`, for a TCP connection arriving from outside the pod.
+#[inline(always)]
+pub fn decide_inbound<L: PodLists>(cfg: &PodConfig, lists: &L, dst_port: u16) -> InboundVerdict {
+    let all = cfg.has(FLAG_INBOUND_ALL_PORTS);
+    if !all && !cfg.has(FLAG_HAS_INCLUDE_INBOUND_PORTS) {
+        return InboundVerdict::Pass(InboundPass::Disabled);
+    }
+    if dst_port == cfg.tunnel_port {
+        return InboundVerdict::Pass(InboundPass::Tunnel);
+    }
+    if all {
+        if cfg.has(FLAG_HAS_EXCLUDE_INBOUND_PORTS)
+            && lists.port_listed(ListKind::ExcludeInboundPorts, dst_port)
+        {
+            return InboundVerdict::Pass(InboundPass::ExcludedPort);
+        }
+        return InboundVerdict::Capture;
+    }
+    // An explicit include list ignores the exclude list (spec E.8).
+    if lists.port_listed(ListKind::IncludeInboundPorts, dst_port) {
+        InboundVerdict::Capture
+    } else {
+        InboundVerdict::Pass(InboundPass::NotIncluded)
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,10 @@ extern crate std;
 use std::{vec, vec::Vec};
 
 use super::*;
-use crate::config::FLAG_HAS_POD_IP6;
+use crate::config::{
+    FLAG_HAS_EXCLUDE_INBOUND_PORTS, FLAG_HAS_INCLUDE_INBOUND_PORTS, FLAG_HAS_POD_IP6,
+    FLAG_INBOUND_ALL_PORTS,
+};
 
 const POD4: u32 = ip4(10, 1, 0, 10);
 const POD6: [u32; 4] = [
@@ -231,5 +234,61 @@ fn ipv6() {
     assert_eq!(
         decide(&v4_only, &l, c(remote6, 1000)),
         Verdict::Pass(Pass::FamilyNotCaptured)
+    );
+}
+
+#[test]
+fn inbound() {
+    let mut cfg = default_cfg();
+    cfg.flags |= FLAG_INBOUND_ALL_PORTS | FLAG_HAS_EXCLUDE_INBOUND_PORTS;
+    let l = Lists {
+        ports: vec![
+            (ListKind::ExcludeInboundPorts, 15020),
+            (ListKind::IncludeInboundPorts, 8080),
+        ],
+        ..Lists::default()
+    };
+    assert_eq!(
+        decide_inbound(&cfg, &l, 8080),
+        InboundVerdict::Capture,
+        "T19"
+    );
+    assert_eq!(
+        decide_inbound(&cfg, &l, 15020),
+        InboundVerdict::Pass(InboundPass::ExcludedPort),
+        "T20"
+    );
+    assert_eq!(
+        decide_inbound(&cfg, &l, 15008),
+        InboundVerdict::Pass(InboundPass::Tunnel),
+        "T23"
+    );
+    assert_eq!(
+        decide_inbound(&cfg, &l, 15001),
+        InboundVerdict::Capture,
+        "T24"
+    );
+    cfg.flags &= !FLAG_INBOUND_ALL_PORTS;
+    cfg.flags |= FLAG_HAS_INCLUDE_INBOUND_PORTS;
+    let l = Lists {
+        ports: vec![
+            (ListKind::ExcludeInboundPorts, 8080),
+            (ListKind::IncludeInboundPorts, 8080),
+        ],
+        ..Lists::default()
+    };
+    assert_eq!(
+        decide_inbound(&cfg, &l, 8080),
+        InboundVerdict::Capture,
+        "T45: exclude ignored"
+    );
+    assert_eq!(
+        decide_inbound(&cfg, &l, 9090),
+        InboundVerdict::Pass(InboundPass::NotIncluded)
+    );
+    cfg.flags &= !(FLAG_HAS_INCLUDE_INBOUND_PORTS | FLAG_HAS_EXCLUDE_INBOUND_PORTS);
+    assert_eq!(
+        decide_inbound(&cfg, &l, 8080),
+        InboundVerdict::Pass(InboundPass::Disabled)
     );
 }

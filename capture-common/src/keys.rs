@@ -79,3 +79,25 @@ pub struct HandoffKey {
     pub _pad: u16,
 }
 const _: () = assert!(size_of::<HandoffKey>() == 48);
+
+/// A pod address (`INBOUND_PODS`: pod IP -> netns cookie). sk_lookup programs cannot learn their
+/// netns, so inbound capture finds the pod by the destination address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PodAddrKey {
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u32,
+    /// Network order; IPv4 in the first word.
+    pub addr: [u32; 4],
+}
+const _: () = assert!(size_of::<PodAddrKey>() == 20);
+
+/// A pod's inbound listener (`INBOUND_LISTENERS`, a sockhash), per address family.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ListenerKey {
+    pub netns_cookie: u64,
+    pub family: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<ListenerKey>() == 16);

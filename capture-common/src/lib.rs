@@ -32,6 +32,8 @@ mod user {
     unsafe impl aya::Pod for keys::PortKey {}
     unsafe impl aya::Pod for keys::CidrKey {}
     unsafe impl aya::Pod for keys::HandoffKey {}
+    unsafe impl aya::Pod for keys::PodAddrKey {}
+    unsafe impl aya::Pod for keys::ListenerKey {}
     unsafe impl aya::Pod for state::OriginalDst {}
     unsafe impl aya::Pod for state::SockState {}
 }

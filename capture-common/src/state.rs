@@ -19,6 +19,9 @@ pub const SOCK_CREATOR_KNOWN: u32 = 1 << 0;
 pub const SOCK_REDIRECTED: u32 = 1 << 1;
 /// The proxy's accepted socket for a redirected connection: getsockopt answers `orig`.
 pub const SOCK_ACCEPTED_REDIRECTED: u32 = 1 << 2;
+/// The pod's inbound listener (15006). Its accepted sockets inherit the flag and, unless the
+/// hand-off names another destination, report their own local address as the original one.
+pub const SOCK_INBOUND_LISTENER: u32 = 1 << 3;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -9,6 +9,7 @@
 
 mod connect;
 mod counters;
+mod lookup;
 mod maps;
 mod peer;
 mod sock;
@@ -18,8 +19,8 @@ mod sockopt;
 mod storage;
 
 use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr, cgroup_sockopt, sock_ops},
-    programs::{SockAddrContext, SockContext, SockOpsContext, SockoptContext},
+    macros::{cgroup_sock, cgroup_sock_addr, cgroup_sockopt, sk_lookup, sock_ops},
+    programs::{SkLookupContext, SockAddrContext, SockContext, SockOpsContext, SockoptContext},
 };
 
 const PROCEED: i32 = 1;
@@ -74,6 +75,11 @@ pub fn capture_sock_ops(ctx: SockOpsContext) -> u32 {
 pub fn capture_getsockopt(ctx: SockoptContext) -> i32 {
     sockopt::on_getsockopt(&ctx);
     PROCEED
+}
+
+#[sk_lookup]
+pub fn capture_sk_lookup(ctx: SkLookupContext) -> u32 {
+    lookup::on_sk_lookup(&ctx)
 }
 
 #[cfg(not(test))]

@@ -3,13 +3,13 @@
 
 use aya_ebpf::{
     bindings::{bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, BPF_F_CLONE, BPF_F_NO_PREALLOC},
-    btf_maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, SockHash},
     macros::btf_map,
 };
 use capture_common::{
     config::{ListKind, PodConfig, PodCounters, NODE_ERROR_KINDS},
     decision::PodLists,
-    keys::{CidrKey, HandoffKey, PortKey, CIDR_KEY_FIXED_BITS},
+    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
     state::{OriginalDst, SockState},
 };
 
@@ -37,6 +37,14 @@ pub static PORT_LISTS: HashMap<PortKey, u8, MAX_PORT_ENTRIES> = HashMap::new();
 
 #[btf_map]
 pub static CIDR_LISTS: LpmTrie<CidrKey, u8, MAX_CIDR_ENTRIES> = LpmTrie::new();
+
+/// Pod IP -> netns cookie, for inbound capture (sk_lookup knows only the destination address).
+#[btf_map]
+pub static INBOUND_PODS: HashMap<PodAddrKey, u64, { 2 * MAX_PODS }> = HashMap::new();
+
+/// Each pod's inbound listener (15006) per family, registered when the proxy calls listen().
+#[btf_map]
+pub static INBOUND_LISTENERS: SockHash<ListenerKey, { 2 * MAX_PODS }> = SockHash::new();
 
 #[btf_map]
 pub static HANDOFF: LruHashMap<HandoffKey, OriginalDst, MAX_HANDOFFS> = LruHashMap::new();

@@ -6,22 +6,28 @@
 //! socket's own storage and leaves the map. The storage dies with the socket, so nothing grows.
 
 use aya_ebpf::{
-    bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB},
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_TCP_LISTEN_CB,
+    },
     helpers::generated::bpf_get_netns_cookie,
     programs::SockOpsContext,
     EbpfContext as _,
 };
 use capture_common::{
     config::{NodeError, PodCounter},
-    keys::HandoffKey,
-    state::{SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_REDIRECTED},
+    keys::{HandoffKey, ListenerKey},
+    state::{
+        SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_INBOUND_LISTENER,
+        SOCK_REDIRECTED,
+    },
     AF_INET, AF_INET6,
 };
 
 use crate::{
     connect::V4_MAPPED_PREFIX,
     counters::{bump_node, bump_pod},
-    maps::HANDOFF,
+    maps::{HANDOFF, INBOUND_LISTENERS, POD_CONFIGS},
     storage,
 };
 
@@ -77,6 +83,63 @@ fn sock(ctx: &SockOpsContext) -> Option<*mut core::ffi::c_void> {
     (!sk.is_null()).then_some(sk.cast())
 }
 
+/// The socket's netns: recorded at creation (or inherited from its listener); for a socket
+/// created before capture was attached, asked of the kernel (Linux 6.0+).
+#[inline(always)]
+fn netns_of(ctx: &SockOpsContext, state: Option<&SockState>) -> u64 {
+    match state {
+        Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => s.netns_cookie,
+        // SAFETY: a plain helper call on the program's context.
+        _ => unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+    }
+}
+
+/// The proxy listens: if this is the pod's inbound listener (its inbound port, on the wildcard or
+/// the pod address), register it for inbound capture.
+#[inline(always)]
+fn on_listen(ctx: &SockOpsContext) -> Option<()> {
+    let sk = sock(ctx)?;
+    let netns_cookie = netns_of(ctx, storage::get(sk).as_deref());
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    let t = tuple(ctx)?;
+    if t.local_port != cfg.inbound_port {
+        return None;
+    }
+    let any = t.local[0] == 0 && t.local[1] == 0 && t.local[2] == 0 && t.local[3] == 0;
+    let pod_addr = if t.family == AF_INET6 {
+        cfg.pod_ip6
+    } else {
+        [cfg.pod_ip4, 0, 0, 0]
+    };
+    let own = t.local[0] == pod_addr[0]
+        && t.local[1] == pod_addr[1]
+        && t.local[2] == pod_addr[2]
+        && t.local[3] == pod_addr[3];
+    if !any && !own {
+        return None;
+    }
+    // The socket's own family: a dual-stack IPv6 listener is found as such for IPv4 traffic.
+    let key = ListenerKey {
+        netns_cookie,
+        family: ctx.family(),
+        _pad: 0,
+    };
+    // SAFETY: the context pointer is valid for the whole program run.
+    if INBOUND_LISTENERS
+        .update(key, unsafe { &mut *ctx.ops }, 0)
+        .is_err()
+    {
+        bump_node(NodeError::ListenerRegistration);
+        bump_pod(netns_cookie, PodCounter::Errors);
+        return None;
+    }
+    let state = storage::get_or_create(sk)?;
+    state.netns_cookie = netns_cookie;
+    state.flags |= SOCK_INBOUND_LISTENER;
+    Some(())
+}
+
 /// The app's socket is connected (to the proxy): publish its original destination.
 #[inline(always)]
 fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
@@ -101,18 +164,13 @@ fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
     Some(())
 }
 
-/// The proxy accepted a connection: take the original destination, if the app published one.
+/// The proxy accepted a connection: take the original destination the app published, or, for
+/// a connection that inbound capture steered to it, its own local address.
 #[inline(always)]
 fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     let sk = sock(ctx)?;
-    // The accepted socket's storage is a clone of its listener's, which carries the netns. A
-    // listener created before capture was attached has none: ask the kernel (Linux 6.0+).
     let state = storage::get(sk);
-    let netns_cookie = match &state {
-        Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => s.netns_cookie,
-        // SAFETY: a plain helper call on the program's context.
-        _ => unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
-    };
+    let netns_cookie = netns_of(ctx, state.as_deref());
     let t = tuple(ctx)?;
     let key = HandoffKey {
         netns_cookie,
@@ -124,21 +182,32 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
         _pad: 0,
     };
     // SAFETY: the value is read before the entry is removed.
-    let orig = unsafe { HANDOFF.get(key) }?;
-    let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {
-        bump_node(NodeError::HandoffFailed);
-        bump_pod(netns_cookie, PodCounter::Errors);
+    if let Some(orig) = unsafe { HANDOFF.get(key) } {
+        let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {
+            bump_node(NodeError::HandoffFailed);
+            bump_pod(netns_cookie, PodCounter::Errors);
+            return None;
+        };
+        // Field by field: a struct copy between two map values compiles to memmove, which BPF lacks.
+        state.orig.addr[0] = orig.addr[0];
+        state.orig.addr[1] = orig.addr[1];
+        state.orig.addr[2] = orig.addr[2];
+        state.orig.addr[3] = orig.addr[3];
+        state.orig.port = orig.port;
+        state.orig.family = orig.family;
+        state.flags = (state.flags & !SOCK_INBOUND_LISTENER) | SOCK_ACCEPTED_REDIRECTED;
+        let _ = HANDOFF.remove(key);
+        return Some(());
+    }
+    // Accepted by the inbound listener (its storage was cloned into this socket).
+    let state = state?;
+    if state.flags & SOCK_INBOUND_LISTENER == 0 {
         return None;
-    };
-    // Field by field: a struct copy between two map values compiles to memmove, which BPF lacks.
-    state.orig.addr[0] = orig.addr[0];
-    state.orig.addr[1] = orig.addr[1];
-    state.orig.addr[2] = orig.addr[2];
-    state.orig.addr[3] = orig.addr[3];
-    state.orig.port = orig.port;
-    state.orig.family = orig.family;
-    state.flags |= SOCK_ACCEPTED_REDIRECTED;
-    let _ = HANDOFF.remove(key);
+    }
+    state.orig.addr = t.local;
+    state.orig.port = t.local_port;
+    state.orig.family = t.family;
+    state.flags = (state.flags & !SOCK_INBOUND_LISTENER) | SOCK_ACCEPTED_REDIRECTED;
     Some(())
 }
 
@@ -150,6 +219,9 @@ pub fn on_sock_ops(ctx: &SockOpsContext) {
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
             let _ = on_passive_established(ctx);
+        }
+        BPF_SOCK_OPS_TCP_LISTEN_CB => {
+            let _ = on_listen(ctx);
         }
         _ => {}
     }

@@ -100,6 +100,8 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
             let mut backend = EbpfBackend::open(paths, ebpf_pods)?;
             let target = PodTarget {
                 netns_cookie,
+                netns_path: &req.netns,
+                netns: netns.file(),
                 cgroup_path: &req.cgroup,
                 cgroup: &cgroup,
             };
@@ -201,7 +203,12 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
             }
         })
         .collect();
-    let names = ["unknown_pod", "no_socket_storage", "handoff_failed"];
+    let names = [
+        "unknown_pod",
+        "no_socket_storage",
+        "handoff_failed",
+        "listener_registration",
+    ];
     let node_errors = backend
         .as_ref()
         .map(|b| names.into_iter().zip(b.node_errors()).collect())

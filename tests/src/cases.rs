@@ -18,6 +18,28 @@ pub enum Expect {
     App,
     /// Refused with this errno name.
     Refused(&'static str),
+    /// A connection from outside the pod accepted by the inbound listener with this
+    /// `SO_ORIGINAL_DST`. By design the listener's local address differs: the original
+    /// destination under ebpf (sk_lookup, no NAT), `pod IP:15006` under iptables (REDIRECT).
+    Captured(&'static str),
+}
+
+/// The backend a case runs against, where outcomes differ by design.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Ebpf,
+    Iptables,
+}
+
+impl Backend {
+    pub const ALL: [Self; 2] = [Self::Iptables, Self::Ebpf];
+    #[must_use]
+    pub fn mode(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Iptables => "iptables",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -30,6 +52,8 @@ pub struct Case {
     pub expect: Expect,
     /// The peer address the accepting listener must see, if the case pins it down.
     pub peer_ip: Option<&'static str>,
+    /// The client is outside the pod (the remote netns), not one of the pod's processes.
+    pub from_remote: bool,
 }
 
 impl Case {
@@ -42,6 +66,15 @@ impl Case {
             opts: ConnectOpts::default(),
             expect,
             peer_ip: None,
+            from_remote: false,
+        }
+    }
+    /// A connection from the remote netns to `to`.
+    #[must_use]
+    pub fn remote(id: &'static str, to: &'static str, expect: Expect) -> Self {
+        Self {
+            from_remote: true,
+            ..Self::new(id, Who::new(0, 0), to, expect)
         }
     }
     #[must_use]
@@ -66,7 +99,7 @@ pub fn pod_ip_for(to: &str) -> &'static str {
     }
 }
 
-fn verify(case: &Case, got: &Outcome) -> Result<(), String> {
+fn verify(case: &Case, got: &Outcome, backend: Option<Backend>) -> Result<(), String> {
     let want_server = |name: &str| -> Result<(), String> {
         if !got.ok() {
             return Err(format!(
@@ -112,6 +145,26 @@ fn verify(case: &Case, got: &Outcome) -> Result<(), String> {
             }
         }
         Expect::App => want_server("app")?,
+        Expect::Captured(orig) => {
+            want_server("inbound")?;
+            if got.orig().as_deref() != Some(*orig) {
+                return Err(format!("SO_ORIGINAL_DST {:?}, want {orig}", got.orig()));
+            }
+            let pod_ip = ip_of(orig);
+            let want_local = match backend {
+                Some(Backend::Iptables) => {
+                    Some(std::net::SocketAddr::new(pod_ip.parse().expect("ip"), 15006).to_string())
+                }
+                Some(Backend::Ebpf) => Some((*orig).to_string()),
+                None => None,
+            };
+            if want_local.is_some() && got.server_local() != want_local {
+                return Err(format!(
+                    "inbound listener local address {:?}, want {want_local:?}",
+                    got.server_local()
+                ));
+            }
+        }
         Expect::Refused(errno) => {
             if got.ok() || got.error().as_deref() != Some(*errno) {
                 return Err(format!("expected {errno}, got {:?}", got.0));
@@ -129,11 +182,20 @@ fn verify(case: &Case, got: &Outcome) -> Result<(), String> {
 
 /// Runs every case against the topology and panics listing all that failed.
 pub fn run_cases(topo: &Topology, cases: &[Case]) {
+    run_cases_on(topo, None, cases);
+}
+
+/// As `run_cases`, checking the by-design differences of `backend` too.
+pub fn run_cases_on(topo: &Topology, backend: Option<Backend>, cases: &[Case]) {
     let failures: Vec<String> = cases
         .iter()
         .filter_map(|case| {
-            let got = topo.connect(&case.who, case.to, &case.opts);
-            verify(case, &got).err().map(|e| {
+            let got = if case.from_remote {
+                topo.connect_from_remote(case.to)
+            } else {
+                topo.connect(&case.who, case.to, &case.opts)
+            };
+            verify(case, &got, backend).err().map(|e| {
                 format!(
                     "{} ({:?} -> {}): {e}\n    saw {}",
                     case.id, case.who, case.to, got.0
@@ -264,6 +326,30 @@ pub fn default_sidecar_cases() -> Vec<Case> {
             Who::new(2000, 1337),
             "[fd00:2::5]:80",
             Remote("[fd00:2::5]:80"),
+        ),
+    ]
+}
+
+/// Connections from outside the pod under the default sidecar config (spec C inbound, E, I).
+#[must_use]
+pub fn default_inbound_cases() -> Vec<Case> {
+    use Expect::{App, Captured};
+    vec![
+        Case::remote("T19", "10.1.0.10:8080", Captured("10.1.0.10:8080")).peer("10.1.0.1"),
+        Case::remote("T20", "10.1.0.10:15020", App),
+        Case::remote("T21", "10.1.0.10:15021", App),
+        Case::remote("T22", "10.1.0.10:15090", App),
+        Case::remote("T23", "10.1.0.10:15008", App),
+        Case::remote("T24", "10.1.0.10:15001", Captured("10.1.0.10:15001")),
+        Case::remote("T25", "10.1.0.10:15006", Captured("10.1.0.10:15006")),
+        Case::remote("T19 v6", "[fd00:1::10]:8080", Captured("[fd00:1::10]:8080"))
+            .peer("fd00:1::1"),
+        Case::remote("T20 v6", "[fd00:1::10]:15020", App),
+        Case::remote("T23 v6", "[fd00:1::10]:15008", App),
+        Case::remote(
+            "T24 v6",
+            "[fd00:1::10]:15001",
+            Captured("[fd00:1::10]:15001"),
         ),
     ]
 }

@@ -199,10 +199,11 @@ impl Topology {
         self.serve(cmd, &l);
     }
 
-    /// The application in the pod (uid/gid 1000): `app` on 8080, 9090 and 15008, v4 and v6.
+    /// The application in the pod (uid/gid 1000): `app` on 8080, 9090, the tunnel port and the
+    /// proxy's own service ports (15008, 15020, 15021, 15090), v4 and v6.
     pub fn start_app(&mut self) {
         let cmd = self.probe_in_pod(&Who::app());
-        let l: Vec<_> = [8080, 9090, 15008]
+        let l: Vec<_> = [8080, 9090, 15008, 15020, 15021, 15090]
             .iter()
             .flat_map(|p| {
                 [
@@ -226,6 +227,23 @@ impl Topology {
         let mut cmd = self.probe_in_pod(who);
         cmd.arg("connect").arg("--to").arg(to);
         opts.args(&mut cmd);
+        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "probe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Outcome::parse(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// One connection from the remote netns (a client outside the pod).
+    pub fn connect_from_remote(&self, to: &str) -> Outcome {
+        let mut cmd = Command::new(probe_bin());
+        cmd.arg("--netns")
+            .arg(self.remote.path())
+            .arg("connect")
+            .arg("--to")
+            .arg(to);
         let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
         assert!(
             out.status.success(),

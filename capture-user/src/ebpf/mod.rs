@@ -9,7 +9,7 @@ use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
 use capture_common::config::{PodCounters, NODE_ERROR_KINDS};
 pub use pod_maps::kernel_config;
 
-use self::programs::{NodePrograms, CGROUP_HOOKS};
+use self::programs::{NodePrograms, Target, HOOKS};
 use crate::{config::CaptureConfig, paths::Paths};
 
 #[derive(Debug, thiserror::Error)]
@@ -18,10 +18,10 @@ pub enum EbpfError {
     Load(#[from] programs::LoadError),
     #[error(transparent)]
     Maps(#[from] pod_maps::PodMapsError),
-    #[error("attaching {hook} to cgroup {cgroup}: {source}{hint}")]
+    #[error("attaching {hook} to {target}: {source}{hint}")]
     Attach {
         hook: &'static str,
-        cgroup: PathBuf,
+        target: String,
         source: io::Error,
         hint: &'static str,
     },
@@ -36,6 +36,8 @@ pub enum EbpfError {
 /// Everything the backend needs to capture one pod.
 pub struct PodTarget<'a> {
     pub netns_cookie: u64,
+    pub netns_path: &'a std::path::Path,
+    pub netns: &'a fs::File,
     pub cgroup_path: &'a std::path::Path,
     pub cgroup: &'a fs::File,
 }
@@ -84,13 +86,23 @@ impl EbpfBackend {
             source,
         })?;
         for (hook, prog) in &self.node.programs {
-            let link = sys::link_create(prog.as_fd(), pod.cgroup.as_fd(), hook.attach_type).map_err(|source| {
+            let (target, target_name) = match hook.target {
+                Target::Cgroup => (
+                    pod.cgroup.as_fd(),
+                    format!("cgroup {}", pod.cgroup_path.display()),
+                ),
+                Target::Netns => (
+                    pod.netns.as_fd(),
+                    format!("netns {}", pod.netns_path.display()),
+                ),
+            };
+            let link = sys::link_create(prog.as_fd(), target, hook.attach_type).map_err(|source| {
                 let hint = if source.raw_os_error() == Some(libc::EINVAL) {
-                    "; this kernel may lack the hook (capture needs Linux 5.8+ with cgroup bpf links)"
+                    "; this kernel may lack the hook or bpf links for it (see README, kernel requirements)"
                 } else {
                     ""
                 };
-                EbpfError::Attach { hook: hook.hook, cgroup: pod.cgroup_path.into(), source, hint }
+                EbpfError::Attach { hook: hook.hook, target: target_name.clone(), source, hint }
             })?;
             let path = dir.join(hook.program);
             sys::obj_pin(link.as_fd(), &path).map_err(|source| EbpfError::PinLink {
@@ -110,7 +122,7 @@ impl EbpfBackend {
     /// Removes the pod's links (in reverse attach order) and map entries; idempotent.
     fn purge(&mut self, netns_cookie: u64) {
         let dir = self.paths.pod_links_dir(netns_cookie);
-        for hook in CGROUP_HOOKS.iter().rev() {
+        for hook in HOOKS.iter().rev() {
             let _ = fs::remove_file(dir.join(hook.program));
         }
         let _ = fs::remove_dir_all(&dir);
@@ -121,7 +133,7 @@ impl EbpfBackend {
     #[must_use]
     pub fn missing_hooks(&self, netns_cookie: u64) -> Vec<&'static str> {
         let dir = self.paths.pod_links_dir(netns_cookie);
-        let mut missing: Vec<_> = CGROUP_HOOKS
+        let mut missing: Vec<_> = HOOKS
             .iter()
             .filter(|h| sys::obj_get(&dir.join(h.program)).is_err())
             .map(|h| h.hook)

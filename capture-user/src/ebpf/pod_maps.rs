@@ -3,11 +3,14 @@
 use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use capture_common::{
     config::{
-        ListKind, PodConfig, PodCounters, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_OUTBOUND_PORTS,
-        FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4,
-        FLAG_HAS_POD_IP6, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK, MAX_PROXY_IDS,
+        ListKind, PodConfig, PodCounters, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS,
+        FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
+        FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
+        FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK,
+        MAX_PROXY_IDS,
     },
-    keys::{CidrKey, PortKey, CIDR_KEY_FIXED_BITS},
+    keys::{CidrKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
+    AF_INET, AF_INET6,
 };
 use ipnet::IpNet;
 
@@ -65,6 +68,16 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
         FLAG_HAS_INCLUDE_OUTBOUND_PORTS,
     );
     set(cfg.include_covers_loopback(), FLAG_INCLUDE_COVERS_LOOPBACK);
+    let (inbound_all, inbound_list) = match &cfg.include_inbound_ports {
+        Selection::All => (true, false),
+        Selection::List(l) => (false, !l.is_empty()),
+    };
+    set(inbound_all, FLAG_INBOUND_ALL_PORTS);
+    set(inbound_list, FLAG_HAS_INCLUDE_INBOUND_PORTS);
+    set(
+        inbound_all && !cfg.exclude_inbound_ports.is_empty(),
+        FLAG_HAS_EXCLUDE_INBOUND_PORTS,
+    );
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
     PodConfig {
@@ -97,9 +110,10 @@ pub fn cidr_key(netns_cookie: u64, list: ListKind, net: &IpNet) -> Key<CidrKey> 
     )
 }
 
-fn port_entries(cfg: &CaptureConfig) -> impl Iterator<Item = (ListKind, u16)> + '_ {
+fn port_entries(cfg: &CaptureConfig) -> Vec<(ListKind, u16)> {
     let with = |kind| move |p: &u16| (kind, *p);
-    cfg.exclude_outbound_ports
+    let mut out: Vec<_> = cfg
+        .exclude_outbound_ports
         .iter()
         .map(with(ListKind::ExcludeOutboundPorts))
         .chain(
@@ -107,6 +121,29 @@ fn port_entries(cfg: &CaptureConfig) -> impl Iterator<Item = (ListKind, u16)> + 
                 .iter()
                 .map(with(ListKind::IncludeOutboundPorts)),
         )
+        .collect();
+    match &cfg.include_inbound_ports {
+        Selection::All => out.extend(
+            cfg.exclude_inbound_ports
+                .iter()
+                .map(with(ListKind::ExcludeInboundPorts)),
+        ),
+        Selection::List(l) => out.extend(l.iter().map(with(ListKind::IncludeInboundPorts))),
+    }
+    out
+}
+
+/// The pod's addresses as inbound capture looks them up.
+fn pod_addr_keys(cfg: &CaptureConfig) -> Vec<PodAddrKey> {
+    let v4 = cfg.pod_ip4.map(|a| PodAddrKey {
+        family: u32::from(AF_INET),
+        addr: [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+    });
+    let v6 = cfg.pod_ip6.map(|a| PodAddrKey {
+        family: u32::from(AF_INET6),
+        addr: ip6_words(a.octets()),
+    });
+    v4.into_iter().chain(v6).collect()
 }
 
 fn cidr_entries(cfg: &CaptureConfig) -> impl Iterator<Item = (ListKind, &IpNet)> + '_ {
@@ -146,6 +183,11 @@ pub fn install(
             .insert(PortKey::new(netns_cookie, list, port), 1, 0)
             .map_err(write(format!("{list:?} port {port}")))?;
     }
+    for key in pod_addr_keys(cfg) {
+        maps.inbound_pods
+            .insert(key, netns_cookie, 0)
+            .map_err(write("pod address for inbound capture".into()))?;
+    }
     for (list, net) in cidr_entries(cfg) {
         maps.cidr_lists
             .insert(&cidr_key(netns_cookie, list, net), 1, 0)
@@ -159,6 +201,25 @@ pub fn install(
 /// Removes every entry of the pod, whatever its config was (also after a partial install).
 pub fn remove(maps: &mut Maps, netns_cookie: u64) {
     let _ = maps.pod_configs.remove(&netns_cookie);
+    let addrs: Vec<PodAddrKey> = maps
+        .inbound_pods
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, c)| *c == netns_cookie)
+        .map(|(k, _)| k)
+        .collect();
+    for k in addrs {
+        let _ = maps.inbound_pods.remove(&k);
+    }
+    let listeners: Vec<_> = maps
+        .inbound_listeners
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.netns_cookie == netns_cookie)
+        .collect();
+    for k in listeners {
+        let _ = maps.inbound_listeners.remove(&k);
+    }
     let ports: Vec<PortKey> = maps
         .port_lists
         .keys()

@@ -8,13 +8,13 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SockHash},
     programs::{Program, ProgramError},
     EbpfLoader,
 };
 use capture_common::{
     config::{PodConfig, PodCounters},
-    keys::{CidrKey, HandoffKey, PortKey},
+    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
     state::OriginalDst,
 };
 
@@ -24,7 +24,16 @@ use crate::paths::Paths;
 /// The kernel programs, built by build.rs from capture-ebpf.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
 
-/// One program and the cgroup hook it attaches to.
+/// What a program is linked to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The pod's cgroup v2 directory.
+    Cgroup,
+    /// The pod's network namespace.
+    Netns,
+}
+
+/// One program and the hook it attaches to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hook {
     /// The program's name in the object (its function name).
@@ -33,54 +42,71 @@ pub struct Hook {
     pub attach_type: u32,
     /// The hook as people call it.
     pub hook: &'static str,
+    pub target: Target,
 }
 
-/// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers) is in
-/// place before connect4/6 start rewriting. Detach runs in reverse, so rewriting stops first.
-pub const CGROUP_HOOKS: [Hook; 7] = [
+/// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers,
+/// listener registration) is in place before sk_lookup and connect4/6 start steering. Detach runs
+/// in reverse, so steering stops first.
+pub const HOOKS: [Hook; 8] = [
     Hook {
         program: "capture_sock_create",
         attach_type: 2,
         hook: "cgroup/sock_create",
+        target: Target::Cgroup,
     },
     Hook {
         program: "capture_sock_ops",
         attach_type: 3,
         hook: "sock_ops",
+        target: Target::Cgroup,
     },
     Hook {
         program: "capture_getsockopt",
         attach_type: 21,
         hook: "cgroup/getsockopt",
+        target: Target::Cgroup,
     },
     Hook {
         program: "capture_getpeername4",
         attach_type: 29,
         hook: "cgroup/getpeername4",
+        target: Target::Cgroup,
     },
     Hook {
         program: "capture_getpeername6",
         attach_type: 30,
         hook: "cgroup/getpeername6",
+        target: Target::Cgroup,
+    },
+    Hook {
+        program: "capture_sk_lookup",
+        attach_type: 36,
+        hook: "sk_lookup",
+        target: Target::Netns,
     },
     Hook {
         program: "capture_connect4",
         attach_type: 10,
         hook: "cgroup/connect4",
+        target: Target::Cgroup,
     },
     Hook {
         program: "capture_connect6",
         attach_type: 11,
         hook: "cgroup/connect6",
+        target: Target::Cgroup,
     },
 ];
 
-const MAP_NAMES: [&str; 7] = [
+const MAP_NAMES: [&str; 9] = [
     "POD_CONFIGS",
     "POD_COUNTERS",
     "NODE_ERRORS",
     "PORT_LISTS",
     "CIDR_LISTS",
+    "INBOUND_PODS",
+    "INBOUND_LISTENERS",
     "HANDOFF",
     "SOCKET_STATES",
 ];
@@ -126,6 +152,8 @@ pub struct Maps {
     pub node_errors: PerCpuArray<MapData, u64>,
     pub port_lists: HashMap<MapData, PortKey, u8>,
     pub cidr_lists: LpmTrie<MapData, CidrKey, u8>,
+    pub inbound_pods: HashMap<MapData, PodAddrKey, u64>,
+    pub inbound_listeners: SockHash<MapData, ListenerKey>,
     pub handoff: HashMap<MapData, HandoffKey, OriginalDst>,
 }
 
@@ -141,6 +169,7 @@ fn load_program(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> 
         Program::CgroupSock(p) => p.load(),
         Program::SockOps(p) => p.load(),
         Program::CgroupSockopt(p) => p.load(),
+        Program::SkLookup(p) => p.load(),
         _ => unreachable!("{} has an unexpected program type", hook.program),
     }
 }
@@ -174,7 +203,7 @@ fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
         return Err(LoadError::NoObject);
     }
     let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Parse)?;
-    for hook in &CGROUP_HOOKS {
+    for hook in &HOOKS {
         let program = ebpf
             .program_mut(hook.program)
             .ok_or(LoadError::MissingProgram(hook.program))?;
@@ -201,7 +230,7 @@ fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
 }
 
 fn all_pinned(paths: &Paths) -> bool {
-    CGROUP_HOOKS
+    HOOKS
         .iter()
         .all(|h| paths.programs_dir().join(h.program).exists())
         && MAP_NAMES.iter().all(|m| paths.maps_dir().join(m).exists())
@@ -234,7 +263,7 @@ where
 }
 
 pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
-    let programs = CGROUP_HOOKS
+    let programs = HOOKS
         .iter()
         .map(|hook| {
             let path = paths.programs_dir().join(hook.program);
@@ -252,6 +281,8 @@ pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
         node_errors: open_map(paths, "NODE_ERRORS")?,
         port_lists: open_map(paths, "PORT_LISTS")?,
         cidr_lists: open_map(paths, "CIDR_LISTS")?,
+        inbound_pods: open_map(paths, "INBOUND_PODS")?,
+        inbound_listeners: open_map(paths, "INBOUND_LISTENERS")?,
         handoff: open_map(paths, "HANDOFF")?,
     };
     Ok(NodePrograms { programs, maps })

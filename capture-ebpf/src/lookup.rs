@@ -1,0 +1,136 @@
+//! `sk_lookup` on the pod's netns: inbound capture. A TCP connection arriving for a pod address
+//! from outside the pod is assigned to the pod's inbound listener (15006) when spec section C's
+//! inbound procedure says so. Nothing is rewritten: the accepted socket's local address is the
+//! original destination.
+//!
+//! Fail closed: a port that must be captured but has no listener is refused (the client gets a
+//! RST at once, as with iptables' REDIRECT to a closed port), never delivered to the app.
+
+use aya_ebpf::programs::SkLookupContext;
+use capture_common::{
+    config::{NodeError, PodCounter},
+    decision::{decide_inbound, InboundVerdict, LOOPBACK6},
+    keys::{ListenerKey, PodAddrKey},
+    AF_INET, AF_INET6,
+};
+
+use crate::{
+    counters::{bump_node, bump_pod},
+    maps::{MapLists, INBOUND_LISTENERS, INBOUND_PODS, POD_CONFIGS},
+};
+
+pub const SK_PASS: u32 = 1;
+pub const SK_DROP: u32 = 0;
+const IPPROTO_TCP: u32 = 6;
+
+/// Is `src` the pod itself (its own address, or loopback)? Such connections bypass inbound
+/// capture, as iptables' PREROUTING never sees locally generated traffic.
+#[inline(always)]
+fn from_the_pod(ipv6: bool, src: &[u32; 4], dst: &[u32; 4]) -> bool {
+    let same = src[0] == dst[0] && src[1] == dst[1] && src[2] == dst[2] && src[3] == dst[3];
+    same || if ipv6 {
+        src[0] == LOOPBACK6[0]
+            && src[1] == LOOPBACK6[1]
+            && src[2] == LOOPBACK6[2]
+            && src[3] == LOOPBACK6[3]
+    } else {
+        u32::from_be(src[0]) >> 24 == 127
+    }
+}
+
+/// Assigns the connection to the pod's listener: same family first, then a dual-stack IPv6
+/// listener for IPv4 traffic.
+#[inline(always)]
+fn assign(ctx: &SkLookupContext, netns_cookie: u64, family: u32) -> Result<(), i32> {
+    let key = ListenerKey {
+        netns_cookie,
+        family,
+        _pad: 0,
+    };
+    match INBOUND_LISTENERS.redirect_sk_lookup(ctx, key, 0) {
+        Err(_) if family == u32::from(AF_INET) => {
+            let v6 = ListenerKey {
+                netns_cookie,
+                family: u32::from(AF_INET6),
+                _pad: 0,
+            };
+            INBOUND_LISTENERS.redirect_sk_lookup(ctx, v6, 0)
+        }
+        other => other,
+    }
+}
+
+#[inline(always)]
+pub fn on_sk_lookup(ctx: &SkLookupContext) -> u32 {
+    let l = ctx.lookup;
+    // Every context field is read with its own load from the context pointer: the verifier
+    // rejects loads through a pointer derived from it ("dereference of modified ctx ptr").
+    // SAFETY: the context pointer is valid for the whole program run.
+    let field = |p: *const u32| unsafe { core::ptr::read_volatile(p) };
+    // SAFETY: as above; only field addresses are formed, never dereferenced as a whole.
+    let (family, protocol, local_port) = unsafe {
+        (
+            field(&raw const (*l).family),
+            field(&raw const (*l).protocol),
+            field(&raw const (*l).local_port),
+        )
+    };
+    if protocol != IPPROTO_TCP {
+        return SK_PASS;
+    }
+    // SAFETY: as above.
+    let (ipv6, dst, src) = unsafe {
+        match family as u16 {
+            AF_INET => (
+                false,
+                [field(&raw const (*l).local_ip4), 0, 0, 0],
+                [field(&raw const (*l).remote_ip4), 0, 0, 0],
+            ),
+            AF_INET6 => (
+                true,
+                [
+                    field(&raw const (*l).local_ip6[0]),
+                    field(&raw const (*l).local_ip6[1]),
+                    field(&raw const (*l).local_ip6[2]),
+                    field(&raw const (*l).local_ip6[3]),
+                ],
+                [
+                    field(&raw const (*l).remote_ip6[0]),
+                    field(&raw const (*l).remote_ip6[1]),
+                    field(&raw const (*l).remote_ip6[2]),
+                    field(&raw const (*l).remote_ip6[3]),
+                ],
+            ),
+            _ => return SK_PASS,
+        }
+    };
+    // SAFETY: plain values read once.
+    let Some(&netns_cookie) = (unsafe { INBOUND_PODS.get(PodAddrKey { family, addr: dst }) })
+    else {
+        return SK_PASS;
+    };
+    if from_the_pod(ipv6, &src, &dst) {
+        return SK_PASS;
+    }
+    // SAFETY: as above.
+    let Some(cfg) = (unsafe { POD_CONFIGS.get(netns_cookie) }) else {
+        bump_node(NodeError::UnknownPod);
+        return SK_DROP;
+    };
+    match decide_inbound(cfg, &MapLists { netns_cookie }, local_port as u16) {
+        InboundVerdict::Pass(_) => {
+            bump_pod(netns_cookie, PodCounter::PassedInbound);
+            SK_PASS
+        }
+        InboundVerdict::Capture => match assign(ctx, netns_cookie, family) {
+            Ok(()) => {
+                bump_pod(netns_cookie, PodCounter::CapturedInbound);
+                SK_PASS
+            }
+            Err(_) => {
+                bump_pod(netns_cookie, PodCounter::RefusedInbound);
+                SK_DROP
+            }
+        },
+    }
+}

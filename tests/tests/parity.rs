@@ -1,0 +1,217 @@
+//! The parity matrix: every case runs against both backends in the same run and must give the
+//! same outcome (where they differ by design, `Expect` says so per case). Features of later
+//! issues stay in the table as expected failures, with the reason.
+
+use std::process::Command;
+
+use capture_tests::{
+    cases::{default_inbound_cases, default_sidecar_cases, run_cases_on, Backend, Case, Expect::*},
+    guards::run,
+    probe::Who,
+    topology::{cgroup_programs, Topology},
+};
+
+/// Attaches `annotations` with each backend in turn, starts what `start` starts, runs the cases.
+fn for_both_backends(annotations: &[&str], start: fn(&mut Topology), cases: &[Case]) {
+    for backend in Backend::ALL {
+        let mut topo = Topology::new();
+        let mut args = vec!["--mode", backend.mode()];
+        args.extend(annotations);
+        topo.attach(&args);
+        start(&mut topo);
+        run_cases_on(&topo, Some(backend), cases);
+    }
+}
+
+fn everything(topo: &mut Topology) {
+    topo.start_all();
+}
+
+#[test]
+fn default_sidecar_outbound() {
+    for_both_backends(&[], everything, &default_sidecar_cases());
+}
+
+#[test]
+fn default_sidecar_inbound() {
+    for_both_backends(&[], everything, &default_inbound_cases());
+}
+
+#[test]
+fn no_listeners_means_refused_never_bypassed() {
+    // T35, T36: with nothing on 15001/15006, captured connections are refused at once.
+    fn remote_and_app(topo: &mut Topology) {
+        topo.start_remote();
+        topo.start_app();
+    }
+    for_both_backends(
+        &[],
+        remote_and_app,
+        &[
+            Case::new("T35", Who::app(), "10.0.0.5:80", Refused("ECONNREFUSED")),
+            Case::new(
+                "T35 v6",
+                Who::app(),
+                "[fd00:2::5]:80",
+                Refused("ECONNREFUSED"),
+            ),
+            Case::remote("T36", "10.1.0.10:8080", Refused("ECONNREFUSED")),
+            Case::remote("T36 v6", "[fd00:1::10]:8080", Refused("ECONNREFUSED")),
+            Case::remote("T20 excluded port still served", "10.1.0.10:15020", App),
+        ],
+    );
+}
+
+#[test]
+fn explicit_inbound_include_list_ignores_excludes() {
+    // T45: -b 8080 -d 8080
+    for_both_backends(
+        &[
+            "--annotation",
+            "traffic.sidecar.istio.io/includeInboundPorts=8080",
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeInboundPorts=8080",
+        ],
+        everything,
+        &[
+            Case::remote("T45", "10.1.0.10:8080", Captured("10.1.0.10:8080")),
+            Case::remote("T45 other port", "10.1.0.10:9090", App),
+            Case::remote("T45 v6", "[fd00:1::10]:8080", Captured("[fd00:1::10]:8080")),
+        ],
+    );
+}
+
+#[test]
+fn inbound_exclude_list_and_disabled_inbound() {
+    for_both_backends(
+        &[
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeInboundPorts=9090",
+        ],
+        everything,
+        &[
+            Case::remote("excluded", "10.1.0.10:9090", App),
+            Case::remote("not excluded", "10.1.0.10:8080", Captured("10.1.0.10:8080")),
+            Case::remote("status port default-excluded", "10.1.0.10:15020", App),
+        ],
+    );
+    // -b '': no inbound capture at all, outbound unaffected (T81's inbound half).
+    for_both_backends(
+        &[
+            "--annotation",
+            "traffic.sidecar.istio.io/includeInboundPorts=",
+        ],
+        everything,
+        &[
+            Case::remote("inbound off", "10.1.0.10:8080", App),
+            Case::remote("inbound off v6", "[fd00:1::10]:8080", App),
+            Case::new(
+                "outbound still on",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+            Case::new(
+                "T81 proxy to own IP",
+                Who::proxy(),
+                "10.1.0.10:8080",
+                Inbound("10.1.0.10:8080"),
+            ),
+        ],
+    );
+}
+
+/// Cases of features that later issues add. Each must still fail today (strict): when one starts
+/// passing, move it into the matrix above.
+#[test]
+fn expected_failures_until_their_features_land() {
+    let rejected: &[(&str, &str, &str)] = &[
+        (
+            "T54-T63",
+            "sidecar.istio.io/interceptionMode=TPROXY",
+            "TPROXY interception mode (issue 5)",
+        ),
+        (
+            "T64-T66",
+            "traffic.sidecar.istio.io/kubevirtInterfaces=eth1",
+            "reroute-virtual interfaces (issue 5)",
+        ),
+        (
+            "T64-T66",
+            "istio.io/reroute-virtual-interfaces=eth1",
+            "reroute-virtual interfaces (issue 5)",
+        ),
+        (
+            "T68-T70",
+            "traffic.sidecar.istio.io/excludeInterfaces=eth1",
+            "exclude interfaces (issue 5)",
+        ),
+    ];
+    for (ids, annotation, reason) in rejected {
+        for backend in Backend::ALL {
+            let topo = Topology::new();
+            let out = topo.try_attach(&["--mode", backend.mode(), "--annotation", annotation]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && err.contains("not supported"),
+                "{ids} ({reason}) was expected to fail under {backend:?} but attach said: {err}"
+            );
+        }
+    }
+    // Not expressible yet at all (no input for them): DNS capture T47-T52 and T82 (issue 5),
+    // owner groups T75-T76 (issue 5), the IPv4 loopback CIDR option T77 (issue 5).
+}
+
+fn nat_table(topo: &Topology, tool: &str) -> String {
+    run(Command::new("ip").args(["netns", "exec", &topo.pod.netns.name, tool, "-t", "nat"]))
+}
+
+#[test]
+fn iptables_mode_writes_and_removes_exactly_its_rules() {
+    let mut topo = Topology::new();
+    topo.attach(&["--mode", "iptables"]);
+    topo.start_all();
+    assert!(
+        cgroup_programs(&topo.pod.cgroup.path).is_empty(),
+        "iptables mode attaches no programs"
+    );
+    let v4 = nat_table(&topo, "iptables-save");
+    assert!(
+        v4.contains(":ISTIO_OUTPUT") && v4.contains("-A OUTPUT -j ISTIO_OUTPUT"),
+        "{v4}"
+    );
+    assert!(nat_table(&topo, "ip6tables-save").contains(":ISTIO_OUTPUT"));
+    let status = topo.status();
+    assert_eq!(status["pods"][0]["mode"], "iptables");
+    assert_eq!(status["pods"][0]["in_force"], true, "{status}");
+
+    // A second backend on the same pod is an error, not a double capture.
+    let out = topo.try_attach(&["--mode", "ebpf"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already captured"));
+    assert!(cgroup_programs(&topo.pod.cgroup.path).is_empty());
+
+    let out = topo.detach();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for tool in ["iptables-save", "ip6tables-save"] {
+        let table = nat_table(&topo, tool);
+        assert!(
+            !table.contains("ISTIO"),
+            "{tool} still shows Istio chains:\n{table}"
+        );
+    }
+    run_cases_on(
+        &topo,
+        None,
+        &[Case::new(
+            "detached",
+            Who::app(),
+            "10.0.0.5:80",
+            Remote("10.0.0.5:80"),
+        )],
+    );
+}
