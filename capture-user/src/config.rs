@@ -110,6 +110,24 @@ fn items(value: &str) -> impl Iterator<Item = &str> {
     value.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
+/// The items of an annotation list as Istio's injector validates them: an empty value is an empty
+/// list, but an empty item inside a list ("80,,443", a trailing comma) is an error.
+fn annotation_items<'a>(key: &str, value: &'a str) -> Result<Vec<&'a str>, ConfigError> {
+    if value.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    value
+        .split(',')
+        .map(|item| {
+            if item.trim().is_empty() {
+                Err(bad(key, value, "has an empty item; remove the extra comma"))
+            } else {
+                Ok(item)
+            }
+        })
+        .collect()
+}
+
 fn parse_port(key: &str, value: &str, item: &str) -> Result<u16, ConfigError> {
     match item.parse::<u16>() {
         Ok(p) if p != 0 => Ok(p),
@@ -123,8 +141,8 @@ fn parse_port(key: &str, value: &str, item: &str) -> Result<u16, ConfigError> {
 
 fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>, ConfigError> {
     let mut ports = Vec::new();
-    for item in items(value) {
-        let p = parse_port(key, value, item)?;
+    for item in annotation_items(key, value)? {
+        let p = parse_port(key, value, item.trim())?;
         if !ports.contains(&p) {
             ports.push(p);
         }
@@ -140,10 +158,13 @@ fn parse_port_selection(key: &str, value: &str) -> Result<Selection<u16>, Config
 }
 
 fn parse_cidrs(key: &str, value: &str) -> Result<Vec<IpNet>, ConfigError> {
-    items(value)
+    annotation_items(key, value)?
+        .into_iter()
         .map(|item| {
             item.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
-                let hint = if item.parse::<IpAddr>().is_ok() {
+                let hint = if item.trim() != item {
+                    format!("{item:?} has spaces around it; Istio's validation rejects them, write the CIDRs without spaces")
+                } else if item.parse::<IpAddr>().is_ok() {
                     format!("{item:?} has no prefix length; write {item}/32 (or /128 for IPv6)")
                 } else if item == "*" {
                     "\"*\" is allowed only as the whole value of an include list".to_string()

@@ -30,10 +30,10 @@ fn injected_sidecar_defaults() {
 }
 
 #[test]
-fn lists_drop_empty_items_and_duplicates() {
+fn lists_drop_duplicates_and_mask_cidrs() {
     let c = CaptureConfig::from_pod(&spec(&[
-        (ANN_EXCLUDE_OUTBOUND_PORTS, "80,,443, 80"),
-        (ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.5/8, fd00::/8"),
+        (ANN_EXCLUDE_OUTBOUND_PORTS, "80,443, 80"),
+        (ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.5/8,fd00::/8"),
         (ANN_EXCLUDE_INBOUND_PORTS, "9000,15021"),
         (ANN_STATUS_PORT, "15999"),
     ]))
@@ -85,6 +85,13 @@ fn errors_name_the_annotation_and_value() {
     assert!(e.contains("include list"), "{e}");
     let e = err(ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.1");
     assert!(e.contains("10.0.0.1/32"), "{e}");
+    // Istio's injector rejects empty list items and spaces around CIDRs; so do we.
+    let e = err(ANN_EXCLUDE_OUTBOUND_PORTS, "80,,443");
+    assert!(e.contains("empty item"), "{e}");
+    let e = err(ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.0/8,");
+    assert!(e.contains("empty item"), "{e}");
+    let e = err(ANN_EXCLUDE_OUTBOUND_CIDRS, "10.0.0.0/8, 10.1.0.0/16");
+    assert!(e.contains("spaces"), "{e}");
     let e = err(ANN_INTERCEPTION_MODE, "TPROXY");
     assert!(e.contains("not supported"), "{e}");
     let e = err(ANN_KUBEVIRT_INTERFACES, "eth1");
