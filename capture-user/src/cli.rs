@@ -58,6 +58,17 @@ pub enum Command {
         #[arg(long)]
         netns: PathBuf,
     },
+    /// Prove, from inside a pod and as the proxy's uid, that capture is in force (like
+    /// istio-validation). Exits 0 when it is, 126 with the reason when it is not.
+    Validate {
+        /// How long to keep probing.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+        #[arg(long, default_value_t = crate::config::OUTBOUND_PORT)]
+        outbound_port: u16,
+        #[arg(long, default_value_t = crate::config::INBOUND_PORT)]
+        inbound_port: u16,
+    },
     /// Show captured pods, their configuration, whether capture is in force, and counters.
     Status {
         #[arg(long)]
@@ -65,8 +76,32 @@ pub enum Command {
     },
 }
 
+/// `5s`, `500ms` or a plain number of seconds.
+fn parse_duration(arg: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{arg:?} is not a duration such as 5s or 500ms");
+    if let Some(ms) = arg.strip_suffix("ms") {
+        return ms
+            .parse::<u64>()
+            .map(std::time::Duration::from_millis)
+            .map_err(|_| bad());
+    }
+    let secs = arg.strip_suffix('s').unwrap_or(arg);
+    secs.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(bad)
+}
+
+/// What a command asks the process to exit with.
+pub enum Outcome {
+    Success,
+    /// `capture validate` found capture not in force.
+    NotCaptured(String),
+}
+
 /// Runs one command; the binary prints the error chain on one line.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let paths = Paths::new(&cli.bpffs, &cli.state_dir);
     match cli.command {
         Command::Attach {
@@ -106,6 +141,27 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 record.netns_cookie
             );
         }
+        Command::Validate {
+            timeout,
+            outbound_port,
+            inbound_port,
+        } => {
+            return Ok(
+                match crate::validate::validate(outbound_port, inbound_port, timeout) {
+                    Ok(v) => {
+                        println!(
+                        "capture is in force: the probe to {} arrived on {inbound_port} after {:.0?}",
+                        v.original_dst, v.elapsed
+                    );
+                        Outcome::Success
+                    }
+                    Err(e @ crate::validate::ValidateError::NotCaptured { .. }) => {
+                        Outcome::NotCaptured(e.to_string())
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            );
+        }
         Command::Status { json } => {
             let status = ops::status(&paths)?;
             if json {
@@ -115,7 +171,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(Outcome::Success)
 }
 
 /// The human-readable status table.

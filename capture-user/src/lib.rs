@@ -11,3 +11,4 @@ pub mod netns;
 pub mod ops;
 pub mod paths;
 pub mod record;
+pub mod validate;

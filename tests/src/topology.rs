@@ -236,6 +236,13 @@ impl Topology {
         Outcome::parse(&String::from_utf8_lossy(&out.stdout))
     }
 
+    /// Runs a program inside the pod (cgroup, netns, identity) and returns its output.
+    pub fn run_in_pod(&self, who: &Who, argv: &[&str]) -> Output {
+        let mut cmd = self.probe_in_pod(who);
+        cmd.arg("exec").arg("--").args(argv);
+        cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    }
+
     /// One connection from the remote netns (a client outside the pod).
     pub fn connect_from_remote(&self, to: &str) -> Outcome {
         let mut cmd = Command::new(probe_bin());

@@ -47,6 +47,11 @@ enum Cmd {
         #[arg(long = "udp")]
         udp: Vec<String>,
     },
+    /// Run a program inside the pod, as the given identity.
+    Exec {
+        #[arg(trailing_var_arg = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Connect once and print the outcome.
     Connect {
         #[arg(long)]
@@ -355,6 +360,12 @@ fn main() {
         Cmd::Serve { tcp, udp } => {
             drop_privileges(&args);
             serve(tcp, udp)
+        }
+        Cmd::Exec { argv } => {
+            use std::os::unix::process::CommandExt as _;
+            drop_privileges(&args);
+            let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+            die(format!("exec {}: {err}", argv[0]))
         }
         Cmd::Connect {
             to,
