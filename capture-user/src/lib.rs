@@ -1,6 +1,7 @@
 //! capture's user space: pod configuration, the ebpf backend, and the operations the `capture`
 //! CLI (and later the node agent and CNI plugin) run.
 
+pub mod backend;
 pub mod cgroup;
 pub mod cli;
 pub mod config;

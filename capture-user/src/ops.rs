@@ -10,10 +10,10 @@ use capture_common::config::PodCounters;
 use serde::Serialize;
 
 use crate::{
+    backend::{self, BackendError, PodTarget},
     cgroup::{self, CgroupError},
     config::{CaptureConfig, ConfigError, PodSpec},
-    ebpf::{EbpfBackend, EbpfError, PodTarget},
-    iptables::apply::{self as iptables, IptablesError},
+    ebpf::EbpfBackend,
     lock::NodeLock,
     netns::{Netns, NetnsError},
     paths::{Paths, PathsError},
@@ -31,11 +31,9 @@ pub enum Error {
     #[error(transparent)]
     Paths(#[from] PathsError),
     #[error(transparent)]
-    Ebpf(#[from] EbpfError),
+    Backend(#[from] BackendError),
     #[error(transparent)]
     Record(#[from] RecordError),
-    #[error(transparent)]
-    Iptables(#[from] IptablesError),
     #[error("taking the node lock {path}: {source}")]
     Lock {
         path: PathBuf,
@@ -94,30 +92,19 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         config,
         attached_at_unix: record::now_unix(),
     };
-    match req.mode {
-        Mode::Ebpf => {
-            let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
-            let mut backend = EbpfBackend::open(paths, ebpf_pods)?;
-            let target = PodTarget {
-                netns_cookie,
-                netns_path: &req.netns,
-                netns: netns.file(),
-                cgroup_path: &req.cgroup,
-                cgroup: &cgroup,
-            };
-            backend.attach(&target, &record.config)?;
-            if let Err(e) = record::save(paths, &record) {
-                backend.detach(netns_cookie);
-                return Err(e.into());
-            }
-        }
-        Mode::Iptables => {
-            iptables::apply(&req.netns, &record.config)?;
-            if let Err(e) = record::save(paths, &record) {
-                let _ = iptables::remove(&req.netns, &record.config);
-                return Err(e.into());
-            }
-        }
+    let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
+    let mut backend = backend::for_attach(paths, req.mode, ebpf_pods)?;
+    let target = PodTarget {
+        netns_cookie,
+        netns_path: &req.netns,
+        netns: netns.file(),
+        cgroup_path: &req.cgroup,
+        cgroup: &cgroup,
+    };
+    backend.attach(&target, &record.config)?;
+    if let Err(e) = record::save(paths, &record) {
+        let _ = backend.detach(&record);
+        return Err(e.into());
     }
     Ok(record)
 }
@@ -140,17 +127,12 @@ pub fn detach(paths: &Paths, netns_path: &Path) -> Result<PodRecord, Error> {
     let _lock = lock(paths)?;
     let record =
         find_record(paths, netns_path)?.ok_or_else(|| Error::NotAttached(netns_path.into()))?;
-    match record.mode {
-        Mode::Ebpf => match EbpfBackend::adopt(paths) {
-            Ok(mut backend) => backend.detach(record.netns_cookie),
-            // Without the node's pins there is nothing in the kernel left to remove but the links.
-            Err(_) => {
-                let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
-            }
-        },
-        // A netns that is gone took its rules with it.
-        Mode::Iptables if record.netns.exists() => iptables::remove(&record.netns, &record.config)?,
-        Mode::Iptables => {}
+    match backend::existing(paths, record.mode) {
+        Ok(mut backend) => backend.detach(&record)?,
+        // No ebpf programs pinned on this node: nothing is left in the kernel but the pod's links.
+        Err(_) => {
+            let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
+        }
     }
     record::remove(paths, record.netns_cookie)?;
     Ok(record)
@@ -180,20 +162,17 @@ pub struct NodeStatus {
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
     let records = record::load_all(paths)?;
-    let backend = EbpfBackend::adopt(paths).ok();
+    let ebpf = EbpfBackend::adopt(paths).ok();
+    let mut backends = backend::ExistingBackends::new(paths);
     let pods = records
         .into_iter()
         .map(|record| {
-            let (missing, counters) = match (&backend, record.mode) {
-                (_, Mode::Iptables) => (iptables::missing(&record.netns, &record.config), None),
-                (Some(b), Mode::Ebpf) => (
-                    b.missing_hooks(record.netns_cookie)
-                        .into_iter()
-                        .map(String::from)
-                        .collect(),
-                    b.counters(record.netns_cookie),
+            let (missing, counters) = match backends.get(record.mode) {
+                Some(b) => (b.missing(&record), b.counters(&record)),
+                None => (
+                    vec![format!("the node's {} backend (not loaded)", record.mode)],
+                    None,
                 ),
-                (None, Mode::Ebpf) => (vec!["node programs (not loaded)".to_string()], None),
             };
             PodStatus {
                 in_force: missing.is_empty(),
@@ -209,16 +188,16 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         "handoff_failed",
         "listener_registration",
     ];
-    let node_errors = backend
+    let node_errors = ebpf
         .as_ref()
         .map(|b| names.into_iter().zip(b.node_errors()).collect())
         .unwrap_or_default();
     Ok(NodeStatus {
         bpffs: paths.bpffs.clone(),
         state_dir: paths.state_dir.clone(),
-        programs_loaded: backend.is_some(),
+        programs_loaded: ebpf.is_some(),
         pods,
         node_errors,
-        pending_handoffs: backend.as_ref().map_or(0, EbpfBackend::pending_handoffs),
+        pending_handoffs: ebpf.as_ref().map_or(0, EbpfBackend::pending_handoffs),
     })
 }

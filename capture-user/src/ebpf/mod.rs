@@ -10,7 +10,12 @@ use capture_common::config::{PodCounters, NODE_ERROR_KINDS};
 pub use pod_maps::kernel_config;
 
 use self::programs::{NodePrograms, Target, HOOKS};
-use crate::{config::CaptureConfig, paths::Paths};
+use crate::{
+    backend::{Backend, BackendError, PodTarget},
+    config::CaptureConfig,
+    paths::Paths,
+    record::PodRecord,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
@@ -31,15 +36,6 @@ pub enum EbpfError {
         path: PathBuf,
         source: io::Error,
     },
-}
-
-/// Everything the backend needs to capture one pod.
-pub struct PodTarget<'a> {
-    pub netns_cookie: u64,
-    pub netns_path: &'a std::path::Path,
-    pub netns: &'a fs::File,
-    pub cgroup_path: &'a std::path::Path,
-    pub cgroup: &'a fs::File,
 }
 
 pub struct EbpfBackend {
@@ -167,5 +163,27 @@ impl EbpfBackend {
     #[must_use]
     pub fn pending_handoffs(&self) -> usize {
         self.node.maps.handoff.keys().count()
+    }
+}
+
+impl Backend for EbpfBackend {
+    fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
+        Ok(EbpfBackend::attach(self, pod, cfg)?)
+    }
+
+    fn detach(&mut self, record: &PodRecord) -> Result<(), BackendError> {
+        EbpfBackend::detach(self, record.netns_cookie);
+        Ok(())
+    }
+
+    fn missing(&self, record: &PodRecord) -> Vec<String> {
+        self.missing_hooks(record.netns_cookie)
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    fn counters(&self, record: &PodRecord) -> Option<PodCounters> {
+        EbpfBackend::counters(self, record.netns_cookie)
     }
 }

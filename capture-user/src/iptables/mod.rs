@@ -4,3 +4,36 @@
 
 pub mod apply;
 pub mod rules;
+
+use capture_common::config::PodCounters;
+
+use crate::{
+    backend::{Backend, BackendError, PodTarget},
+    config::CaptureConfig,
+    record::PodRecord,
+};
+
+/// Istio's rules, written into the pod's netns.
+pub struct IptablesBackend;
+
+impl Backend for IptablesBackend {
+    fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
+        Ok(apply::apply(pod.netns_path, cfg)?)
+    }
+
+    fn detach(&mut self, record: &PodRecord) -> Result<(), BackendError> {
+        // A netns that is gone took its rules with it.
+        if !record.netns.exists() {
+            return Ok(());
+        }
+        Ok(apply::remove(&record.netns, &record.config)?)
+    }
+
+    fn missing(&self, record: &PodRecord) -> Vec<String> {
+        apply::missing(&record.netns, &record.config)
+    }
+
+    fn counters(&self, _record: &PodRecord) -> Option<PodCounters> {
+        None
+    }
+}
