@@ -180,6 +180,47 @@ fn verify(case: &Case, got: &Outcome, backend: Option<Backend>) -> Result<(), St
     Ok(())
 }
 
+/// One configuration of the parity matrix.
+#[derive(Clone, Copy)]
+pub struct Scenario<'a> {
+    /// Extra `capture attach` arguments (annotations, proxy ids).
+    pub args: &'a [&'a str],
+    /// The pod's addresses as attach is told them.
+    pub pod_ips: &'a [&'a str],
+    /// Which servers run (after attach, as in a pod whose containers start after network setup).
+    pub start: fn(&mut Topology),
+}
+
+impl<'a> Scenario<'a> {
+    /// A dual-stack pod with every server running.
+    #[must_use]
+    pub fn with(args: &'a [&'a str]) -> Self {
+        Self {
+            args,
+            pod_ips: &[POD_IP4, POD_IP6],
+            start: Topology::start_all,
+        }
+    }
+}
+
+/// The parity matrix: runs `cases` in `scenario` against each backend in turn, each on a fresh
+/// pod, checking the same expectations (and the by-design differences) for both.
+pub fn run_matrix(scenario: Scenario<'_>, cases: &[Case]) {
+    for backend in Backend::ALL {
+        let mut topo = Topology::new();
+        let mut args = vec!["--mode", backend.mode()];
+        args.extend(scenario.args);
+        let out = topo.try_attach_with_ips(scenario.pod_ips, &args);
+        assert!(
+            out.status.success(),
+            "{backend:?} attach failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (scenario.start)(&mut topo);
+        run_cases_on(&topo, Some(backend), cases);
+    }
+}
+
 /// Runs every case against the topology and panics listing all that failed.
 pub fn run_cases(topo: &Topology, cases: &[Case]) {
     run_cases_on(topo, None, cases);
@@ -215,7 +256,7 @@ pub fn run_cases_on(topo: &Topology, backend: Option<Backend>, cases: &[Case]) {
 /// The default-sidecar cases of spec sections I and E (IPv4, v4-mapped and IPv6), for any backend.
 #[must_use]
 pub fn default_sidecar_cases() -> Vec<Case> {
-    use Expect::{App, Inbound, Outbound, Remote};
+    use Expect::{App, Inbound, Outbound, Refused, Remote};
     let app = Who::app;
     let proxy = Who::proxy;
     let bind = |addr: &str| ConnectOpts {
@@ -238,6 +279,16 @@ pub fn default_sidecar_cases() -> Vec<Case> {
             .opts(bind("127.0.0.6:0"))
             .peer("127.0.0.6"),
         Case::new("T15", proxy(), "127.0.0.2:8080", Inbound("127.0.0.2:8080")).peer("127.0.0.1"),
+        // T27/T28: istio-validation's probe, as the proxy and as the app.
+        Case::new(
+            "T27",
+            proxy(),
+            "127.0.0.6:15002",
+            Inbound("127.0.0.6:15002"),
+        )
+        .opts(bind("127.0.0.1:0")),
+        Case::new("T28", app(), "127.0.0.6:15002", Refused("ECONNREFUSED"))
+            .opts(bind("127.0.0.1:0")),
         Case::new("T18", app(), "10.0.0.5:15020", Outbound("10.0.0.5:15020")),
         Case::new("E3 proxy to 127.0.0.1", proxy(), "127.0.0.1:9090", App),
         Case::new("E3 app to other 127/8", app(), "127.0.0.2:9090", App),

@@ -105,6 +105,11 @@ impl Topology {
 
     /// `capture attach` for this pod (both pod IPs) plus `extra`, returning the raw output.
     pub fn try_attach(&self, extra: &[&str]) -> Output {
+        self.try_attach_with_ips(&[POD_IP4, POD_IP6], extra)
+    }
+
+    /// `capture attach` naming only `pod_ips` as the pod's addresses.
+    pub fn try_attach_with_ips(&self, pod_ips: &[&str], extra: &[&str]) -> Output {
         let netns = self.pod.netns.path();
         let cgroup = self.pod.cgroup.path.clone();
         let mut args = vec![
@@ -114,7 +119,9 @@ impl Topology {
             "--cgroup",
             cgroup.to_str().unwrap(),
         ];
-        args.extend(["--pod-ip", POD_IP4, "--pod-ip", POD_IP6]);
+        for ip in pod_ips {
+            args.extend(["--pod-ip", ip]);
+        }
         args.extend(extra);
         self.capture(&args)
     }

@@ -1,18 +1,10 @@
-//! Outbound capture on real traffic: the cases of spec section I and more from sections C and E,
-//! IPv4 and IPv6, each against a freshly attached pod.
+//! The parity matrix, outbound half: the outbound cases of spec section I and more from sections
+//! C and E, IPv4 and IPv6, each scenario run against both backends on real traffic.
 
 use capture_tests::{
-    cases::{default_sidecar_cases, run_cases, Case, Expect::*},
+    cases::{default_sidecar_cases, run_matrix, Case, Expect::*, Scenario},
     probe::{ConnectOpts, Who},
-    topology::Topology,
 };
-
-fn pod(annotations: &[&str]) -> Topology {
-    let mut topo = Topology::new();
-    topo.attach(annotations);
-    topo.start_all();
-    topo
-}
 
 fn udp() -> ConnectOpts {
     ConnectOpts {
@@ -23,28 +15,35 @@ fn udp() -> ConnectOpts {
 
 #[test]
 fn default_sidecar() {
-    run_cases(&pod(&[]), &default_sidecar_cases());
+    run_matrix(Scenario::with(&[]), &default_sidecar_cases());
 }
 
 #[test]
 fn udp_is_never_sent_to_the_proxy() {
-    let topo = pod(&[]);
-    // T16: UDP keeps its destination; the remote echo answers.
-    let got = topo.connect(&Who::app(), "10.0.0.5:5000", &udp());
-    assert!(got.ok(), "udp: {:?}", got.0);
-    assert_eq!(got.server().as_deref(), Some("remote"), "{:?}", got.0);
-    assert_eq!(got.client_peer().as_deref(), Some("10.0.0.5:5000"));
+    // T16, E6: UDP keeps its destination; the remote echo answers from it.
+    run_matrix(
+        Scenario::with(&[]),
+        &[
+            Case::new("T16", Who::app(), "10.0.0.5:5000", Remote("10.0.0.5:5000")).opts(udp()),
+            Case::new(
+                "T16 v6",
+                Who::app(),
+                "[fd00:2::5]:5000",
+                Remote("[fd00:2::5]:5000"),
+            )
+            .opts(udp()),
+        ],
+    );
 }
 
 #[test]
 fn include_outbound_cidrs() {
     // T40: only 10.0.0.0/8 goes to the proxy.
-    let topo = pod(&[
-        "--annotation",
-        "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/8,fd00:2::/120",
-    ]);
-    run_cases(
-        &topo,
+    run_matrix(
+        Scenario::with(&[
+            "--annotation",
+            "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/8,fd00:2::/120",
+        ]),
         &[
             Case::new("T40", Who::app(), "1.1.0.5:80", Remote("1.1.0.5:80")),
             Case::new(
@@ -72,16 +71,15 @@ fn include_outbound_cidrs() {
 #[test]
 fn exclude_cidrs_rank_above_include_ports() {
     // T43: -x 10.2.0.0/16 -q 32000
-    let topo = pod(&[
-        "--annotation",
-        "traffic.sidecar.istio.io/excludeOutboundIPRanges=10.2.0.0/16,fd00:2::/64",
-        "--annotation",
-        "traffic.sidecar.istio.io/includeOutboundPorts=32000",
-        "--annotation",
-        "traffic.sidecar.istio.io/includeOutboundIPRanges=",
-    ]);
-    run_cases(
-        &topo,
+    run_matrix(
+        Scenario::with(&[
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeOutboundIPRanges=10.2.0.0/16,fd00:2::/64",
+            "--annotation",
+            "traffic.sidecar.istio.io/includeOutboundPorts=32000",
+            "--annotation",
+            "traffic.sidecar.istio.io/includeOutboundIPRanges=",
+        ]),
         &[
             Case::new(
                 "T43",
@@ -114,12 +112,11 @@ fn exclude_cidrs_rank_above_include_ports() {
 #[test]
 fn exclude_outbound_ports_rank_first() {
     // T44: -o 5555 wins over everything, also for the proxy's own-pod rule.
-    let topo = pod(&[
-        "--annotation",
-        "traffic.sidecar.istio.io/excludeOutboundPorts=5555,8080",
-    ]);
-    run_cases(
-        &topo,
+    run_matrix(
+        Scenario::with(&[
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeOutboundPorts=5555,8080",
+        ]),
         &[
             Case::new("T44", Who::app(), "10.0.0.5:5555", Remote("10.0.0.5:5555")),
             Case::new(
@@ -147,9 +144,8 @@ fn exclude_outbound_ports_rank_first() {
 #[test]
 fn several_proxy_uids_in_order() {
     // T72: -u 1337,1338: uid 1337's lo-RETURN rule catches 1338 towards the pod's own IP.
-    let topo = pod(&["--proxy-uid", "1337,1338"]);
-    run_cases(
-        &topo,
+    run_matrix(
+        Scenario::with(&["--proxy-uid", "1337,1338"]),
         &[
             Case::new("T72", Who::new(1338, 1338), "10.1.0.10:8080", App),
             Case::new(
@@ -171,12 +167,11 @@ fn several_proxy_uids_in_order() {
 #[test]
 fn loopback_include_cidr_is_captured() {
     // T73: -i 127.1.2.3/32 drops the lo-RETURN rules, so that range goes to the proxy.
-    let topo = pod(&[
-        "--annotation",
-        "traffic.sidecar.istio.io/includeOutboundIPRanges=127.1.2.3/32",
-    ]);
-    run_cases(
-        &topo,
+    run_matrix(
+        Scenario::with(&[
+            "--annotation",
+            "traffic.sidecar.istio.io/includeOutboundIPRanges=127.1.2.3/32",
+        ]),
         &[
             Case::new("T73", Who::app(), "127.1.2.3:80", Outbound("127.1.2.3:80")),
             Case::new("T73 other loopback", Who::app(), "127.0.0.2:9090", App),
@@ -187,14 +182,13 @@ fn loopback_include_cidr_is_captured() {
 #[test]
 fn proxy_to_own_pod_ip_with_nothing_included() {
     // T81: -b '' -i '' still sends the proxy's own-pod traffic to 15006.
-    let topo = pod(&[
-        "--annotation",
-        "traffic.sidecar.istio.io/includeInboundPorts=",
-        "--annotation",
-        "traffic.sidecar.istio.io/includeOutboundIPRanges=",
-    ]);
-    run_cases(
-        &topo,
+    run_matrix(
+        Scenario::with(&[
+            "--annotation",
+            "traffic.sidecar.istio.io/includeInboundPorts=",
+            "--annotation",
+            "traffic.sidecar.istio.io/includeOutboundIPRanges=",
+        ]),
         &[
             Case::new(
                 "T81",
@@ -208,47 +202,14 @@ fn proxy_to_own_pod_ip_with_nothing_included() {
 }
 
 #[test]
-fn no_outbound_listener_is_refused() {
-    // T35: with nothing on 15001 the app gets ECONNREFUSED, never a silent bypass.
-    let mut topo = Topology::new();
-    topo.attach(&[]);
-    topo.start_remote();
-    topo.start_proxy_on(&[("inbound", 15006)]);
-    run_cases(
-        &topo,
-        &[
-            Case::new("T35", Who::app(), "10.0.0.5:80", Refused("ECONNREFUSED")),
-            Case::new(
-                "T35 v6",
-                Who::app(),
-                "[fd00:2::5]:80",
-                Refused("ECONNREFUSED"),
-            ),
-        ],
-    );
-}
-
-#[test]
 fn ipv4_only_pod_leaves_ipv6_alone() {
     // Istio writes no ip6tables rules for a pod without an IPv6 address.
-    let mut topo = Topology::new();
-    let out = topo.capture(&[
-        "attach",
-        "--netns",
-        topo.pod.netns.path().to_str().unwrap(),
-        "--cgroup",
-        topo.pod.cgroup.path.to_str().unwrap(),
-        "--pod-ip",
-        "10.1.0.10",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    topo.start_all();
-    run_cases(
-        &topo,
+    let scenario = Scenario {
+        pod_ips: &["10.1.0.10"],
+        ..Scenario::with(&[])
+    };
+    run_matrix(
+        scenario,
         &[
             Case::new(
                 "v4 captured",
@@ -263,5 +224,23 @@ fn ipv4_only_pod_leaves_ipv6_alone() {
                 Remote("[fd00:2::5]:80"),
             ),
         ],
+    );
+}
+
+#[test]
+fn cni_default_port_exclusion() {
+    // T37, E21: the CNI path excludes outbound 15020 when the annotation is absent; expressed here
+    // as the annotation it amounts to.
+    run_matrix(
+        Scenario::with(&[
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeOutboundPorts=15020",
+        ]),
+        &[Case::new(
+            "T37",
+            Who::app(),
+            "10.0.0.5:15020",
+            Remote("10.0.0.5:15020"),
+        )],
     );
 }

@@ -213,7 +213,12 @@ fn serve_tcp(name: String, listener: TcpListener) {
 fn serve_udp(name: String, socket: UdpSocket) {
     let mut buf = [0u8; 1500];
     while let Ok((n, from)) = socket.recv_from(&mut buf) {
-        let reply = json!({ "server": name, "peer": from.to_string(), "echo": String::from_utf8_lossy(&buf[..n]) });
+        let reply = json!({
+            "server": name,
+            "local": socket.local_addr().ok().map(|a| a.to_string()),
+            "peer": from.to_string(),
+            "echo": String::from_utf8_lossy(&buf[..n]),
+        });
         let _ = socket.send_to(reply.to_string().as_bytes(), from);
     }
 }
