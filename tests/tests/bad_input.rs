@@ -131,6 +131,21 @@ fn bad_annotations_and_ids_are_named() {
             &["status.sidecar.istio.io/port"],
         ),
         (&["--proxy-uid", "1,2,3,4,5"], &["at most 4"]),
+        // Rejected by Istio's injector too: empty list items, spaces around CIDRs.
+        (
+            &[
+                "--annotation",
+                "traffic.sidecar.istio.io/excludeOutboundPorts=80,,443",
+            ],
+            &["excludeOutboundPorts", "empty item"],
+        ),
+        (
+            &[
+                "--annotation",
+                "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/8, 10.2.0.0/16",
+            ],
+            &["includeOutboundIPRanges", "spaces"],
+        ),
     ];
     for (extra, needles) in cases {
         let err = attach_error(&topo, &attach_args(&netns, &cgroup, extra));

@@ -99,6 +99,28 @@ fn inbound_exclude_list_and_disabled_inbound() {
     );
 }
 
+#[test]
+fn status_port_annotation_moves_the_inbound_exclusion() {
+    // The injector excludes 15090, 15021, the annotation's ports and the status port: with the
+    // status port at 15999, 15020 is captured and 15999 is left alone (nothing listens there).
+    run_matrix(
+        Scenario::with(&["--annotation", "status.sidecar.istio.io/port=15999"]),
+        &[
+            Case::remote(
+                "status port moved",
+                "10.1.0.10:15020",
+                Captured("10.1.0.10:15020"),
+            ),
+            Case::remote(
+                "new status port excluded",
+                "10.1.0.10:15999",
+                Refused("ECONNREFUSED"),
+            ),
+            Case::remote("15021 still excluded", "10.1.0.10:15021", App),
+        ],
+    );
+}
+
 /// Cases of features that later issues add. Each must still fail today (strict): when one starts
 /// passing, move it into the matrix above.
 #[test]
