@@ -8,6 +8,7 @@ use crate::{
     config::{parse_annotation, parse_id_list, IdList, PodSpec},
     ops::{self, AttachRequest, NodeStatus},
     paths::{Paths, DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
+    probe::ModeChoice,
     record::Mode,
 };
 
@@ -69,6 +70,29 @@ pub enum Command {
         #[arg(long, default_value_t = crate::config::INBOUND_PORT)]
         inbound_port: u16,
     },
+    /// Run the node agent: owns the kernel side, serves the CNI plugin, exposes health and metrics.
+    Agent {
+        /// The Unix socket the CNI plugin talks to (root-only); default: <state-dir>/agent.sock.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Where /healthz, /readyz and /metrics are served (keep it on localhost).
+        #[arg(long, default_value = "127.0.0.1:15300")]
+        http: std::net::SocketAddr,
+        /// ebpf, iptables, or auto (ebpf where the kernel supports every hook).
+        #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
+        mode: ModeChoice,
+        /// The proxy's uid(s) for every pod this agent captures (default 1337).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_uid: Option<IdList>,
+        /// The proxy's gid(s) (default: the uids).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_gid: Option<IdList>,
+    },
+    /// Probe this kernel and node for what capture needs, and say which mode `auto` would pick.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// Show captured pods, their configuration, whether capture is in force, and counters.
     Status {
         #[arg(long)]
@@ -123,6 +147,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     proxy_gids: proxy_gid.unwrap_or_default().0,
                 },
                 mode,
+                pod: None,
             };
             let record = ops::attach(&paths, &req)?;
             println!(
@@ -162,6 +187,37 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 },
             );
         }
+        Command::Agent {
+            socket,
+            http,
+            mode,
+            proxy_uid,
+            proxy_gid,
+        } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .init();
+            let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
+            crate::agent::run(crate::agent::AgentConfig {
+                paths,
+                socket,
+                http,
+                mode,
+                proxy_uids: proxy_uid.unwrap_or_default().0,
+                proxy_gids: proxy_gid.unwrap_or_default().0,
+            })?;
+        }
+        Command::Doctor { json } => {
+            let probe = crate::probe::probe();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&probe)?);
+            } else {
+                print!("{}", render_probe(&probe));
+            }
+        }
         Command::Status { json } => {
             let status = ops::status(&paths)?;
             if json {
@@ -172,6 +228,42 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
+}
+
+/// The human-readable probe report.
+#[must_use]
+pub fn render_probe(probe: &crate::probe::Probe) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("kernel {}\n", probe.kernel);
+    for c in &probe.checks {
+        let _ = writeln!(
+            out,
+            "  [{}] {:<34} {}",
+            if c.ok { " ok " } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    let pick = crate::probe::choose(ModeChoice::Auto, probe);
+    let _ = writeln!(
+        out,
+        "ebpf backend: {}; iptables backend: {}",
+        if probe.ebpf_usable {
+            "usable"
+        } else {
+            "NOT usable"
+        },
+        if probe.iptables_usable {
+            "usable"
+        } else {
+            "NOT usable"
+        }
+    );
+    let _ = match pick {
+        Ok((mode, why)) => writeln!(out, "--mode auto would use {mode} ({why})"),
+        Err(why) => writeln!(out, "--mode auto would fail: {why}"),
+    };
+    out
 }
 
 /// The human-readable status table.

@@ -1,9 +1,12 @@
 //! capture's user space: pod configuration, the ebpf backend, and the operations the `capture`
 //! CLI (and later the node agent and CNI plugin) run.
 
+pub mod agent;
+pub mod api;
 pub mod backend;
 pub mod cgroup;
 pub mod cli;
+pub mod cni;
 pub mod config;
 pub mod ebpf;
 pub mod iptables;
@@ -11,5 +14,6 @@ pub mod lock;
 pub mod netns;
 pub mod ops;
 pub mod paths;
+pub mod probe;
 pub mod record;
 pub mod validate;

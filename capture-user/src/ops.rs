@@ -17,7 +17,7 @@ use crate::{
     lock::NodeLock,
     netns::{Netns, NetnsError},
     paths::{Paths, PathsError},
-    record::{self, Mode, PodRecord, RecordError},
+    record::{self, Mode, PodRecord, PodRef, RecordError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +56,8 @@ pub struct AttachRequest {
     pub cgroup: PathBuf,
     pub spec: PodSpec,
     pub mode: Mode,
+    /// The pod's Kubernetes identity, when known (CNI).
+    pub pod: Option<PodRef>,
 }
 
 fn lock(paths: &Paths) -> Result<NodeLock, Error> {
@@ -91,6 +93,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         annotations: req.spec.annotations.clone(),
         config,
         attached_at_unix: record::now_unix(),
+        pod: req.pod.clone(),
     };
     let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
     let mut backend = backend::for_attach(paths, req.mode, ebpf_pods)?;
@@ -109,33 +112,115 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     Ok(record)
 }
 
-/// Finds a pod's record by its netns: by cookie while the netns exists, else by the path it was
-/// attached with (the pod's netns may be gone by the time it is detached).
-fn find_record(paths: &Paths, netns_path: &Path) -> Result<Option<PodRecord>, Error> {
-    let records = record::load_all(paths)?;
-    let cookie = Netns::open(netns_path).ok().and_then(|n| n.cookie().ok());
-    Ok(records
-        .into_iter()
-        .find(|r| cookie.map_or(r.netns == netns_path, |c| r.netns_cookie == c)))
+/// How a caller names a captured pod.
+#[derive(Clone, Debug)]
+pub enum PodSelector {
+    /// By netns: its cookie while the netns exists, else the path it was attached with (the
+    /// netns may be gone by the time the pod is released).
+    Netns(PathBuf),
+    /// By the runtime's container id (CNI DEL, CHECK, GC).
+    ContainerId(String),
 }
 
-/// Stops capturing a pod and removes everything attach created for it.
-pub fn detach(paths: &Paths, netns_path: &Path) -> Result<PodRecord, Error> {
-    if !paths.state_dir.exists() {
-        return Err(Error::NotAttached(netns_path.into()));
+impl std::fmt::Display for PodSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Netns(p) => write!(f, "netns {}", p.display()),
+            Self::ContainerId(id) => write!(f, "container {id}"),
+        }
     }
-    let _lock = lock(paths)?;
-    let record =
-        find_record(paths, netns_path)?.ok_or_else(|| Error::NotAttached(netns_path.into()))?;
+}
+
+fn find_record(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, Error> {
+    let records = record::load_all(paths)?;
+    Ok(match which {
+        PodSelector::Netns(path) => {
+            let cookie = Netns::open(path).ok().and_then(|n| n.cookie().ok());
+            records
+                .into_iter()
+                .find(|r| cookie.map_or(r.netns == *path, |c| r.netns_cookie == c))
+        }
+        PodSelector::ContainerId(id) => records
+            .into_iter()
+            .find(|r| r.pod.as_ref().is_some_and(|p| p.container_id == *id)),
+    })
+}
+
+fn release(paths: &Paths, record: &PodRecord) -> Result<(), Error> {
     match backend::existing(paths, record.mode) {
-        Ok(mut backend) => backend.detach(&record)?,
+        Ok(mut backend) => backend.detach(record)?,
         // No ebpf programs pinned on this node: nothing is left in the kernel but the pod's links.
         Err(_) => {
             let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
         }
     }
     record::remove(paths, record.netns_cookie)?;
-    Ok(record)
+    Ok(())
+}
+
+/// Stops capturing a pod and removes everything attach created for it.
+pub fn detach(paths: &Paths, netns_path: &Path) -> Result<PodRecord, Error> {
+    release_pod(paths, &PodSelector::Netns(netns_path.into()))?
+        .ok_or_else(|| Error::NotAttached(netns_path.into()))
+}
+
+/// Releases the selected pod if it is captured; `Ok(None)` when it is not (DEL is idempotent).
+pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, Error> {
+    if !paths.state_dir.exists() {
+        return Ok(None);
+    }
+    let _lock = lock(paths)?;
+    let Some(record) = find_record(paths, which)? else {
+        return Ok(None);
+    };
+    release(paths, &record)?;
+    Ok(Some(record))
+}
+
+/// Releases every pod whose container id is not in `valid` (CNI GC). Pods attached without a
+/// container id (by hand) are not the runtime's to collect and stay.
+pub fn collect_garbage(paths: &Paths, valid: &[String]) -> Result<Vec<PodRecord>, Error> {
+    if !paths.state_dir.exists() {
+        return Ok(Vec::new());
+    }
+    let _lock = lock(paths)?;
+    let stale: Vec<PodRecord> = record::load_all(paths)?
+        .into_iter()
+        .filter(|r| {
+            r.pod
+                .as_ref()
+                .is_some_and(|p| !valid.contains(&p.container_id))
+        })
+        .collect();
+    for r in &stale {
+        release(paths, r)?;
+    }
+    Ok(stale)
+}
+
+/// The status of one captured pod, `None` if it is not captured.
+pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus>, Error> {
+    let Some(record) = find_record(paths, which)? else {
+        return Ok(None);
+    };
+    let mut backends = backend::ExistingBackends::new(paths);
+    Ok(Some(status_of(&mut backends, record)))
+}
+
+fn status_of(backends: &mut backend::ExistingBackends<'_>, record: PodRecord) -> PodStatus {
+    let (missing, counters) = match backends.get(record.mode) {
+        Some(b) => (b.missing(&record), b.counters(&record)),
+        None => (
+            vec![format!("the node's {} backend (not loaded)", record.mode)],
+            None,
+        ),
+    };
+    PodStatus {
+        in_force: missing.is_empty(),
+        missing,
+        counters,
+        record,
+    }
 }
 
 /// One pod as `capture status` shows it.
@@ -166,21 +251,7 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
     let mut backends = backend::ExistingBackends::new(paths);
     let pods = records
         .into_iter()
-        .map(|record| {
-            let (missing, counters) = match backends.get(record.mode) {
-                Some(b) => (b.missing(&record), b.counters(&record)),
-                None => (
-                    vec![format!("the node's {} backend (not loaded)", record.mode)],
-                    None,
-                ),
-            };
-            PodStatus {
-                in_force: missing.is_empty(),
-                missing,
-                counters,
-                record,
-            }
-        })
+        .map(|record| status_of(&mut backends, record))
         .collect();
     let names = [
         "unknown_pod",

@@ -31,6 +31,16 @@ impl std::fmt::Display for Mode {
     }
 }
 
+/// Who a pod is in Kubernetes, when capture was asked for by the CNI plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The sandbox (infra) container id the runtime names the attachment by.
+    pub container_id: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRecord {
     pub netns_cookie: u64,
@@ -40,6 +50,8 @@ pub struct PodRecord {
     pub annotations: BTreeMap<String, String>,
     pub config: CaptureConfig,
     pub attached_at_unix: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 #[derive(Debug, thiserror::Error)]

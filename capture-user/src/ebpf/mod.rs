@@ -166,6 +166,25 @@ impl EbpfBackend {
     }
 }
 
+/// Loads the node's programs, or adopts the pinned ones, under the node lock (agent start-up).
+pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
+    let _lock = crate::lock::NodeLock::acquire(&paths.lock_path()).map_err(|source| {
+        EbpfError::PinLink {
+            hook: "node lock",
+            path: paths.lock_path(),
+            source,
+        }
+    })?;
+    let pods = crate::record::load_all(paths)
+        .map(|r| {
+            r.iter()
+                .filter(|p| p.mode == crate::record::Mode::Ebpf)
+                .count()
+        })
+        .unwrap_or(0);
+    EbpfBackend::open(paths, pods).map(drop)
+}
+
 impl Backend for EbpfBackend {
     fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
         Ok(EbpfBackend::attach(self, pod, cfg)?)

@@ -197,6 +197,37 @@ fn summarize(e: &ProgramError) -> String {
     }
 }
 
+/// Loads every program of the embedded object into the kernel (and drops it again): the
+/// load-and-verify probe, one result per hook.
+#[must_use]
+pub fn probe_programs() -> Vec<(Hook, Result<(), String>)> {
+    if OBJECT.is_empty() {
+        return HOOKS
+            .iter()
+            .map(|h| (*h, Err(LoadError::NoObject.to_string())))
+            .collect();
+    }
+    let mut ebpf = match EbpfLoader::new().load(OBJECT) {
+        Ok(e) => e,
+        Err(e) => {
+            return HOOKS
+                .iter()
+                .map(|h| (*h, Err(format!("the object does not load: {e}"))))
+                .collect()
+        }
+    };
+    HOOKS
+        .iter()
+        .map(|hook| {
+            let result = match ebpf.program_mut(hook.program) {
+                Some(p) => load_program(hook, p).map_err(|e| summarize(&e)),
+                None => Err(LoadError::MissingProgram(hook.program).to_string()),
+            };
+            (*hook, result)
+        })
+        .collect()
+}
+
 /// Loads the embedded object into the kernel and pins every program and map.
 fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
     if OBJECT.is_empty() {

@@ -1,0 +1,341 @@
+//! `capture agent`: the node agent. It owns the kernel side (loads the programs once, or adopts
+//! the pinned ones after a restart without touching any pod), serves capture requests from the
+//! CNI plugin on a root-only Unix socket, and exposes health and Prometheus metrics on localhost.
+//!
+//! Stopping the agent (or killing it) never releases a pod: capture lives in pinned kernel objects
+//! and netns rules, not in this process.
+
+mod http;
+mod metrics;
+
+use std::{
+    io,
+    net::SocketAddr,
+    os::unix::fs::PermissionsExt as _,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Instant,
+};
+
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{TcpListener, UnixListener, UnixStream},
+    signal::unix::{signal, SignalKind},
+};
+use tracing::{error, info, warn};
+
+use crate::{
+    api::{FailureKind, PodRequest, Request, Response},
+    config::PodSpec,
+    ops::{self, AttachRequest, PodSelector},
+    paths::Paths,
+    probe::{self, ModeChoice},
+    record::Mode,
+};
+
+pub struct AgentConfig {
+    pub paths: Paths,
+    pub socket: PathBuf,
+    pub http: SocketAddr,
+    pub mode: ModeChoice,
+    pub proxy_uids: Vec<u32>,
+    pub proxy_gids: Vec<u32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("choosing the capture mode: {0}")]
+    Mode(String),
+    #[error("preparing the node: {0}")]
+    Node(String),
+    #[error("listening on {what} {addr}: {source}")]
+    Listen {
+        what: &'static str,
+        addr: String,
+        source: io::Error,
+    },
+    #[error("starting the async runtime: {0}")]
+    Runtime(io::Error),
+}
+
+pub struct Agent {
+    cfg: AgentConfig,
+    mode: Mode,
+    ready: AtomicBool,
+    metrics: metrics::Metrics,
+}
+
+impl Agent {
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    async fn render_metrics(self: &Arc<Self>) -> String {
+        let agent = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let node = ops::status(&agent.cfg.paths).ok();
+            agent
+                .metrics
+                .render(agent.mode, agent.is_ready(), node.as_ref())
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// Serves one request; runs on a blocking thread (the operations take the node lock and make
+    /// syscalls).
+    fn handle(&self, request: Request) -> Response {
+        let (op, response) = match request {
+            Request::Add { pod } => ("add", self.add(pod)),
+            Request::Del {
+                container_id,
+                netns,
+            } => ("del", self.del(container_id, netns)),
+            Request::Check { container_id } => ("check", self.check(container_id)),
+            Request::Status if self.is_ready() => {
+                ("status", Response::ok(format!("ready, mode {}", self.mode)))
+            }
+            Request::Status => (
+                "status",
+                Response::failed(FailureKind::NotReady, "the agent is starting"),
+            ),
+            Request::Gc {
+                valid_container_ids,
+            } => ("gc", self.gc(&valid_container_ids)),
+        };
+        self.metrics.count_request(op, response.ok);
+        response
+    }
+
+    fn add(&self, pod: PodRequest) -> Response {
+        if !self.is_ready() {
+            return Response::failed(
+                FailureKind::NotReady,
+                "the capture agent is starting; retry",
+            );
+        }
+        let start = Instant::now();
+        let req = AttachRequest {
+            netns: pod.netns,
+            cgroup: pod.cgroup,
+            spec: PodSpec {
+                pod_ips: pod.pod_ips,
+                annotations: pod.annotations,
+                proxy_uids: self.cfg.proxy_uids.clone(),
+                proxy_gids: self.cfg.proxy_gids.clone(),
+            },
+            mode: self.mode,
+            pod: Some(pod.pod.clone()),
+        };
+        match ops::attach(&self.cfg.paths, &req) {
+            Ok(record) => {
+                self.metrics.observe_attach(start.elapsed());
+                info!(namespace = %pod.pod.namespace, pod = %pod.pod.name, netns = %record.netns.display(), mode = %record.mode, took = ?start.elapsed(), "captured");
+                Response::ok(format!(
+                    "captured {}/{} with {}",
+                    pod.pod.namespace, pod.pod.name, record.mode
+                ))
+            }
+            Err(e) => {
+                warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, error = %e, "capture failed");
+                let kind = if matches!(e, ops::Error::Config(_)) {
+                    FailureKind::InvalidConfig
+                } else {
+                    FailureKind::CaptureFailed
+                };
+                Response::failed(kind, e.to_string())
+            }
+        }
+    }
+
+    fn del(&self, container_id: String, netns: Option<PathBuf>) -> Response {
+        let by_id = PodSelector::ContainerId(container_id.clone());
+        let released = ops::release_pod(&self.cfg.paths, &by_id).and_then(|r| match (r, netns) {
+            (None, Some(n)) => ops::release_pod(&self.cfg.paths, &PodSelector::Netns(n)),
+            (r, _) => Ok(r),
+        });
+        match released {
+            Ok(Some(r)) => {
+                info!(container = %container_id, netns = %r.netns.display(), "released");
+                Response::ok("released")
+            }
+            Ok(None) => Response::ok("not captured"),
+            Err(e) => {
+                warn!(container = %container_id, error = %e, "release failed");
+                Response::failed(FailureKind::CaptureFailed, e.to_string())
+            }
+        }
+    }
+
+    fn check(&self, container_id: String) -> Response {
+        match ops::pod_status(
+            &self.cfg.paths,
+            &PodSelector::ContainerId(container_id.clone()),
+        ) {
+            Ok(Some(s)) if s.in_force => {
+                Response::ok(format!("capture in force ({})", s.record.mode))
+            }
+            Ok(Some(s)) => Response::failed(
+                FailureKind::CaptureFailed,
+                format!(
+                    "capture is not in force for container {container_id}: missing {}",
+                    s.missing.join(", ")
+                ),
+            ),
+            Ok(None) => Response::failed(
+                FailureKind::CaptureFailed,
+                format!("container {container_id} is not captured"),
+            ),
+            Err(e) => Response::failed(FailureKind::CaptureFailed, e.to_string()),
+        }
+    }
+
+    fn gc(&self, valid: &[String]) -> Response {
+        match ops::collect_garbage(&self.cfg.paths, valid) {
+            Ok(released) => {
+                for r in &released {
+                    info!(netns = %r.netns.display(), "released by gc");
+                }
+                Response::ok(format!("released {} pod(s)", released.len()))
+            }
+            Err(e) => Response::failed(FailureKind::CaptureFailed, e.to_string()),
+        }
+    }
+}
+
+async fn serve_client(agent: Arc<Agent>, stream: UnixStream) -> io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    BufReader::new(read).read_line(&mut line).await?;
+    let response = match serde_json::from_str::<Request>(&line) {
+        Ok(request) => {
+            let a = Arc::clone(&agent);
+            tokio::task::spawn_blocking(move || a.handle(request))
+                .await
+                .unwrap_or_else(|e| {
+                    Response::failed(FailureKind::CaptureFailed, format!("internal error: {e}"))
+                })
+        }
+        Err(e) => Response::failed(FailureKind::BadRequest, format!("unreadable request: {e}")),
+    };
+    let mut out = serde_json::to_string(&response).expect("responses serialise");
+    out.push('\n');
+    write.write_all(out.as_bytes()).await
+}
+
+/// Binds the socket, replacing a stale one left by a killed agent, root-only.
+fn bind_socket(path: &std::path::Path) -> Result<UnixListener, AgentError> {
+    let listen_err = |source| AgentError::Listen {
+        what: "socket",
+        addr: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(listen_err)?;
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(listen_err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another agent is serving it",
+        )));
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).map_err(listen_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
+    Ok(listener)
+}
+
+async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
+    let probe = tokio::task::spawn_blocking(probe::probe)
+        .await
+        .map_err(|e| AgentError::Mode(e.to_string()))?;
+    let (mode, why) = probe::choose(cfg.mode, &probe).map_err(AgentError::Mode)?;
+    info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
+
+    let http = TcpListener::bind(cfg.http)
+        .await
+        .map_err(|source| AgentError::Listen {
+            what: "http",
+            addr: cfg.http.to_string(),
+            source,
+        })?;
+    let socket = bind_socket(&cfg.socket)?;
+    let socket_path = cfg.socket.clone();
+    let agent = Arc::new(Agent {
+        cfg,
+        mode,
+        ready: AtomicBool::new(false),
+        metrics: metrics::Metrics::default(),
+    });
+
+    // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
+    let a = Arc::clone(&agent);
+    tokio::task::spawn_blocking(move || prepare(&a))
+        .await
+        .map_err(|e| AgentError::Node(e.to_string()))??;
+    agent.ready.store(true, Ordering::Release);
+    info!(socket = %socket_path.display(), http = %agent.cfg.http, "ready");
+
+    let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Runtime)?;
+    loop {
+        tokio::select! {
+            conn = socket.accept() => match conn {
+                Ok((stream, _)) => {
+                    let a = Arc::clone(&agent);
+                    tokio::spawn(async move {
+                        if let Err(e) = serve_client(a, stream).await {
+                            warn!(error = %e, "socket client");
+                        }
+                    });
+                }
+                Err(e) => error!(error = %e, "accept on the agent socket"),
+            },
+            conn = http.accept() => if let Ok((stream, _)) = conn {
+                let a = Arc::clone(&agent);
+                tokio::spawn(async move {
+                    let _ = http::serve(a, stream).await;
+                });
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    agent.ready.store(false, Ordering::Release);
+    let _ = std::fs::remove_file(&socket_path);
+    info!("stopping; captured pods stay captured");
+    Ok(())
+}
+
+fn prepare(agent: &Agent) -> Result<(), AgentError> {
+    let paths = &agent.cfg.paths;
+    paths
+        .prepare()
+        .map_err(|e| AgentError::Node(e.to_string()))?;
+    if agent.mode == Mode::Ebpf {
+        crate::ebpf::adopt_or_load(paths).map_err(|e| AgentError::Node(e.to_string()))?;
+    }
+    let status = ops::status(paths).map_err(|e| AgentError::Node(e.to_string()))?;
+    for pod in &status.pods {
+        let r = &pod.record;
+        if pod.in_force {
+            info!(netns = %r.netns.display(), mode = %r.mode, "adopted captured pod");
+        } else {
+            warn!(netns = %r.netns.display(), mode = %r.mode, missing = ?pod.missing, "captured pod is not fully in force");
+        }
+    }
+    Ok(())
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub fn run(cfg: AgentConfig) -> Result<(), AgentError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    runtime.block_on(serve(cfg))
+}

@@ -1,0 +1,12 @@
+//! `capture-cni`: the chained CNI plugin that asks the capture agent to capture each new pod.
+
+use rscni_plugin::cni::Plugin;
+
+fn main() -> std::process::ExitCode {
+    let plugin = Plugin::default().msg(concat!("capture-cni ", env!("CARGO_PKG_VERSION")));
+    match plugin.run(&capture_user::cni::plugin::CapturePlugin) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // rscni has already written the CNI error JSON to stdout.
+        Err(_) => std::process::ExitCode::FAILURE,
+    }
+}

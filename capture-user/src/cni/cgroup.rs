@@ -1,0 +1,65 @@
+//! Finding a pod's cgroup from its UID, for both of kubelet's cgroup drivers:
+//! cgroupfs (`kubepods/burstable/pod<uid>`) and systemd
+//! (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice`).
+
+use std::path::{Path, PathBuf};
+
+/// Directory names kubelet gives the pod's cgroup.
+fn matches(name: &str, uid: &str) -> bool {
+    let systemd_uid = uid.replace('-', "_");
+    name == format!("pod{uid}")
+        || (name.starts_with("kubepods") && name.ends_with(&format!("pod{systemd_uid}.slice")))
+}
+
+/// Searches `root` (a few levels deep, as kubelet nests QoS classes) for the pod's cgroup.
+pub fn find_pod_cgroup(root: &Path, uid: &str) -> Result<PathBuf, String> {
+    if uid.is_empty() || uid.contains('/') {
+        return Err(format!("pod UID {uid:?} is not a UID"));
+    }
+    let mut level = vec![root.to_path_buf()];
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        for dir in level {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                if matches(&e.file_name().to_string_lossy(), uid) {
+                    return Ok(e.path());
+                }
+                next.push(e.path());
+            }
+        }
+        level = next;
+    }
+    Err(format!(
+        "pod UID {uid} has no cgroup under {} (looked for pod{uid} and *-pod{}.slice); check the plugin's cgroup_root and kubelet's cgroup driver",
+        root.display(),
+        uid.replace('-', "_")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_layouts() {
+        let root =
+            std::env::temp_dir().join(format!("capture-cgroup-layout-{}", std::process::id()));
+        let cgroupfs = root.join("kubepods/burstable/pod1234-ab");
+        let systemd = root
+            .join("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod99_cd.slice");
+        std::fs::create_dir_all(&cgroupfs).unwrap();
+        std::fs::create_dir_all(&systemd).unwrap();
+        assert_eq!(find_pod_cgroup(&root, "1234-ab").unwrap(), cgroupfs);
+        assert_eq!(find_pod_cgroup(&root, "99-cd").unwrap(), systemd);
+        let e = find_pod_cgroup(&root, "nope").unwrap_err();
+        assert!(e.contains("nope") && e.contains("cgroup_root"), "{e}");
+        assert!(find_pod_cgroup(&root, "../x").is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,181 @@
+//! The chained CNI plugin's logic, apart from the protocol plumbing (rscni-plugin does that in
+//! the `capture-cni` binary): which pods to capture (spec section F), who they are, where their
+//! cgroup is, and how to ask the agent.
+
+pub mod cgroup;
+pub mod plugin;
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::Deserialize;
+
+/// The plugin's own keys in its conflist entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PluginConfig {
+    /// The capture agent's socket.
+    pub agent_socket: PathBuf,
+    /// Namespaces whose pods are never captured (Istio's Helm default: kube-system).
+    pub exclude_namespaces: Vec<String>,
+    /// Where to look for pod cgroups; default: the cgroup2 mount.
+    pub cgroup_root: Option<PathBuf>,
+    /// How long to wait for the agent.
+    pub timeout_seconds: u64,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        Self {
+            agent_socket: crate::api::DEFAULT_SOCKET.into(),
+            exclude_namespaces: vec!["kube-system".into()],
+            cgroup_root: None,
+            timeout_seconds: 10,
+        }
+    }
+}
+
+/// The `CNI_ARGS` keys Kubernetes runtimes pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct K8sArgs {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub infra_container_id: String,
+}
+
+/// Parses `CNI_ARGS` (`K=V;K=V`). Every key capture needs must be there.
+pub fn parse_cni_args(raw: Option<&str>) -> Result<K8sArgs, String> {
+    let map: BTreeMap<&str, &str> = raw
+        .unwrap_or_default()
+        .split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let get = |k: &str| {
+        map.get(k)
+            .map(|v| (*v).to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let missing: Vec<&str> = ["K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_UID"]
+        .into_iter()
+        .filter(|k| get(k).is_none())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "CNI_ARGS lacks {} (got {:?}); the runtime must pass the pod's Kubernetes identity",
+            missing.join(", "),
+            raw.unwrap_or_default()
+        ));
+    }
+    Ok(K8sArgs {
+        namespace: get("K8S_POD_NAMESPACE").unwrap_or_default(),
+        name: get("K8S_POD_NAME").unwrap_or_default(),
+        uid: get("K8S_POD_UID").unwrap_or_default(),
+        infra_container_id: get("K8S_POD_INFRA_CONTAINER_ID").unwrap_or_default(),
+    })
+}
+
+pub const ANN_SIDECAR_STATUS: &str = "sidecar.istio.io/status";
+pub const ANN_INJECT: &str = "sidecar.istio.io/inject";
+/// The runtime capability that carries the pod's annotations (containerd, CRI-O).
+pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
+
+/// Why a pod is left alone (ADD succeeds without capturing it), in Istio's order (spec F).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    ExcludedNamespace(String),
+    InjectionDisabled,
+    NoSidecar,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ExcludedNamespace(ns) => write!(f, "namespace {ns} is excluded"),
+            Self::InjectionDisabled => write!(f, "{ANN_INJECT} is false"),
+            Self::NoSidecar => write!(
+                f,
+                "no {ANN_SIDECAR_STATUS} annotation (no sidecar was injected)"
+            ),
+        }
+    }
+}
+
+/// Should this pod be captured? `Some(reason)` when it must be left alone.
+#[must_use]
+pub fn skip_reason(
+    cfg: &PluginConfig,
+    pod: &K8sArgs,
+    annotations: &BTreeMap<String, String>,
+) -> Option<Skip> {
+    if cfg.exclude_namespaces.contains(&pod.namespace) {
+        return Some(Skip::ExcludedNamespace(pod.namespace.clone()));
+    }
+    if annotations
+        .get(ANN_INJECT)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+    {
+        return Some(Skip::InjectionDisabled);
+    }
+    if !annotations.contains_key(ANN_SIDECAR_STATUS) {
+        return Some(Skip::NoSidecar);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cni_args() {
+        let a = parse_cni_args(Some("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u-1;K8S_POD_INFRA_CONTAINER_ID=c"))
+            .unwrap();
+        assert_eq!(
+            (
+                a.namespace.as_str(),
+                a.name.as_str(),
+                a.uid.as_str(),
+                a.infra_container_id.as_str()
+            ),
+            ("ns", "p", "u-1", "c")
+        );
+        let e = parse_cni_args(Some("K8S_POD_NAMESPACE=ns")).unwrap_err();
+        assert!(
+            e.contains("K8S_POD_NAME") && e.contains("K8S_POD_UID"),
+            "{e}"
+        );
+        assert!(parse_cni_args(None).is_err());
+    }
+
+    #[test]
+    fn skips_follow_istio() {
+        let cfg = PluginConfig::default();
+        let pod = |ns: &str| K8sArgs {
+            namespace: ns.into(),
+            ..K8sArgs::default()
+        };
+        let ann = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect()
+        };
+        let injected = ann(&[(ANN_SIDECAR_STATUS, "{}")]);
+        assert_eq!(skip_reason(&cfg, &pod("default"), &injected), None);
+        assert_eq!(
+            skip_reason(&cfg, &pod("kube-system"), &injected),
+            Some(Skip::ExcludedNamespace("kube-system".into()))
+        );
+        assert_eq!(
+            skip_reason(&cfg, &pod("default"), &ann(&[])),
+            Some(Skip::NoSidecar)
+        );
+        assert_eq!(
+            skip_reason(
+                &cfg,
+                &pod("default"),
+                &ann(&[(ANN_SIDECAR_STATUS, "{}"), (ANN_INJECT, "false")])
+            ),
+            Some(Skip::InjectionDisabled)
+        );
+    }
+}

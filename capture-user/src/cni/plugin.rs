@@ -1,0 +1,214 @@
+//! `capture-cni`: the CNI operations. Every capture decision is the agent's; the plugin finds
+//! the pod (identity, addresses, annotations, cgroup) and fails closed when it cannot get the
+//! agent to capture a pod that needs it.
+
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
+
+use rscni_plugin::{
+    cni::Cni,
+    error::Error,
+    types::{Args, CNIResult},
+};
+
+use super::{
+    cgroup::find_pod_cgroup, parse_cni_args, skip_reason, PluginConfig, POD_ANNOTATIONS_CAPABILITY,
+};
+use crate::{
+    api::{self, CallError, FailureKind, PodRequest, Request, Response},
+    record::PodRef,
+};
+
+/// Plugin-defined CNI error codes (the spec reserves 100+ for plugins).
+pub const CODE_CAPTURE_FAILED: u32 = 100;
+pub const CODE_NOT_IN_FORCE: u32 = 101;
+pub const CODE_NO_POD_CGROUP: u32 = 102;
+
+pub struct CapturePlugin;
+
+fn plugin_config(args: &Args) -> Result<PluginConfig, Error> {
+    let custom = &args.config().custom;
+    let value =
+        serde_json::Value::Object(custom.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+    serde_json::from_value(value).map_err(|e| {
+        Error::InvalidNetworkConfig(format!(
+            "capture-cni configuration: {e} (known keys: agent_socket, exclude_namespaces, cgroup_root, timeout_seconds)"
+        ))
+    })
+}
+
+fn container_id(args: &Args) -> Result<String, Error> {
+    args.container_id()
+        .map(ToString::to_string)
+        .ok_or_else(|| Error::InvalidEnvValue("CNI_CONTAINERID is not set".into()))
+}
+
+/// The pod's annotations from the runtime's capability. Absent means the runtime was not asked
+/// for them: capture could not tell a meshed pod from another, so that is an error.
+fn pod_annotations(args: &Args) -> Result<BTreeMap<String, String>, Error> {
+    let missing = || {
+        Error::InvalidNetworkConfig(format!(
+            "the runtime passed no pod annotations; give capture-cni's conflist entry \"capabilities\": {{\"{POD_ANNOTATIONS_CAPABILITY}\": true}}"
+        ))
+    };
+    let rc = args.config().runtime_config.as_ref().ok_or_else(missing)?;
+    let raw = rc
+        .custom
+        .get(POD_ANNOTATIONS_CAPABILITY)
+        .ok_or_else(missing)?;
+    serde_json::from_value(raw.clone()).map_err(|e| {
+        Error::FailedToDecode(format!("runtimeConfig {POD_ANNOTATIONS_CAPABILITY}: {e}"))
+    })
+}
+
+fn call(cfg: &PluginConfig, request: &Request) -> Result<Response, Error> {
+    api::call(
+        &cfg.agent_socket,
+        request,
+        Duration::from_secs(cfg.timeout_seconds),
+    )
+    .map_err(|e| match e {
+        CallError::NotSocket { .. } => Error::InvalidNetworkConfig(e.to_string()),
+        _ => Error::TryAgainLater(e.to_string()),
+    })
+}
+
+fn failure(response: Response, code_for_capture: u32, what: &str) -> Error {
+    let msg = response.error.unwrap_or_else(|| "no reason given".into());
+    match response.kind {
+        Some(FailureKind::NotReady) => Error::TryAgainLater(msg),
+        Some(FailureKind::InvalidConfig) => Error::InvalidNetworkConfig(msg),
+        _ => Error::Custom(code_for_capture, what.into(), msg),
+    }
+}
+
+impl Cni for CapturePlugin {
+    fn add(&self, args: Args) -> Result<CNIResult, Error> {
+        let cfg = plugin_config(&args)?;
+        let prev = args.config().prev_result.clone().ok_or_else(|| {
+            Error::InvalidNetworkConfig(
+                "no prevResult: capture-cni is a chained plugin and must come after the pod network plugin in the conflist".into(),
+            )
+        })?;
+        let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
+        let annotations = pod_annotations(&args)?;
+        if let Some(reason) = skip_reason(&cfg, &k8s, &annotations) {
+            eprintln!(
+                "capture-cni: not capturing {}/{}: {reason}",
+                k8s.namespace, k8s.name
+            );
+            return Ok(prev);
+        }
+        let netns: PathBuf = args
+            .netns()
+            .cloned()
+            .ok_or_else(|| Error::InvalidEnvValue("CNI_NETNS is not set".into()))?;
+        let root = match &cfg.cgroup_root {
+            Some(r) => r.clone(),
+            None => crate::cgroup::cgroup2_mount().map_err(|e| {
+                Error::Custom(CODE_NO_POD_CGROUP, "no pod cgroup".into(), e.to_string())
+            })?,
+        };
+        let cgroup = find_pod_cgroup(&root, &k8s.uid)
+            .map_err(|e| Error::Custom(CODE_NO_POD_CGROUP, "no pod cgroup".into(), e))?;
+        let pod_ips: Vec<IpAddr> = prev.ips.iter().map(|ip| ip.address.addr()).collect();
+        if pod_ips.is_empty() {
+            return Err(Error::InvalidNetworkConfig(
+                "prevResult has no IP addresses for the pod".into(),
+            ));
+        }
+        let pod = PodRef {
+            namespace: k8s.namespace,
+            name: k8s.name,
+            uid: k8s.uid,
+            container_id: container_id(&args)?,
+        };
+        let response = call(
+            &cfg,
+            &Request::Add {
+                pod: PodRequest {
+                    netns,
+                    cgroup,
+                    pod_ips,
+                    annotations,
+                    pod,
+                },
+            },
+        )?;
+        if response.ok {
+            Ok(prev)
+        } else {
+            Err(failure(response, CODE_CAPTURE_FAILED, "capture failed"))
+        }
+    }
+
+    fn del(&self, args: Args) -> Result<(), Error> {
+        let cfg = plugin_config(&args)?;
+        let request = Request::Del {
+            container_id: container_id(&args)?,
+            netns: args.netns().cloned(),
+        };
+        let response = call(&cfg, &request)?;
+        if response.ok {
+            Ok(())
+        } else {
+            Err(failure(response, CODE_CAPTURE_FAILED, "release failed"))
+        }
+    }
+
+    fn check(&self, args: Args) -> Result<(), Error> {
+        let cfg = plugin_config(&args)?;
+        let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
+        if let Some(reason) = skip_reason(&cfg, &k8s, &pod_annotations(&args)?) {
+            eprintln!(
+                "capture-cni: {}/{} is not captured by design: {reason}",
+                k8s.namespace, k8s.name
+            );
+            return Ok(());
+        }
+        let response = call(
+            &cfg,
+            &Request::Check {
+                container_id: container_id(&args)?,
+            },
+        )?;
+        if response.ok {
+            Ok(())
+        } else {
+            Err(failure(response, CODE_NOT_IN_FORCE, "capture not in force"))
+        }
+    }
+
+    fn status(&self, args: Args) -> Result<(), Error> {
+        let cfg = plugin_config(&args)?;
+        match api::call(
+            &cfg.agent_socket,
+            &Request::Status,
+            Duration::from_secs(cfg.timeout_seconds),
+        ) {
+            Ok(r) if r.ok => Ok(()),
+            Ok(r) => Err(Error::PluginNotAvailable(r.error.unwrap_or_default())),
+            Err(e) => Err(Error::PluginNotAvailable(e.to_string())),
+        }
+    }
+
+    fn gc(&self, args: Args) -> Result<(), Error> {
+        let cfg = plugin_config(&args)?;
+        let valid = args
+            .config()
+            .valid_attachments
+            .as_ref()
+            .map(|v| v.iter().map(|a| a.container_id.clone()).collect())
+            .unwrap_or_default();
+        let response = call(
+            &cfg,
+            &Request::Gc {
+                valid_container_ids: valid,
+            },
+        )?;
+        if response.ok {
+            Ok(())
+        } else {
+            Err(failure(response, CODE_CAPTURE_FAILED, "gc failed"))
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! What this kernel can do for capture, found by trying (load-and-verify), not by version
+//! numbers. The agent's `auto` mode and `capture doctor` use it.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::{ebpf::programs, record::Mode};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Probe {
+    pub kernel: String,
+    pub checks: Vec<Check>,
+    /// Every check the ebpf backend needs passed.
+    pub ebpf_usable: bool,
+    /// iptables-restore, ip6tables-restore and nsenter are installed.
+    pub iptables_usable: bool,
+}
+
+fn check(name: impl Into<String>, result: Result<String, String>) -> Check {
+    match result {
+        Ok(detail) => Check {
+            name: name.into(),
+            ok: true,
+            detail,
+        },
+        Err(detail) => Check {
+            name: name.into(),
+            ok: false,
+            detail,
+        },
+    }
+}
+
+fn on_path(tool: &str) -> Result<String, String> {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(tool))
+                .find(|f| f.is_file())
+        })
+        .map(|f| f.display().to_string())
+        .ok_or_else(|| format!("{tool} is not installed"))
+}
+
+/// Probes the running kernel and the node's tools.
+#[must_use]
+pub fn probe() -> Probe {
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let mut ebpf = vec![
+        check(
+            "cgroup v2",
+            crate::cgroup::cgroup2_mount()
+                .map(|p| format!("mounted at {}", p.display()))
+                .map_err(|e| e.to_string()),
+        ),
+        check(
+            "kernel BTF",
+            if Path::new("/sys/kernel/btf/vmlinux").exists() {
+                Ok("/sys/kernel/btf/vmlinux".into())
+            } else {
+                Err("/sys/kernel/btf/vmlinux is missing".into())
+            },
+        ),
+        check(
+            "netns cookie (SO_NETNS_COOKIE)",
+            crate::netns::netns_cookie_here()
+                .map(|c| format!("this netns is {c}"))
+                .map_err(|e| e.to_string()),
+        ),
+    ];
+    ebpf.extend(
+        programs::probe_programs()
+            .into_iter()
+            .map(|(hook, result)| {
+                check(
+                    format!("program {}", hook.hook),
+                    result.map(|()| "loads and verifies".to_string()),
+                )
+            }),
+    );
+    let ebpf_usable = ebpf.iter().all(|c| c.ok);
+    let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "nsenter"]
+        .into_iter()
+        .map(|t| check(t, on_path(t)))
+        .collect();
+    let iptables_usable = tools.iter().all(|c| c.ok);
+    Probe {
+        kernel,
+        checks: ebpf.into_iter().chain(tools).collect(),
+        ebpf_usable,
+        iptables_usable,
+    }
+}
+
+/// The agent's `--mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeChoice {
+    Ebpf,
+    Iptables,
+    /// ebpf where the kernel supports every hook, else iptables.
+    Auto,
+}
+
+/// Resolves a mode choice against a probe: the mode, and why.
+pub fn choose(choice: ModeChoice, probe: &Probe) -> Result<(Mode, String), String> {
+    let failed: Vec<String> = probe
+        .checks
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    match choice {
+        ModeChoice::Ebpf if probe.ebpf_usable => Ok((
+            Mode::Ebpf,
+            "requested, and the kernel supports every hook".into(),
+        )),
+        ModeChoice::Ebpf => Err(format!("--mode ebpf, but {}", failed.join("; "))),
+        ModeChoice::Iptables if probe.iptables_usable => Ok((Mode::Iptables, "requested".into())),
+        ModeChoice::Iptables => Err(format!("--mode iptables, but {}", failed.join("; "))),
+        ModeChoice::Auto if probe.ebpf_usable => Ok((
+            Mode::Ebpf,
+            format!("auto: kernel {} supports every hook", probe.kernel),
+        )),
+        ModeChoice::Auto if probe.iptables_usable => Ok((
+            Mode::Iptables,
+            format!(
+                "auto: falling back to iptables because {}",
+                failed.join("; ")
+            ),
+        )),
+        ModeChoice::Auto => Err(format!(
+            "auto: neither backend is usable: {}",
+            failed.join("; ")
+        )),
+    }
+}
