@@ -194,12 +194,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_uid,
             proxy_gid,
         } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .init();
             let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
             crate::agent::run(crate::agent::AgentConfig {
                 paths,

@@ -43,3 +43,4 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
 }
 
 pub mod cases;
+pub mod cni;

@@ -160,3 +160,33 @@ pub fn ip_of(addr: &str) -> String {
     addr.parse::<std::net::SocketAddr>()
         .map_or_else(|_| addr.to_string(), |a| a.ip().to_string())
 }
+
+/// A probe command that enters `netns` (and `cgroup`, if given) as `who`.
+#[must_use]
+pub fn probe_in(
+    netns: &std::path::Path,
+    cgroup: Option<&std::path::Path>,
+    who: Option<&Who>,
+) -> Command {
+    let mut cmd = Command::new(probe_bin());
+    if let Some(cg) = cgroup {
+        cmd.arg("--cgroup").arg(cg);
+    }
+    cmd.arg("--netns").arg(netns);
+    if let Some(w) = who {
+        w.args(&mut cmd);
+    }
+    cmd
+}
+
+/// Runs a probe `connect` and parses its outcome.
+pub fn connect_with(mut cmd: Command, to: &str) -> Outcome {
+    cmd.arg("connect").arg("--to").arg(to);
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Outcome::parse(&String::from_utf8_lossy(&out.stdout))
+}

@@ -14,7 +14,12 @@ use crate::run;
 /// Debian packages the tests and the demo call: `ip`, `bpftool`, iptables for the iptables
 /// backend and its parity tests, and the reference CNI plugins (bridge, host-local) that the CNI
 /// end-to-end tests chain capture-cni after.
-const PACKAGES: [&str; 4] = ["iproute2", "bpftool", "iptables", "containernetworking-plugins"];
+const PACKAGES: [&str; 4] = [
+    "iproute2",
+    "bpftool",
+    "iptables",
+    "containernetworking-plugins",
+];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where the nightly's libLLVM is linked for bpf-linker (its runpath points here).
 const LLVM_PREFIX: &str = "/opt/capture-llvm";

@@ -3,8 +3,21 @@
 use clap::Parser as _;
 
 fn main() -> std::process::ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    match capture_user::cli::run(capture_user::cli::Cli::parse()) {
+    let cli = capture_user::cli::Cli::parse();
+    // The agent logs its work; one-shot commands only their warnings. RUST_LOG overrides both.
+    let default = if matches!(cli.command, capture_user::cli::Command::Agent { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .init();
+    match capture_user::cli::run(cli) {
         Ok(capture_user::cli::Outcome::Success) => std::process::ExitCode::SUCCESS,
         Ok(capture_user::cli::Outcome::NotCaptured(reason)) => {
             eprintln!("capture: validate: {reason}");

@@ -183,7 +183,7 @@ fn summarize(e: &ProgramError) -> String {
             verifier_log,
         } => {
             let log = verifier_log.to_string();
-            log::debug!("verifier log:\n{log}");
+            tracing::debug!("verifier log:\n{log}");
             let complaint = log
                 .lines()
                 .map(str::trim)

@@ -1,0 +1,459 @@
+//! A small container runtime for the CNI end-to-end tests: it runs a real conflist (the Debian
+//! reference plugins `bridge` + `host-local`, then `capture-cni`) the way containerd does, in a
+//! "node" netns of its own so the bridge never touches the host, against pods made of a netns
+//! and a kubelet-style pod cgroup. It also runs the capture agent.
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+
+use crate::{
+    built_binary,
+    guards::{CaptureDirs, ChildGuard, NetnsGuard},
+    probe::{probe_in, Who},
+    unique,
+};
+
+pub const POD_SUBNET: &str = "10.88.0.0/24";
+const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+
+/// kubelet's two pod cgroup layouts.
+#[derive(Clone, Copy, Debug)]
+pub enum CgroupDriver {
+    Cgroupfs,
+    Systemd,
+}
+
+/// A test node: its netns (where plugins run and the bridge lives), a kubepods cgroup tree, the
+/// capture directories, and the plugin directory with capture-cni in it.
+pub struct Node {
+    pub netns: NetnsGuard,
+    pub cgroup_root: PathBuf,
+    pub dirs: CaptureDirs,
+    pub socket: PathBuf,
+    pub plugin_dir: PathBuf,
+    pub ipam_dir: PathBuf,
+    pub http: u16,
+}
+
+impl Node {
+    pub fn new() -> Self {
+        crate::require_root();
+        let netns = NetnsGuard::new("capture-node");
+        let mount = capture_user::cgroup::cgroup2_mount().expect("cgroup2");
+        let cgroup_root = mount.join(unique("capture-kubepods"));
+        std::fs::create_dir(&cgroup_root).expect("cgroup root");
+        let dirs = CaptureDirs::new();
+        let scratch = std::env::temp_dir().join(unique("capture-cni"));
+        let plugin_dir = scratch.join("bin");
+        std::fs::create_dir_all(&plugin_dir).unwrap();
+        std::os::unix::fs::symlink(
+            built_binary("capture-cni", "CAPTURE_CNI_BIN"),
+            plugin_dir.join("capture-cni"),
+        )
+        .unwrap();
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let http = free.local_addr().unwrap().port();
+        drop(free);
+        Self {
+            netns,
+            socket: dirs.state.join("agent.sock"),
+            cgroup_root,
+            dirs,
+            plugin_dir,
+            ipam_dir: scratch.join("ipam"),
+            http,
+        }
+    }
+
+    /// The conflist a cluster would have after `capture install-cni`.
+    #[must_use]
+    pub fn conflist(&self) -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "capture-test",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]], "dataDir": self.ipam_dir},
+                },
+                {
+                    "type": "capture-cni",
+                    "agent_socket": self.socket,
+                    "cgroup_root": self.cgroup_root,
+                    "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+                },
+            ],
+        })
+    }
+
+    /// Starts the agent and waits until /readyz says so.
+    pub fn start_agent(&self, mode: &str) -> Agent {
+        let mut cmd = Command::new(crate::topology::capture_bin());
+        cmd.arg("--bpffs")
+            .arg(&self.dirs.bpffs)
+            .arg("--state-dir")
+            .arg(&self.dirs.state);
+        cmd.args([
+            "agent",
+            "--mode",
+            mode,
+            "--http",
+            &format!("127.0.0.1:{}", self.http),
+        ]);
+        cmd.arg("--socket")
+            .arg(&self.socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let agent = Agent {
+            child: Some(child),
+            http: self.http,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while agent.get("/readyz").is_none_or(|(code, _)| code != 200) {
+            assert!(Instant::now() < deadline, "the agent did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    /// A new pod: netns and kubelet-style cgroup, not yet on the network.
+    pub fn pod(&self, name: &str, driver: CgroupDriver, annotations: &[(&str, &str)]) -> Pod {
+        let uid = format!(
+            "{:08x}-1111-2222-3333-{:012x}",
+            std::process::id(),
+            rand_suffix()
+        );
+        let cgroup = match driver {
+            CgroupDriver::Cgroupfs => self
+                .cgroup_root
+                .join("kubepods/burstable")
+                .join(format!("pod{uid}")),
+            CgroupDriver::Systemd => self
+                .cgroup_root
+                .join("kubepods.slice/kubepods-besteffort.slice")
+                .join(format!(
+                    "kubepods-besteffort-pod{}.slice",
+                    uid.replace('-', "_")
+                )),
+        };
+        std::fs::create_dir_all(&cgroup).expect("pod cgroup");
+        Pod {
+            name: name.into(),
+            namespace: "default".into(),
+            uid,
+            container_id: unique("sandbox").replace('-', ""),
+            netns: NetnsGuard::new("capture-cnipod"),
+            cgroup,
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+            ip: None,
+            result: None,
+        }
+    }
+
+    fn find_plugin(&self, ty: &str) -> PathBuf {
+        [Path::new(REFERENCE_PLUGINS), &self.plugin_dir]
+            .iter()
+            .map(|d| d.join(ty))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| {
+                panic!("CNI plugin {ty} not found (is containernetworking-plugins installed?)")
+            })
+    }
+
+    /// Runs one plugin as a runtime does: config on stdin, the CNI_* environment, in the node netns.
+    pub fn exec_plugin(
+        &self,
+        command: &str,
+        pod: &Pod,
+        conf: &Value,
+        cni_args: Option<&str>,
+    ) -> Result<Value, Value> {
+        let ty = conf["type"].as_str().expect("plugin type");
+        self.exec_raw(command, pod, ty, &conf.to_string(), cni_args)
+    }
+
+    /// Runs plugin `ty` with `stdin` as its configuration, whatever that is.
+    pub fn exec_raw(
+        &self,
+        command: &str,
+        pod: &Pod,
+        ty: &str,
+        stdin: &str,
+        cni_args: Option<&str>,
+    ) -> Result<Value, Value> {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns.path().display()))
+            .arg(self.find_plugin(ty));
+        let default_args = pod.cni_args();
+        cmd.env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &pod.container_id)
+            .env("CNI_NETNS", pod.netns.path())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_ARGS", cni_args.unwrap_or(&default_args))
+            .env(
+                "CNI_PATH",
+                format!("{REFERENCE_PLUGINS}:{}", self.plugin_dir.display()),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let parsed = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or(json!({"raw": stdout}))
+        };
+        if out.status.success() {
+            Ok(parsed)
+        } else {
+            Err(json!({"error": parsed, "stderr": String::from_utf8_lossy(&out.stderr)}))
+        }
+    }
+
+    /// The config a runtime hands one plugin of the list.
+    #[must_use]
+    pub fn plugin_conf(
+        &self,
+        list: &Value,
+        index: usize,
+        pod: &Pod,
+        prev: Option<&Value>,
+    ) -> Value {
+        let mut conf = list["plugins"][index].clone();
+        conf["cniVersion"] = list["cniVersion"].clone();
+        conf["name"] = list["name"].clone();
+        if let Some(p) = prev {
+            conf["prevResult"] = p.clone();
+        }
+        if conf["capabilities"]["io.kubernetes.cri.pod-annotations"] == json!(true) {
+            conf["runtimeConfig"] = json!({"io.kubernetes.cri.pod-annotations": pod.annotations});
+        }
+        conf
+    }
+
+    /// CNI ADD through the whole list; on success the pod knows its IP. A failed ADD is cleaned
+    /// up with a DEL through the list, as runtimes do before they retry.
+    pub fn add(&self, pod: &mut Pod) -> Result<Value, Value> {
+        let list = self.conflist();
+        let mut prev: Option<Value> = None;
+        for i in 0..list["plugins"].as_array().unwrap().len() {
+            let conf = self.plugin_conf(&list, i, pod, prev.as_ref());
+            match self.exec_plugin("ADD", pod, &conf, None) {
+                Ok(result) => prev = Some(result),
+                Err(e) => {
+                    let _ = self.del(pod);
+                    return Err(e);
+                }
+            }
+        }
+        let result = prev.expect("a result");
+        let addr = result["ips"][0]["address"].as_str().expect("an IP");
+        pod.ip = Some(addr.split('/').next().unwrap().to_string());
+        pod.result = Some(result.clone());
+        Ok(result)
+    }
+
+    /// CNI DEL through the list in reverse, with the cached result as prevResult. Every plugin
+    /// runs; the first error is returned.
+    pub fn del(&self, pod: &Pod) -> Result<(), Value> {
+        let list = self.conflist();
+        let mut first_error = Ok(());
+        for i in (0..list["plugins"].as_array().unwrap().len()).rev() {
+            let conf = self.plugin_conf(&list, i, pod, pod.result.as_ref());
+            if let Err(e) = self.exec_plugin("DEL", pod, &conf, None) {
+                first_error = first_error.and(Err(e));
+            }
+        }
+        first_error
+    }
+
+    /// CNI CHECK of capture-cni alone (the reference plugins' CHECK is theirs to test).
+    pub fn check(&self, pod: &Pod) -> Result<Value, Value> {
+        let list = self.conflist();
+        let conf = self.plugin_conf(&list, 1, pod, pod.result.as_ref());
+        self.exec_plugin("CHECK", pod, &conf, None)
+    }
+
+    /// capture-cni with a 1.1.0 config (STATUS and GC are 1.1.0 operations).
+    pub fn capture_cni_v11(&self, command: &str, pod: &Pod, extra: Value) -> Result<Value, Value> {
+        let list = self.conflist();
+        let mut conf = self.plugin_conf(&list, 1, pod, None);
+        conf["cniVersion"] = json!("1.1.0");
+        if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
+            c.extend(e.clone());
+        }
+        self.exec_plugin(command, pod, &conf, None)
+    }
+
+    /// A client in the node netns (like the kubelet or another node's pod).
+    #[must_use]
+    pub fn client(&self) -> Command {
+        probe_in(&self.netns.path(), None, None)
+    }
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        remove_cgroup_tree(&self.cgroup_root);
+        let _ = std::fs::remove_dir_all(self.plugin_dir.parent().unwrap());
+    }
+}
+
+/// Removes a cgroup directory tree, deepest first, killing what is left in it.
+pub fn remove_cgroup_tree(root: &Path) {
+    let mut dirs = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            stack.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        dirs.push(d);
+    }
+    for d in dirs.iter().rev() {
+        let _ = std::fs::write(d.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(d).is_err() && Instant::now() < deadline && d.exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A pod as the runtime sees it.
+pub struct Pod {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub container_id: String,
+    pub netns: NetnsGuard,
+    pub cgroup: PathBuf,
+    pub annotations: BTreeMap<String, String>,
+    pub ip: Option<String>,
+    pub result: Option<Value>,
+}
+
+impl Pod {
+    #[must_use]
+    pub fn cni_args(&self) -> String {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+            self.namespace, self.name, self.container_id, self.uid
+        )
+    }
+
+    #[must_use]
+    pub fn ip(&self) -> &str {
+        self.ip.as_deref().expect("the pod has been added")
+    }
+
+    /// Starts the proxy (15001, 15006 as 1337) and an app (8080, 9090 as 1000) in the pod.
+    pub fn start_servers(&self) -> Vec<ChildGuard> {
+        let mut servers = Vec::new();
+        for (who, listeners) in [
+            (Who::proxy(), vec![("outbound", 15001), ("inbound", 15006)]),
+            (Who::app(), vec![("app", 8080), ("app", 9090)]),
+        ] {
+            let mut cmd = probe_in(&self.netns.path(), Some(&self.cgroup), Some(&who));
+            cmd.arg("serve");
+            for (name, port) in listeners {
+                cmd.arg("--tcp").arg(format!("{name}=0.0.0.0:{port}"));
+            }
+            servers.push(ChildGuard::spawn_ready(&mut cmd));
+        }
+        servers
+    }
+
+    /// A connection from the pod's app.
+    #[must_use]
+    pub fn app_client(&self) -> Command {
+        probe_in(&self.netns.path(), Some(&self.cgroup), Some(&Who::app()))
+    }
+}
+
+/// The running agent, killed on drop.
+pub struct Agent {
+    child: Option<Child>,
+    http: u16,
+}
+
+impl Agent {
+    /// `GET path` on the agent's HTTP port: (status code, body).
+    #[must_use]
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).ok()?;
+        let code = resp.split_whitespace().nth(1)?.parse().ok()?;
+        let body = resp
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Some((code, body))
+    }
+
+    /// SIGKILL, as a node under pressure or a crash would.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait, as a rolling update would.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill_hard();
+    }
+}

@@ -1,0 +1,305 @@
+//! The node agent and the chained CNI plugin end to end: a real conflist (bridge + host-local,
+//! then capture-cni) run as a runtime runs it, real traffic, fail-closed behaviour, restarts.
+
+use capture_tests::{
+    cni::{CgroupDriver, Node, Pod},
+    probe::{connect_with, Outcome},
+    topology::{cgroup_programs, pinned_map_len},
+};
+use serde_json::json;
+
+const MESHED: &[(&str, &str)] = &[(
+    "sidecar.istio.io/status",
+    "{\"containers\":[\"istio-proxy\"]}",
+)];
+
+fn code(err: &serde_json::Value) -> Option<u64> {
+    err["error"]["code"].as_u64()
+}
+
+/// Connects from the node netns to `ip:port`.
+fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {
+    connect_with(node.client(), &format!("{ip}:{port}"))
+}
+
+#[test]
+fn add_captures_pods_and_del_leaves_nothing() {
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    let mut a = node.pod("a", CgroupDriver::Cgroupfs, MESHED);
+    let mut b = node.pod("b", CgroupDriver::Systemd, MESHED);
+    node.add(&mut a).expect("ADD a");
+    node.add(&mut b).expect("ADD b");
+    let _servers = [a.start_servers(), b.start_servers()];
+
+    // Inbound: a client outside the pod reaches the pod's inbound listener with the original port.
+    let got = from_node(&node, a.ip(), 8080);
+    assert_eq!(got.server().as_deref(), Some("inbound"), "{:?}", got.0);
+    assert_eq!(got.orig(), Some(format!("{}:8080", a.ip())));
+    // Outbound: pod a's app calling pod b lands on a's own proxy.
+    let got = connect_with(a.app_client(), &format!("{}:8080", b.ip()));
+    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    assert_eq!(got.orig(), Some(format!("{}:8080", b.ip())));
+
+    node.check(&a).expect("CHECK a");
+    node.check(&b).expect("CHECK b");
+    assert_eq!(cgroup_programs(&a.cgroup).len(), 7);
+
+    node.del(&a).expect("DEL a");
+    node.del(&b).expect("DEL b");
+    for pod in [&a, &b] {
+        assert!(
+            cgroup_programs(&pod.cgroup).is_empty(),
+            "{} still has programs",
+            pod.name
+        );
+    }
+    for map in [
+        "POD_CONFIGS",
+        "POD_COUNTERS",
+        "PORT_LISTS",
+        "INBOUND_PODS",
+        "INBOUND_LISTENERS",
+        "HANDOFF",
+    ] {
+        assert_eq!(
+            pinned_map_len(&node.dirs.bpffs, map),
+            0,
+            "{map} keeps entries after DEL"
+        );
+    }
+    assert!(
+        !node
+            .dirs
+            .bpffs
+            .join("pods")
+            .read_dir()
+            .unwrap()
+            .any(|_| true),
+        "link pins left"
+    );
+    // DEL is idempotent.
+    node.del(&a).expect("second DEL a");
+}
+
+#[test]
+fn agent_down_fails_add_closed() {
+    let node = Node::new();
+    let mut pod = node.pod("lonely", CgroupDriver::Cgroupfs, MESHED);
+    let err = node
+        .add(&mut pod)
+        .expect_err("ADD without an agent must fail");
+    assert_eq!(code(&err), Some(11), "{err}");
+    assert!(
+        err["error"]["details"].as_str().unwrap().contains("agent"),
+        "{err}"
+    );
+    assert!(cgroup_programs(&pod.cgroup).is_empty());
+
+    // A stale file where the socket should be: a configuration error naming it.
+    std::fs::create_dir_all(&node.dirs.state).unwrap();
+    std::fs::write(&node.socket, "not a socket").unwrap();
+    let mut pod2 = node.pod("stale", CgroupDriver::Cgroupfs, MESHED);
+    let err = node
+        .add(&mut pod2)
+        .expect_err("ADD with a non-socket must fail");
+    assert_eq!(code(&err), Some(7), "{err}");
+    assert!(
+        err["error"]["details"]
+            .as_str()
+            .unwrap()
+            .contains("is not a socket"),
+        "{err}"
+    );
+}
+
+#[test]
+fn killed_agent_lets_nothing_escape_and_the_restarted_agent_adopts() {
+    let node = Node::new();
+    let mut agent = node.start_agent("ebpf");
+    let mut pod = node.pod("survivor", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut pod).expect("ADD");
+    let _servers = pod.start_servers();
+    agent.kill_hard();
+    // With the agent gone, the pod is still captured, in both directions.
+    for _ in 0..5 {
+        let got = from_node(&node, pod.ip(), 8080);
+        assert_eq!(got.server().as_deref(), Some("inbound"), "{:?}", got.0);
+        let got = connect_with(pod.app_client(), "10.88.0.1:9");
+        assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    }
+    // New pods fail closed meanwhile.
+    let mut late = node.pod("late", CgroupDriver::Cgroupfs, MESHED);
+    assert_eq!(code(&node.add(&mut late).expect_err("no agent")), Some(11));
+
+    let _agent = node.start_agent("ebpf");
+    node.check(&pod).expect("CHECK after restart");
+    node.add(&mut late).expect("ADD after restart");
+    node.del(&pod).expect("DEL after restart");
+    node.del(&late).expect("DEL late");
+    assert!(cgroup_programs(&pod.cgroup).is_empty());
+}
+
+#[test]
+fn pods_that_are_not_meshed_are_left_alone() {
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    let mut plain = node.pod("plain", CgroupDriver::Cgroupfs, &[]);
+    let mut opted_out = node.pod(
+        "opted-out",
+        CgroupDriver::Cgroupfs,
+        &[MESHED[0], ("sidecar.istio.io/inject", "false")],
+    );
+    let mut system = node.pod("dns", CgroupDriver::Systemd, MESHED);
+    system.namespace = "kube-system".into();
+    for pod in [&mut plain, &mut opted_out, &mut system] {
+        node.add(pod)
+            .unwrap_or_else(|e| panic!("ADD {}: {e}", pod.name));
+        assert!(
+            cgroup_programs(&pod.cgroup).is_empty(),
+            "{} was captured",
+            pod.name
+        );
+        node.check(pod)
+            .unwrap_or_else(|e| panic!("CHECK {}: {e}", pod.name));
+    }
+    let _servers = plain.start_servers();
+    let got = from_node(&node, plain.ip(), 8080);
+    assert_eq!(got.server().as_deref(), Some("app"), "{:?}", got.0);
+    for pod in [&plain, &opted_out, &system] {
+        node.del(pod).expect("DEL");
+    }
+}
+
+#[test]
+fn bad_input_gets_a_cni_error_and_attaches_nothing() {
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    let pod = node.pod("bad", CgroupDriver::Cgroupfs, MESHED);
+    let list = node.conflist();
+    let prev = json!({"cniVersion": "1.0.0", "ips": [{"address": "10.88.0.50/24"}]});
+    let good = node.plugin_conf(&list, 1, &pod, Some(&prev));
+
+    let cases: Vec<(&str, serde_json::Value, Option<&str>, u64, &str)> = vec![
+        (
+            "no prevResult",
+            node.plugin_conf(&list, 1, &pod, None),
+            None,
+            7,
+            "prevResult",
+        ),
+        (
+            "unknown cniVersion",
+            {
+                let mut c = good.clone();
+                c["cniVersion"] = json!("9.9.9");
+                c
+            },
+            None,
+            1,
+            "9.9.9",
+        ),
+        (
+            "missing CNI_ARGS",
+            good.clone(),
+            Some("IgnoreUnknown=1"),
+            4,
+            "K8S_POD_NAMESPACE",
+        ),
+        (
+            "no pod cgroup",
+            good.clone(),
+            Some("K8S_POD_NAMESPACE=default;K8S_POD_NAME=x;K8S_POD_UID=no-such-uid"),
+            102,
+            "no-such-uid",
+        ),
+        (
+            "unknown plugin key",
+            {
+                let mut c = good.clone();
+                c["agent_sockt"] = json!("/x");
+                c
+            },
+            None,
+            7,
+            "agent_sockt",
+        ),
+        (
+            "no annotations capability",
+            {
+                let mut c = good.clone();
+                c.as_object_mut().unwrap().remove("runtimeConfig");
+                c
+            },
+            None,
+            7,
+            "capabilities",
+        ),
+    ];
+    for (what, conf, args, want, needle) in cases {
+        let err = node.exec_plugin("ADD", &pod, &conf, args).expect_err(what);
+        assert_eq!(code(&err), Some(want), "{what}: {err}");
+        let text = err["error"].to_string();
+        assert!(
+            text.contains(needle),
+            "{what}: {text} does not mention {needle}"
+        );
+    }
+    // Malformed and truncated stdin.
+    for stdin in ["{not json", &good.to_string()[..40]] {
+        let err = node
+            .exec_raw("ADD", &pod, "capture-cni", stdin, None)
+            .expect_err("malformed stdin");
+        assert_eq!(code(&err), Some(6), "{stdin}: {err}");
+    }
+    assert!(
+        cgroup_programs(&pod.cgroup).is_empty(),
+        "bad input attached something"
+    );
+}
+
+#[test]
+fn status_and_gc() {
+    let node = Node::new();
+    let mut agent = node.start_agent("ebpf");
+    let mut keep = node.pod("keep", CgroupDriver::Cgroupfs, MESHED);
+    let mut gone = node.pod("gone", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut keep).expect("ADD keep");
+    node.add(&mut gone).expect("ADD gone");
+    node.capture_cni_v11("STATUS", &keep, json!({}))
+        .expect("STATUS with a ready agent");
+
+    // GC: the runtime says only `keep` is still attached.
+    let valid = json!({"cni.dev/valid-attachments": [{"containerID": keep.container_id, "ifname": "eth0"}]});
+    node.capture_cni_v11("GC", &keep, valid).expect("GC");
+    assert!(
+        cgroup_programs(&gone.cgroup).is_empty(),
+        "GC left the stale pod captured"
+    );
+    assert_eq!(
+        cgroup_programs(&keep.cgroup).len(),
+        7,
+        "GC released a valid pod"
+    );
+
+    // Metrics name the pods and count the attaches.
+    let (code200, body) = agent.get("/metrics").expect("metrics");
+    assert_eq!(code200, 200);
+    assert!(body.contains("capture_pods 1"), "{body}");
+    assert!(body.contains("capture_mode{mode=\"ebpf\"} 1"), "{body}");
+    assert!(
+        body.contains("capture_attach_duration_seconds_count 2"),
+        "{body}"
+    );
+    assert!(body.contains(&format!("pod=\"{}\"", keep.name)), "{body}");
+
+    agent.stop();
+    let err = node
+        .capture_cni_v11("STATUS", &keep, json!({}))
+        .expect_err("STATUS without an agent");
+    assert_eq!(code(&err), Some(50), "{err}");
+    let _agent = node.start_agent("ebpf");
+    node.del(&keep).expect("DEL keep");
+    node.del(&gone).expect("DEL gone (already collected)");
+    let _: &Pod = &gone;
+}
