@@ -88,6 +88,27 @@ pub enum Command {
         #[arg(long, value_parser = parse_id_list)]
         proxy_gid: Option<IdList>,
     },
+    /// Copy capture-cni into the CNI bin directory and chain it last in the node's active network
+    /// configuration (idempotent; other plugins, key order and indentation are kept).
+    InstallCni {
+        #[command(flatten)]
+        dirs: CniDirs,
+        /// Edit this configuration file instead of the active one (the first by name).
+        #[arg(long)]
+        conf_file: Option<PathBuf>,
+        /// The plugin binary to install; default: capture-cni next to this binary.
+        #[arg(long)]
+        plugin_binary: Option<PathBuf>,
+        /// The agent socket the plugin should use; default: <state-dir>/agent.sock.
+        #[arg(long)]
+        agent_socket: Option<PathBuf>,
+    },
+    /// Take capture-cni out of every network configuration and remove its binary (idempotent).
+    /// New pods then start uncaptured: run it only when removing capture from the node.
+    UninstallCni {
+        #[command(flatten)]
+        dirs: CniDirs,
+    },
     /// Probe this kernel and node for what capture needs, and say which mode `auto` would pick.
     Doctor {
         #[arg(long)]
@@ -122,6 +143,14 @@ pub enum Outcome {
     Success,
     /// `capture validate` found capture not in force.
     NotCaptured(String),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CniDirs {
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
 }
 
 /// Runs one command; the binary prints the error chain on one line.
@@ -203,6 +232,55 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 proxy_uids: proxy_uid.unwrap_or_default().0,
                 proxy_gids: proxy_gid.unwrap_or_default().0,
             })?;
+        }
+        Command::InstallCni {
+            dirs,
+            conf_file,
+            plugin_binary,
+            agent_socket,
+        } => {
+            let plugin_binary = match plugin_binary {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("capture-cni"),
+            };
+            let opts = crate::install::InstallOptions {
+                cni_bin_dir: dirs.cni_bin_dir,
+                cni_conf_dir: dirs.cni_conf_dir,
+                conf_file,
+                plugin_binary,
+                agent_socket: agent_socket.unwrap_or_else(|| paths.state_dir.join("agent.sock")),
+            };
+            let done = crate::install::install(&opts)?;
+            println!(
+                "capture-cni {} in {}; {} {}",
+                if done.binary_changed {
+                    "installed"
+                } else {
+                    "already installed"
+                },
+                opts.cni_bin_dir.display(),
+                if done.config_changed {
+                    "chained into"
+                } else {
+                    "already chained in"
+                },
+                done.config.display()
+            );
+        }
+        Command::UninstallCni { dirs } => {
+            let opts = crate::install::InstallOptions {
+                cni_bin_dir: dirs.cni_bin_dir,
+                cni_conf_dir: dirs.cni_conf_dir,
+                conf_file: None,
+                plugin_binary: PathBuf::new(),
+                agent_socket: PathBuf::new(),
+            };
+            let changed = crate::install::uninstall(&opts)?;
+            println!(
+                "capture-cni removed from {} configuration(s) and {}",
+                changed.len(),
+                opts.cni_bin_dir.display()
+            );
         }
         Command::Doctor { json } => {
             let probe = crate::probe::probe();

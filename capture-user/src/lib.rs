@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod ebpf;
+pub mod install;
 pub mod iptables;
 pub mod lock;
 pub mod netns;

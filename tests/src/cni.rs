@@ -41,6 +41,8 @@ pub struct Node {
     pub plugin_dir: PathBuf,
     pub ipam_dir: PathBuf,
     pub http: u16,
+    /// The conflist as `capture install-cni` left it, once a test has run it.
+    installed: std::sync::Mutex<Option<Value>>,
 }
 
 impl Node {
@@ -70,12 +72,17 @@ impl Node {
             plugin_dir,
             ipam_dir: scratch.join("ipam"),
             http,
+            installed: std::sync::Mutex::new(None),
         }
     }
 
-    /// The conflist a cluster would have after `capture install-cni`.
+    /// The conflist the runtime uses: the one `install_cni` produced, or an equivalent one that
+    /// also points capture-cni at this node's own cgroup tree.
     #[must_use]
     pub fn conflist(&self) -> Value {
+        if let Some(v) = self.installed.lock().unwrap().clone() {
+            return v;
+        }
         json!({
             "cniVersion": "1.0.0",
             "name": "capture-test",
@@ -95,6 +102,43 @@ impl Node {
                 },
             ],
         })
+    }
+
+    /// Writes the network plugin's own conflist (bridge + host-local) into a conf dir, runs
+    /// `capture install-cni` on it as the DaemonSet does, and uses the result from then on.
+    pub fn install_cni(&self) -> Value {
+        let conf_dir = self.plugin_dir.parent().unwrap().join("net.d");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        let mut base = self.conflist();
+        base["plugins"].as_array_mut().unwrap().truncate(1);
+        let file = conf_dir.join("10-bridge.conflist");
+        std::fs::write(&file, serde_json::to_string_pretty(&base).unwrap()).unwrap();
+        let out = Command::new(crate::topology::capture_bin())
+            .arg("--state-dir")
+            .arg(&self.dirs.state)
+            .arg("install-cni")
+            .arg("--cni-bin-dir")
+            .arg(&self.plugin_dir)
+            .arg("--cni-conf-dir")
+            .arg(&conf_dir)
+            .arg("--plugin-binary")
+            .arg(built_binary("capture-cni", "CAPTURE_CNI_BIN"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "install-cni: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let installed: Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        *self.installed.lock().unwrap() = Some(installed.clone());
+        installed
+    }
+
+    /// Overrides the conflist the runtime uses.
+    pub fn installed_conflist(&self) -> std::sync::MutexGuard<'_, Option<Value>> {
+        self.installed.lock().unwrap()
     }
 
     /// Starts the agent and waits until /readyz says so.

@@ -303,3 +303,50 @@ fn status_and_gc() {
     node.del(&gone).expect("DEL gone (already collected)");
     let _: &Pod = &gone;
 }
+
+#[test]
+fn install_cni_chains_a_working_plugin() {
+    let node = Node::new();
+    // install-cni replaces the symlinked binary with a copy and chains itself after the bridge.
+    std::fs::remove_file(node.plugin_dir.join("capture-cni")).unwrap();
+    let list = node.install_cni();
+    assert_eq!(list["plugins"][1]["type"], "capture-cni", "{list}");
+    assert_eq!(
+        list["plugins"][1]["agent_socket"],
+        json!(node.socket),
+        "{list}"
+    );
+    let _agent = node.start_agent("ebpf");
+    let mut pod = node.pod("installed", CgroupDriver::Systemd, MESHED);
+    node.add(&mut pod)
+        .expect("ADD through the installed conflist");
+    assert_eq!(cgroup_programs(&pod.cgroup).len(), 7);
+    node.del(&pod).expect("DEL");
+}
+
+#[test]
+fn older_spec_versions_work_too() {
+    // Calico, Flannel and kindnet ship 0.3.1 conflists, the AWS VPC CNI 0.4.0.
+    for version in ["0.3.1", "0.4.0"] {
+        let node = Node::new();
+        let _agent = node.start_agent("ebpf");
+        let mut list = node.conflist();
+        list["cniVersion"] = json!(version);
+        *node.installed_conflist() = Some(list);
+        let mut pod = node.pod("legacy", CgroupDriver::Cgroupfs, MESHED);
+        node.add(&mut pod)
+            .unwrap_or_else(|e| panic!("ADD with {version}: {e}"));
+        assert_eq!(cgroup_programs(&pod.cgroup).len(), 7, "{version}");
+        if version == "0.3.1" {
+            // CHECK arrived with 0.4.0: for a 0.3.1 network the plugin refuses it, per the spec.
+            let err = node.check(&pod).expect_err("CHECK on 0.3.1");
+            assert_eq!(code(&err), Some(1), "{err}");
+        } else {
+            node.check(&pod)
+                .unwrap_or_else(|e| panic!("CHECK with {version}: {e}"));
+        }
+        node.del(&pod)
+            .unwrap_or_else(|e| panic!("DEL with {version}: {e}"));
+        assert!(cgroup_programs(&pod.cgroup).is_empty(), "{version}");
+    }
+}

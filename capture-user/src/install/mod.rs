@@ -1,0 +1,265 @@
+//! `capture install-cni` / `uninstall-cni`: put the capture-cni binary in the node's CNI bin
+//! directory and chain it at the end of the node's active network configuration, keeping the
+//! file's other plugins, key order and indentation; and take both out again. Both are idempotent.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{json, Map, Value};
+
+pub const PLUGIN_TYPE: &str = "capture-cni";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("no CNI network configuration (*.conf, *.conflist, *.json) in {0}; install capture after the cluster's network plugin has written its configuration")]
+    NoConfig(PathBuf),
+    #[error("{path} is not a CNI network configuration: {reason}")]
+    BadConfig { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> InstallError + '_ {
+    move |source| InstallError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+/// The conflist entry capture adds.
+#[must_use]
+pub fn plugin_entry(agent_socket: &Path) -> Value {
+    json!({
+        "type": PLUGIN_TYPE,
+        "agent_socket": agent_socket,
+        "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+    })
+}
+
+/// The indentation a file uses, so that a rewrite looks like the original.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Indent(String);
+
+fn detect_indent(text: &str) -> Indent {
+    let unit = text
+        .lines()
+        .skip(1)
+        .find_map(|l| {
+            let ws: String = l.chars().take_while(|c| *c == ' ' || *c == '\t').collect();
+            (!ws.is_empty()).then_some(ws)
+        })
+        .unwrap_or_else(|| "  ".into());
+    // A tab-indented file indents with one tab; a space-indented one with its first level.
+    Indent(if unit.starts_with('\t') {
+        "\t".into()
+    } else {
+        unit
+    })
+}
+
+fn render(value: &Value, indent: &Indent, trailing_newline: bool) -> String {
+    let mut out = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(indent.0.as_bytes());
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    serde::Serialize::serialize(value, &mut ser).expect("JSON values serialise");
+    let mut s = String::from_utf8(out).expect("serde_json writes UTF-8");
+    if trailing_newline {
+        s.push('\n');
+    }
+    s
+}
+
+fn parse(path: &Path, text: &str) -> Result<Map<String, Value>, InstallError> {
+    let bad = |reason: String| InstallError::BadConfig {
+        path: path.into(),
+        reason,
+    };
+    match serde_json::from_str::<Value>(text).map_err(|e| bad(e.to_string()))? {
+        Value::Object(m) => Ok(m),
+        _ => Err(bad("not a JSON object".into())),
+    }
+}
+
+/// A single-plugin `.conf` as a conflist: the same network with the plugin as its first entry.
+fn as_conflist(mut conf: Map<String, Value>) -> Map<String, Value> {
+    if conf.contains_key("plugins") {
+        return conf;
+    }
+    let mut list = Map::new();
+    for key in ["cniVersion", "name"] {
+        if let Some(v) = conf.get(key) {
+            list.insert(key.into(), v.clone());
+        }
+    }
+    conf.remove("cniVersion");
+    list.insert("plugins".into(), Value::Array(vec![Value::Object(conf)]));
+    list
+}
+
+fn is_capture(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
+}
+
+/// The configuration text with capture-cni chained last (updated in place if present).
+pub fn insert_into(path: &Path, text: &str, agent_socket: &Path) -> Result<String, InstallError> {
+    let mut list = as_conflist(parse(path, text)?);
+    let plugins = list
+        .get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| InstallError::BadConfig {
+            path: path.into(),
+            reason: "\"plugins\" is not a list".into(),
+        })?;
+    if plugins.is_empty() {
+        return Err(InstallError::BadConfig {
+            path: path.into(),
+            reason: "the plugin list is empty".into(),
+        });
+    }
+    plugins.retain(|p| !is_capture(p));
+    plugins.push(plugin_entry(agent_socket));
+    Ok(render(
+        &Value::Object(list),
+        &detect_indent(text),
+        text.ends_with('\n'),
+    ))
+}
+
+/// The configuration text without capture-cni, or `None` when it has no capture entry.
+pub fn remove_from(path: &Path, text: &str) -> Result<Option<String>, InstallError> {
+    let mut list = parse(path, text)?;
+    let Some(plugins) = list.get_mut("plugins").and_then(Value::as_array_mut) else {
+        return Ok(None);
+    };
+    let before = plugins.len();
+    plugins.retain(|p| !is_capture(p));
+    if plugins.len() == before {
+        return Ok(None);
+    }
+    Ok(Some(render(
+        &Value::Object(list),
+        &detect_indent(text),
+        text.ends_with('\n'),
+    )))
+}
+
+fn is_config_name(name: &str) -> bool {
+    !name.starts_with('.')
+        && [".conf", ".conflist", ".json"]
+            .iter()
+            .any(|ext| name.ends_with(ext))
+}
+
+/// The configuration the runtime uses: the first by name, as containerd and CRI-O pick it.
+pub fn active_config(conf_dir: &Path) -> Result<PathBuf, InstallError> {
+    let mut names: Vec<String> = fs::read_dir(conf_dir)
+        .map_err(io_err(conf_dir))?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| is_config_name(n))
+        .collect();
+    names.sort();
+    names
+        .first()
+        .map(|n| conf_dir.join(n))
+        .ok_or_else(|| InstallError::NoConfig(conf_dir.into()))
+}
+
+/// Writes a file atomically under a name no runtime takes for a network configuration.
+fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), InstallError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.capture-tmp",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    fs::write(&tmp, data).map_err(io_err(&tmp))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode)).map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+pub struct InstallOptions {
+    pub cni_bin_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    /// A specific configuration file instead of the active one.
+    pub conf_file: Option<PathBuf>,
+    pub plugin_binary: PathBuf,
+    pub agent_socket: PathBuf,
+}
+
+/// What `install` changed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Installed {
+    pub config: PathBuf,
+    pub config_changed: bool,
+    pub binary_changed: bool,
+}
+
+pub fn install(opts: &InstallOptions) -> Result<Installed, InstallError> {
+    let binary = fs::read(&opts.plugin_binary).map_err(io_err(&opts.plugin_binary))?;
+    let target = opts.cni_bin_dir.join(PLUGIN_TYPE);
+    let binary_changed = fs::read(&target).map_or(true, |old| old != binary);
+    if binary_changed {
+        fs::create_dir_all(&opts.cni_bin_dir).map_err(io_err(&opts.cni_bin_dir))?;
+        write_atomic(&target, &binary, 0o755)?;
+    }
+    let source = match &opts.conf_file {
+        Some(f) => f.clone(),
+        None => active_config(&opts.cni_conf_dir)?,
+    };
+    let text = fs::read_to_string(&source).map_err(io_err(&source))?;
+    let updated = insert_into(&source, &text, &opts.agent_socket)?;
+    // A single-plugin .conf becomes a .conflist of the same name.
+    let config = if source.extension().is_some_and(|e| e == "conf") {
+        source.with_extension("conflist")
+    } else {
+        source.clone()
+    };
+    let config_changed = updated != text || config != source;
+    if config_changed {
+        write_atomic(&config, updated.as_bytes(), 0o644)?;
+        if config != source {
+            fs::remove_file(&source).map_err(io_err(&source))?;
+        }
+    }
+    Ok(Installed {
+        config,
+        config_changed,
+        binary_changed,
+    })
+}
+
+/// Removes capture-cni from every configuration in the directory, and its binary.
+pub fn uninstall(opts: &InstallOptions) -> Result<Vec<PathBuf>, InstallError> {
+    let mut changed = Vec::new();
+    let entries = fs::read_dir(&opts.cni_conf_dir).map_err(io_err(&opts.cni_conf_dir))?;
+    for e in entries.flatten() {
+        let path = e.path();
+        if !is_config_name(&e.file_name().to_string_lossy()) {
+            continue;
+        }
+        let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+        if let Some(updated) = remove_from(&path, &text)? {
+            write_atomic(&path, updated.as_bytes(), 0o644)?;
+            changed.push(path);
+        }
+    }
+    let binary = opts.cni_bin_dir.join(PLUGIN_TYPE);
+    match fs::remove_file(&binary) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(InstallError::Io {
+                path: binary,
+                source: e,
+            })
+        }
+        _ => {}
+    }
+    Ok(changed)
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

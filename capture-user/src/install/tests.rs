@@ -1,0 +1,223 @@
+use super::*;
+
+const SOCKET: &str = "/run/capture/agent.sock";
+
+fn fixtures() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (
+            "10-containerd-net.conflist",
+            include_str!("testdata/10-containerd-net.conflist"),
+        ),
+        (
+            "10-calico.conflist",
+            include_str!("testdata/10-calico.conflist"),
+        ),
+        (
+            "10-flannel.conflist",
+            include_str!("testdata/10-flannel.conflist"),
+        ),
+        (
+            "05-cilium.conflist",
+            include_str!("testdata/05-cilium.conflist"),
+        ),
+        (
+            "10-kindnet.conflist",
+            include_str!("testdata/10-kindnet.conflist"),
+        ),
+        ("10-aws.conflist", include_str!("testdata/10-aws.conflist")),
+    ]
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
+}
+
+#[test]
+fn chains_last_and_keeps_everything_else() {
+    for (name, text) in fixtures() {
+        let path = Path::new(name);
+        let out = insert_into(path, text, Path::new(SOCKET)).unwrap();
+        let (before, after) = (json(text), json(&out));
+        let (pb, pa) = (
+            before["plugins"].as_array().unwrap(),
+            after["plugins"].as_array().unwrap(),
+        );
+        assert_eq!(pa.len(), pb.len() + 1, "{name}");
+        assert_eq!(&pa[..pb.len()], &pb[..], "{name}: other plugins changed");
+        assert_eq!(
+            pa.last().unwrap(),
+            &plugin_entry(Path::new(SOCKET)),
+            "{name}"
+        );
+        for key in before
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "plugins")
+        {
+            assert_eq!(before[key], after[key], "{name}: {key} changed");
+        }
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&before), keys(&after), "{name}: key order changed");
+        assert_eq!(
+            detect_indent(&out),
+            detect_indent(text),
+            "{name}: indentation changed"
+        );
+        assert_eq!(
+            out.ends_with('\n'),
+            text.ends_with('\n'),
+            "{name}: final newline"
+        );
+        // Idempotent: installing again changes nothing.
+        assert_eq!(
+            insert_into(path, &out, Path::new(SOCKET)).unwrap(),
+            out,
+            "{name}: second install"
+        );
+        // Uninstall gives the original configuration back.
+        let back = remove_from(path, &out)
+            .unwrap()
+            .expect("capture entry removed");
+        assert_eq!(json(&back), before, "{name}: uninstall");
+        assert!(
+            remove_from(path, &back).unwrap().is_none(),
+            "{name}: second uninstall"
+        );
+    }
+}
+
+#[test]
+fn canonical_files_round_trip_byte_for_byte() {
+    for (name, text) in fixtures()
+        .into_iter()
+        .filter(|(n, _)| *n != "10-kindnet.conflist")
+    {
+        let path = Path::new(name);
+        let out = insert_into(path, text, Path::new(SOCKET)).unwrap();
+        assert_eq!(remove_from(path, &out).unwrap().unwrap(), text, "{name}");
+    }
+}
+
+#[test]
+fn tabs_stay_tabs() {
+    let out = insert_into(
+        Path::new("k"),
+        include_str!("testdata/10-kindnet.conflist"),
+        Path::new(SOCKET),
+    )
+    .unwrap();
+    assert!(out.lines().nth(1).unwrap().starts_with('\t'), "{out}");
+}
+
+#[test]
+fn a_moved_or_changed_entry_is_updated_not_duplicated() {
+    let text = include_str!("testdata/10-flannel.conflist");
+    let old = insert_into(Path::new("f"), text, Path::new("/old.sock")).unwrap();
+    let mut v = json(&old);
+    let plugins = v["plugins"].as_array_mut().unwrap();
+    let ours = plugins.pop().unwrap();
+    plugins.insert(0, ours);
+    let shuffled = serde_json::to_string_pretty(&v).unwrap();
+    let out = json(&insert_into(Path::new("f"), &shuffled, Path::new(SOCKET)).unwrap());
+    let plugins = out["plugins"].as_array().unwrap();
+    assert_eq!(plugins.iter().filter(|p| is_capture(p)).count(), 1);
+    assert_eq!(plugins.last().unwrap()["agent_socket"], SOCKET);
+}
+
+#[test]
+fn a_single_plugin_conf_becomes_a_conflist() {
+    let text = include_str!("testdata/10-bridge.conf");
+    let out = json(&insert_into(Path::new("10-bridge.conf"), text, Path::new(SOCKET)).unwrap());
+    assert_eq!(out["name"], "bridge");
+    assert_eq!(out["cniVersion"], "0.4.0");
+    let plugins = out["plugins"].as_array().unwrap();
+    assert_eq!(plugins[0]["type"], "bridge");
+    assert!(is_capture(&plugins[1]));
+}
+
+#[test]
+fn bad_configurations_are_named() {
+    let e = insert_into(
+        Path::new("/etc/cni/net.d/x.conflist"),
+        "{ nope",
+        Path::new(SOCKET),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("/etc/cni/net.d/x.conflist"), "{e}");
+    let e = insert_into(Path::new("y"), r#"{"plugins": []}"#, Path::new(SOCKET)).unwrap_err();
+    assert!(e.to_string().contains("empty"), "{e}");
+}
+
+#[test]
+fn install_and_uninstall_on_a_directory() {
+    let root = std::env::temp_dir().join(format!("capture-install-{}", std::process::id()));
+    let (bin, conf) = (root.join("bin"), root.join("net.d"));
+    fs::create_dir_all(&bin).unwrap();
+    fs::create_dir_all(&conf).unwrap();
+    fs::write(
+        conf.join("10-calico.conflist"),
+        include_str!("testdata/10-calico.conflist"),
+    )
+    .unwrap();
+    fs::write(
+        conf.join("20-other.conflist"),
+        include_str!("testdata/10-flannel.conflist"),
+    )
+    .unwrap();
+    fs::write(conf.join("calico-kubeconfig"), "not a network config").unwrap();
+    let plugin = root.join("capture-cni-build");
+    fs::write(&plugin, b"#!/bin/true\n").unwrap();
+    let opts = InstallOptions {
+        cni_bin_dir: bin.clone(),
+        cni_conf_dir: conf.clone(),
+        conf_file: None,
+        plugin_binary: plugin,
+        agent_socket: SOCKET.into(),
+    };
+    let first = install(&opts).unwrap();
+    assert_eq!(
+        first.config,
+        conf.join("10-calico.conflist"),
+        "the first config by name is the active one"
+    );
+    assert!(first.config_changed && first.binary_changed);
+    let again = install(&opts).unwrap();
+    assert!(
+        !again.config_changed && !again.binary_changed,
+        "install is idempotent"
+    );
+    assert_eq!(
+        fs::read_to_string(conf.join("20-other.conflist")).unwrap(),
+        include_str!("testdata/10-flannel.conflist")
+    );
+    assert!(!fs::read_dir(&conf)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().contains("tmp")));
+    assert_eq!(
+        uninstall(&opts).unwrap(),
+        vec![conf.join("10-calico.conflist")]
+    );
+    assert_eq!(
+        fs::read_to_string(conf.join("10-calico.conflist")).unwrap(),
+        include_str!("testdata/10-calico.conflist")
+    );
+    assert!(!bin.join(PLUGIN_TYPE).exists());
+    assert!(
+        uninstall(&opts).unwrap().is_empty(),
+        "uninstall is idempotent"
+    );
+    let empty = root.join("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let e = install(&InstallOptions {
+        cni_conf_dir: empty,
+        ..opts
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("no CNI network configuration"),
+        "{e}"
+    );
+    fs::remove_dir_all(&root).unwrap();
+}
