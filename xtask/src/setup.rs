@@ -137,8 +137,25 @@ fn debian_packages() -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
+/// kubernetes-validate (PyPI) checks deploy/ against the Kubernetes API schemas offline.
+fn python_tools() -> Result<()> {
+    if quiet_ok(Command::new("python3").args(["-m", "kubernetes_validate", "--version"])) {
+        return Ok(());
+    }
+    println!("setup: installing kubernetes-validate");
+    run(Command::new("python3").args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--root-user-action=ignore",
+        "kubernetes-validate",
+    ]))
+}
+
 pub fn setup() -> Result<()> {
     nightly()?;
     bpf_linker()?;
-    debian_packages()
+    debian_packages()?;
+    python_tools()
 }
