@@ -350,3 +350,37 @@ fn older_spec_versions_work_too() {
         assert!(cgroup_programs(&pod.cgroup).is_empty(), "{version}");
     }
 }
+
+#[test]
+fn the_agent_in_iptables_mode() {
+    let node = Node::new();
+    let mut agent = node.start_agent("iptables");
+    let mut pod = node.pod("legacy-kernel", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut pod).expect("ADD");
+    let _servers = pod.start_servers();
+    assert!(
+        cgroup_programs(&pod.cgroup).is_empty(),
+        "iptables mode attaches no programs"
+    );
+    let got = from_node(&node, pod.ip(), 8080);
+    assert_eq!(got.server().as_deref(), Some("inbound"), "{:?}", got.0);
+    assert_eq!(
+        got.server_local(),
+        Some(format!("{}:15006", pod.ip())),
+        "REDIRECT rewrites the local address"
+    );
+    node.check(&pod).expect("CHECK");
+    let (_, body) = agent.get("/metrics").expect("metrics");
+    assert!(body.contains("capture_mode{mode=\"iptables\"} 1"), "{body}");
+    node.del(&pod).expect("DEL");
+    let rules = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", pod.netns.path().display()))
+        .args(["iptables-save", "-t", "nat"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&rules.stdout).contains("ISTIO"),
+        "DEL left rules behind"
+    );
+    agent.stop();
+}
