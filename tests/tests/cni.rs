@@ -120,19 +120,48 @@ fn killed_agent_lets_nothing_escape_and_the_restarted_agent_adopts() {
     let mut pod = node.pod("survivor", CgroupDriver::Cgroupfs, MESHED);
     node.add(&mut pod).expect("ADD");
     let _servers = pod.start_servers();
-    agent.kill_hard();
-    // With the agent gone, the pod is still captured, in both directions.
-    for _ in 0..5 {
-        let got = from_node(&node, pod.ip(), 8080);
-        assert_eq!(got.server().as_deref(), Some("inbound"), "{:?}", got.0);
-        let got = connect_with(pod.app_client(), "10.88.0.1:9");
-        assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
-    }
-    // New pods fail closed meanwhile.
+    // Traffic keeps flowing, in both directions, while the agent is killed and restarted: every
+    // connection must land on the proxy.
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let mut late = node.pod("late", CgroupDriver::Cgroupfs, MESHED);
-    assert_eq!(code(&node.add(&mut late).expect_err("no agent")), Some(11));
+    let landed = std::thread::scope(|s| {
+        let flow = s.spawn(|| {
+            let mut landed = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                landed.push(from_node(&node, pod.ip(), 8080).server());
+                landed.push(connect_with(pod.app_client(), "10.88.0.1:9").server());
+            }
+            landed
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        agent.kill_hard();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // New pods fail closed meanwhile.
+        assert_eq!(code(&node.add(&mut late).expect_err("no agent")), Some(11));
+        let restarted = node.start_agent("ebpf");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (flow.join().unwrap(), restarted)
+    });
+    let (landed, _agent) = landed;
+    assert!(
+        landed.len() >= 10,
+        "too little traffic to judge: {}",
+        landed.len()
+    );
+    for pair in landed.chunks(2) {
+        assert_eq!(
+            pair[0].as_deref(),
+            Some("inbound"),
+            "an inbound connection escaped: {landed:?}"
+        );
+        assert_eq!(
+            pair[1].as_deref(),
+            Some("outbound"),
+            "an outbound connection escaped: {landed:?}"
+        );
+    }
 
-    let _agent = node.start_agent("ebpf");
     node.check(&pod).expect("CHECK after restart");
     node.add(&mut late).expect("ADD after restart");
     node.del(&pod).expect("DEL after restart");
