@@ -28,6 +28,19 @@ pub const FLAG_INBOUND_ALL_PORTS: u32 = 1 << 8;
 pub const FLAG_HAS_INCLUDE_INBOUND_PORTS: u32 = 1 << 9;
 /// `excludeInboundPorts` has entries in `PORT_LISTS` (only read with `FLAG_INBOUND_ALL_PORTS`).
 pub const FLAG_HAS_EXCLUDE_INBOUND_PORTS: u32 = 1 << 10;
+/// DNS capture (`--redirect-dns`): port 53 to the pod's nameservers goes to the DNS proxy.
+pub const FLAG_DNS_CAPTURE: u32 = 1 << 11;
+/// With DNS capture: every port-53 destination, not only the nameservers (the CNI default).
+pub const FLAG_DNS_CAPTURE_ALL: u32 = 1 << 12;
+
+/// How many owner groups (`ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE]`) one pod may name.
+pub const MAX_OWNER_GROUPS: usize = 8;
+/// Owner groups: every group is captured (`*`, no exclusions).
+pub const OWNER_GROUPS_ALL: u32 = 0;
+/// Owner groups: only the listed primary gids are captured (an empty list captures nothing).
+pub const OWNER_GROUPS_INCLUDE: u32 = 1;
+/// Owner groups: every group but the listed ones is captured.
+pub const OWNER_GROUPS_EXCLUDE: u32 = 2;
 
 /// One pod's outbound capture rules, flattened for the kernel. Addresses are in network byte order
 /// (as `bpf_sock_addr` holds them), ports in host byte order.
@@ -50,9 +63,14 @@ pub struct PodConfig {
     pub inbound_port: u16,
     /// Never captured from the proxy to local addresses (HBONE, 15008).
     pub tunnel_port: u16,
-    pub _pad: u16,
+    /// Where captured DNS goes (15053).
+    pub dns_port: u16,
+    /// `OWNER_GROUPS_ALL`, `_INCLUDE` or `_EXCLUDE`.
+    pub owner_group_mode: u32,
+    pub owner_group_count: u32,
+    pub owner_groups: [u32; MAX_OWNER_GROUPS],
 }
-const _: () = assert!(size_of::<PodConfig>() == 80);
+const _: () = assert!(size_of::<PodConfig>() == 120);
 
 impl PodConfig {
     #[inline(always)]
@@ -72,6 +90,8 @@ pub enum ListKind {
     IncludeOutboundCidrs = 4,
     IncludeInboundPorts = 5,
     ExcludeInboundPorts = 6,
+    /// The pod's nameservers (host prefixes in `CIDR_LISTS`), for DNS capture.
+    DnsNameservers = 7,
 }
 
 /// Per-pod counters (`POD_COUNTERS`, per CPU; user space sums them).
@@ -97,8 +117,10 @@ pub struct PodCounters {
     pub passed_inbound: u64,
     /// Inbound connections refused because the pod has no inbound listener (as iptables' REDIRECT).
     pub refused_inbound: u64,
+    /// DNS queries and connections rewritten to the DNS proxy (15053).
+    pub redirected_dns: u64,
 }
-const _: () = assert!(size_of::<PodCounters>() == 72);
+const _: () = assert!(size_of::<PodCounters>() == 80);
 
 /// Which `PodCounters` field an event counts in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +134,7 @@ pub enum PodCounter {
     CapturedInbound,
     PassedInbound,
     RefusedInbound,
+    RedirectedDns,
 }
 
 impl PodCounters {
@@ -127,6 +150,7 @@ impl PodCounters {
             PodCounter::CapturedInbound => &mut self.captured_inbound,
             PodCounter::PassedInbound => &mut self.passed_inbound,
             PodCounter::RefusedInbound => &mut self.refused_inbound,
+            PodCounter::RedirectedDns => &mut self.redirected_dns,
         };
         *field += 1;
     }
@@ -144,6 +168,7 @@ impl PodCounters {
             captured_inbound: self.captured_inbound + o.captured_inbound,
             passed_inbound: self.passed_inbound + o.passed_inbound,
             refused_inbound: self.refused_inbound + o.refused_inbound,
+            redirected_dns: self.redirected_dns + o.redirected_dns,
         }
     }
 }

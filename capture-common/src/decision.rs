@@ -3,10 +3,12 @@
 //! tests call it with in-memory lists. Both therefore run the same rules in the same order.
 
 use crate::config::{
-    ListKind, PodConfig, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS,
-    FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
-    FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6, FLAG_INBOUND_ALL_PORTS,
-    FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK, MAX_PROXY_IDS,
+    ListKind, PodConfig, FLAG_DNS_CAPTURE, FLAG_DNS_CAPTURE_ALL, FLAG_HAS_EXCLUDE_CIDRS,
+    FLAG_HAS_EXCLUDE_INBOUND_PORTS, FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS,
+    FLAG_HAS_INCLUDE_INBOUND_PORTS, FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4,
+    FLAG_HAS_POD_IP6, FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND,
+    FLAG_INCLUDE_COVERS_LOOPBACK, MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_EXCLUDE,
+    OWNER_GROUPS_INCLUDE,
 };
 
 /// An IPv4 address in network order, as `bpf_sock_addr::user_ip4` holds it.
@@ -37,6 +39,8 @@ pub struct Connect {
     /// The socket creator's uid and primary gid (iptables' owner match).
     pub uid: u32,
     pub gid: u32,
+    /// A UDP socket (connect or sendmsg); TCP otherwise.
+    pub udp: bool,
 }
 
 /// Why a connection goes where it asked to.
@@ -56,6 +60,10 @@ pub enum Pass {
     NotIncluded,
     /// IPv6 in a pod without an IPv6 address: Istio writes no ip6tables rules for such a pod.
     FamilyNotCaptured,
+    /// The socket's primary group is not captured (`ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE]`).
+    OwnerGroup,
+    /// UDP that is not captured DNS: only TCP goes to the proxy.
+    NotTcp,
 }
 
 /// What the decision does with a connection.
@@ -65,6 +73,8 @@ pub enum Verdict {
     Outbound,
     /// Rewrite to the inbound listener (`ISTIO_IN_REDIRECT` from the proxy, 15006).
     Inbound,
+    /// Rewrite to the DNS proxy (`ISTIO_OUTPUT_DNS`, 15053), TCP and UDP.
+    Dns,
     Pass(Pass),
 }
 
@@ -116,13 +126,33 @@ fn from_inbound_passthrough(c: &Connect) -> bool {
     }
 }
 
-/// The three owner rules that iptables emits per proxy id (B9–B11, B12–B14), evaluated for one id.
+/// The three owner rules that iptables emits per proxy id (B9–B11, B12–B14), evaluated for one
+/// id. With DNS capture, the lo-RETURN rule spares port 53 (and UDP), and the uid rules' inbound
+/// redirect spares port 53 too (`uid_rule`).
 #[inline(always)]
-fn owner_rules(cfg: &PodConfig, c: &Connect, local: bool, owner_matches: bool) -> Option<Verdict> {
-    if local && owner_matches && !in_host_loopback(cfg, c) && c.dst_port != cfg.tunnel_port {
+fn owner_rules(
+    cfg: &PodConfig,
+    c: &Connect,
+    local: bool,
+    owner_matches: bool,
+    uid_rule: bool,
+) -> Option<Verdict> {
+    let dns = cfg.has(FLAG_DNS_CAPTURE);
+    let dns_port = c.dst_port == DNS_PORT;
+    if local
+        && owner_matches
+        && !c.udp
+        && !in_host_loopback(cfg, c)
+        && c.dst_port != cfg.tunnel_port
+        && !(dns && uid_rule && dns_port)
+    {
         return Some(Verdict::Inbound);
     }
-    if local && !owner_matches && !cfg.has(FLAG_INCLUDE_COVERS_LOOPBACK) {
+    if local
+        && !owner_matches
+        && !cfg.has(FLAG_INCLUDE_COVERS_LOOPBACK)
+        && (!dns || (!c.udp && !dns_port))
+    {
         return Some(Verdict::Pass(Pass::Local));
     }
     if owner_matches {
@@ -131,9 +161,28 @@ fn owner_rules(cfg: &PodConfig, c: &Connect, local: bool, owner_matches: bool) -
     None
 }
 
-/// Spec section C, `outbound`, for a TCP `connect()`.
+/// Is the socket's primary group one whose traffic is captured?
 #[inline(always)]
-pub fn decide_tcp_connect<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> Verdict {
+fn owner_group_captured(cfg: &PodConfig, gid: u32) -> bool {
+    let mut listed = false;
+    for i in 0..MAX_OWNER_GROUPS {
+        if (i as u32) < cfg.owner_group_count && cfg.owner_groups[i] == gid {
+            listed = true;
+        }
+    }
+    match cfg.owner_group_mode {
+        OWNER_GROUPS_INCLUDE => listed,
+        OWNER_GROUPS_EXCLUDE => !listed,
+        _ => true,
+    }
+}
+
+/// The DNS port.
+pub const DNS_PORT: u16 = 53;
+
+/// Spec section C, `outbound`, for a TCP `connect()` or a UDP `connect()`/`sendmsg()`.
+#[inline(always)]
+pub fn decide_outbound<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> Verdict {
     if c.ipv6 && !cfg.has(FLAG_HAS_POD_IP6) {
         return Verdict::Pass(Pass::FamilyNotCaptured);
     }
@@ -149,17 +198,31 @@ pub fn decide_tcp_connect<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) 
     // The bounds keep the loops unrollable for the verifier; the counts select the live entries.
     for i in 0..MAX_PROXY_IDS {
         if (i as u32) < cfg.proxy_uid_count {
-            if let Some(v) = owner_rules(cfg, c, local, c.uid == cfg.proxy_uids[i]) {
+            if let Some(v) = owner_rules(cfg, c, local, c.uid == cfg.proxy_uids[i], true) {
                 return v;
             }
         }
     }
     for i in 0..MAX_PROXY_IDS {
         if (i as u32) < cfg.proxy_gid_count {
-            if let Some(v) = owner_rules(cfg, c, local, c.gid == cfg.proxy_gids[i]) {
+            if let Some(v) = owner_rules(cfg, c, local, c.gid == cfg.proxy_gids[i], false) {
                 return v;
             }
         }
+    }
+    if !owner_group_captured(cfg, c.gid) {
+        return Verdict::Pass(Pass::OwnerGroup);
+    }
+    if cfg.has(FLAG_DNS_CAPTURE)
+        && c.dst_port == DNS_PORT
+        && (cfg.has(FLAG_DNS_CAPTURE_ALL)
+            || lists.cidr_listed(ListKind::DnsNameservers, c.ipv6, &c.dst))
+    {
+        return Verdict::Dns;
+    }
+    // Only DNS is captured for UDP (ISTIO_REDIRECT and ISTIO_IN_REDIRECT are TCP-only).
+    if c.udp {
+        return Verdict::Pass(Pass::NotTcp);
     }
     if in_host_loopback(cfg, c) {
         return Verdict::Pass(Pass::Local);

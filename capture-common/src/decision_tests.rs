@@ -5,8 +5,9 @@ use std::{vec, vec::Vec};
 
 use super::*;
 use crate::config::{
-    FLAG_HAS_EXCLUDE_INBOUND_PORTS, FLAG_HAS_INCLUDE_INBOUND_PORTS, FLAG_HAS_POD_IP6,
-    FLAG_INBOUND_ALL_PORTS,
+    FLAG_DNS_CAPTURE, FLAG_DNS_CAPTURE_ALL, FLAG_HAS_EXCLUDE_INBOUND_PORTS,
+    FLAG_HAS_INCLUDE_INBOUND_PORTS, FLAG_HAS_POD_IP6, FLAG_INBOUND_ALL_PORTS, MAX_OWNER_GROUPS,
+    OWNER_GROUPS_ALL, OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE,
 };
 
 const POD4: u32 = ip4(10, 1, 0, 10);
@@ -50,7 +51,10 @@ fn default_cfg() -> PodConfig {
         outbound_port: 15001,
         inbound_port: 15006,
         tunnel_port: 15008,
-        _pad: 0,
+        dns_port: 15053,
+        owner_group_mode: OWNER_GROUPS_ALL,
+        owner_group_count: 0,
+        owner_groups: [0; MAX_OWNER_GROUPS],
     }
 }
 
@@ -62,11 +66,12 @@ fn v4(dst: u32, port: u16, uid: u32, gid: u32) -> Connect {
         src: [0; 4],
         uid,
         gid,
+        udp: false,
     }
 }
 
 fn decide(cfg: &PodConfig, lists: &Lists, c: Connect) -> Verdict {
-    decide_tcp_connect(cfg, lists, &c)
+    decide_outbound(cfg, lists, &c)
 }
 
 #[test]
@@ -218,6 +223,7 @@ fn ipv6() {
         src: [0; 4],
         uid,
         gid: uid,
+        udp: false,
     };
     assert_eq!(decide(&cfg, &l, c(remote6, 1000)), Verdict::Outbound, "T29");
     assert_eq!(
@@ -290,5 +296,110 @@ fn inbound() {
     assert_eq!(
         decide_inbound(&cfg, &l, 8080),
         InboundVerdict::Pass(InboundPass::Disabled)
+    );
+}
+
+fn udp(dst: u32, port: u16, uid: u32) -> Connect {
+    Connect {
+        udp: true,
+        ..v4(dst, port, uid, uid)
+    }
+}
+
+#[test]
+fn dns_capture() {
+    let ns = ip4(10, 96, 0, 10);
+    let mut cfg = default_cfg();
+    cfg.flags |= FLAG_DNS_CAPTURE;
+    let l = Lists {
+        cidrs4: vec![(ListKind::DnsNameservers, ns, u32::MAX)],
+        ..Lists::default()
+    };
+    assert_eq!(decide(&cfg, &l, udp(ns, 53, 1000)), Verdict::Dns, "T47");
+    assert_eq!(
+        decide(&cfg, &l, v4(ns, 53, 1000, 1000)),
+        Verdict::Dns,
+        "T47 over TCP"
+    );
+    assert_eq!(
+        decide(&cfg, &l, udp(ns, 53, 1337)),
+        Verdict::Pass(Pass::Owner),
+        "T50"
+    );
+    assert_eq!(
+        decide(&cfg, &l, udp(ip4(10, 0, 0, 5), 53, 1000)),
+        Verdict::Pass(Pass::NotTcp),
+        "not a nameserver"
+    );
+    assert_eq!(
+        decide(&cfg, &l, udp(ns, 5000, 1000)),
+        Verdict::Pass(Pass::NotTcp),
+        "T16 stays"
+    );
+    // The proxy's port-53 connection to its own pod is not sent to 15006 under DNS capture.
+    assert_eq!(
+        decide(&cfg, &l, v4(POD4, 53, 1337, 1337)),
+        Verdict::Pass(Pass::Owner)
+    );
+    // An app's UDP DNS to a local resolver passes the lo-RETURN rule (TCP-only under DNS capture);
+    // not a nameserver, so it keeps its destination.
+    assert_eq!(
+        decide(&cfg, &Lists::default(), udp(ip4(127, 0, 0, 53), 53, 1000)),
+        Verdict::Pass(Pass::NotTcp)
+    );
+    cfg.flags |= FLAG_DNS_CAPTURE_ALL;
+    assert_eq!(
+        decide(&cfg, &l, udp(ip4(10, 0, 0, 5), 53, 1000)),
+        Verdict::Dns,
+        "T52"
+    );
+    assert_eq!(
+        decide(&cfg, &l, udp(ip4(127, 0, 0, 53), 53, 1000)),
+        Verdict::Dns,
+        "capture-all takes local resolvers too"
+    );
+    // Without DNS capture, UDP 53 is just UDP.
+    let plain = default_cfg();
+    assert_eq!(
+        decide(&plain, &l, udp(ns, 53, 1000)),
+        Verdict::Pass(Pass::NotTcp)
+    );
+}
+
+#[test]
+fn owner_groups() {
+    let remote = ip4(10, 0, 0, 5);
+    let mut cfg = default_cfg();
+    cfg.owner_group_mode = OWNER_GROUPS_INCLUDE;
+    cfg.owner_group_count = 2;
+    cfg.owner_groups[..2].copy_from_slice(&[202, 303]);
+    let l = Lists::default();
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1000, 202)),
+        Verdict::Outbound,
+        "T75 listed"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1000, 1000)),
+        Verdict::Pass(Pass::OwnerGroup),
+        "T75 not listed"
+    );
+    cfg.owner_group_count = 0;
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1000, 202)),
+        Verdict::Pass(Pass::OwnerGroup),
+        "empty include captures nothing"
+    );
+    cfg.owner_group_mode = OWNER_GROUPS_EXCLUDE;
+    cfg.owner_group_count = 1;
+    cfg.owner_groups[0] = 888;
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1000, 888)),
+        Verdict::Pass(Pass::OwnerGroup),
+        "T76"
+    );
+    assert_eq!(
+        decide(&cfg, &l, v4(remote, 80, 1000, 1000)),
+        Verdict::Outbound
     );
 }

@@ -39,7 +39,7 @@ pub struct CidrKey {
     pub netns_cookie: [u32; 2],
     pub list: u8,
     pub family: u8,
-    pub _pad: [u8; 2],
+    pub _pad: u16,
     /// Network order; an IPv4 address uses the first word only.
     pub addr: [u32; 4],
 }
@@ -54,7 +54,7 @@ impl CidrKey {
             netns_cookie: [netns_cookie as u32, (netns_cookie >> 32) as u32],
             list: list as u8,
             family: if ipv6 { CIDR_FAMILY_V6 } else { CIDR_FAMILY_V4 },
-            _pad: [0; 2],
+            _pad: 0,
             addr,
         }
     }

@@ -22,6 +22,9 @@ pub const SOCK_ACCEPTED_REDIRECTED: u32 = 1 << 2;
 /// The pod's inbound listener (15006). Its accepted sockets inherit the flag and, unless the
 /// hand-off names another destination, report their own local address as the original one.
 pub const SOCK_INBOUND_LISTENER: u32 = 1 << 3;
+/// A UDP socket that sent a datagram to a nameserver which capture redirected to the DNS proxy:
+/// replies from the proxy are reported as coming from `orig`.
+pub const SOCK_DNS_SENT: u32 = 1 << 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,5 +37,9 @@ pub struct SockState {
     /// The socket creator's credentials: iptables' owner match uses them, not the caller's.
     pub creator_uid: u32,
     pub creator_gid: u32,
+    /// The local port `orig` was rewritten to (15001, 15006, 15053).
+    pub redirected_port: u16,
+    pub _pad16: u16,
+    pub _pad32: u32,
 }
-const _: () = assert!(size_of::<SockState>() == 40);
+const _: () = assert!(size_of::<SockState>() == 48);

@@ -1,4 +1,6 @@
-//! `cgroup/connect4` and `cgroup/connect6`: the outbound decision, and the rewrite to the proxy.
+//! `cgroup/connect4/6` and `cgroup/sendmsg4/6`: the outbound decision, and the rewrite to the
+//! proxy. TCP connects are decided always; UDP only towards port 53 (DNS capture), on connect for
+//! connected sockets and on sendmsg for unconnected ones.
 //!
 //! Fail closed: a connection that should be decided but cannot be (no pod config for this netns,
 //! no socket storage to remember the original destination) is refused, never passed uncaptured.
@@ -11,8 +13,8 @@ use aya_ebpf::{
 };
 use capture_common::{
     config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
-    decision::{decide_tcp_connect, ip4, Connect, Pass, Verdict, LOCALHOST4, LOOPBACK6},
-    state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_REDIRECTED},
+    decision::{decide_outbound, ip4, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6},
+    state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_DNS_SENT, SOCK_REDIRECTED},
     AF_INET, AF_INET6,
 };
 
@@ -24,6 +26,7 @@ use crate::{
 };
 
 const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
 /// Word 2 of a v4-mapped IPv6 address (`::ffff:a.b.c.d`).
 pub const V4_MAPPED_PREFIX: u32 = ip4(0, 0, 0xff, 0xff);
 
@@ -33,7 +36,14 @@ pub enum ConnectError {
     NoSocketStorage,
 }
 
-/// Where a redirected connection goes instead.
+/// Which hook decides.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    Connect,
+    Sendmsg,
+}
+
+/// Where a redirected connection or datagram goes instead.
 struct Redirect {
     port: u16,
     /// Bind the socket to this pod address first (IPv4 in word 0), so that the proxy sees the pod
@@ -76,11 +86,17 @@ fn counter_for(verdict: Verdict) -> PodCounter {
     match verdict {
         Verdict::Outbound => PodCounter::RedirectedOutbound,
         Verdict::Inbound => PodCounter::RedirectedInbound,
+        Verdict::Dns => PodCounter::RedirectedDns,
         Verdict::Pass(Pass::Owner) => PodCounter::PassedOwner,
-        Verdict::Pass(
-            Pass::ExcludedPort | Pass::ExcludedCidr | Pass::NotIncluded | Pass::FamilyNotCaptured,
-        ) => PodCounter::PassedExcluded,
         Verdict::Pass(Pass::Local | Pass::InboundPassthroughSource) => PodCounter::PassedLocal,
+        Verdict::Pass(
+            Pass::ExcludedPort
+            | Pass::ExcludedCidr
+            | Pass::NotIncluded
+            | Pass::FamilyNotCaptured
+            | Pass::OwnerGroup
+            | Pass::NotTcp,
+        ) => PodCounter::PassedExcluded,
     }
 }
 
@@ -94,12 +110,29 @@ fn pod_address(cfg: &PodConfig, ipv6: bool) -> Option<[u32; 4]> {
     }
 }
 
-/// Decides one TCP connect and records the original destination; `Ok(None)` lets it through.
+#[inline(always)]
+fn port_of(user_port: u32) -> u16 {
+    u16::from_be(user_port as u16)
+}
+
+/// Is this call one capture decides? `Some(udp)` if so: every TCP connect, and UDP to port 53.
+#[inline(always)]
+fn admitted(sa: &bpf_sock_addr, call: Call) -> Option<bool> {
+    match sa.type_ {
+        SOCK_STREAM if call == Call::Connect => Some(false),
+        SOCK_DGRAM if port_of(sa.user_port) == DNS_PORT => Some(true),
+        _ => None,
+    }
+}
+
+/// Decides one connect or datagram and records the original destination; `Ok(None)` lets it
+/// through unchanged.
 #[inline(always)]
 fn decide(
     ctx: &SockAddrContext,
     sk: *mut bpf_sock,
     mut conn: Connect,
+    call: Call,
 ) -> Result<Option<Redirect>, ConnectError> {
     // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
@@ -112,14 +145,17 @@ fn decide(
     };
     (conn.uid, conn.gid) = owner(state);
 
-    let verdict = decide_tcp_connect(cfg, &MapLists { netns_cookie }, &conn);
+    let verdict = decide_outbound(cfg, &MapLists { netns_cookie }, &conn);
     bump_pod(netns_cookie, counter_for(verdict));
     let port = match verdict {
         Verdict::Outbound => cfg.outbound_port,
         Verdict::Inbound => cfg.inbound_port,
+        Verdict::Dns => cfg.dns_port,
         Verdict::Pass(_) => {
             // A socket may connect again after a failed attempt; forget an earlier rewrite.
-            state.flags &= !SOCK_REDIRECTED;
+            if call == Call::Connect {
+                state.flags &= !SOCK_REDIRECTED;
+            }
             return Ok(None);
         }
     };
@@ -129,8 +165,14 @@ fn decide(
         family: if conn.ipv6 { AF_INET6 } else { AF_INET },
     };
     state.netns_cookie = netns_cookie;
-    state.flags |= SOCK_REDIRECTED;
+    state.redirected_port = port;
+    state.flags |= if call == Call::Connect {
+        SOCK_REDIRECTED
+    } else {
+        SOCK_DNS_SENT
+    };
 
+    // Only TCP sockets are bound: a UDP socket bound without a port would not be given one.
     // A loopback destination keeps its loopback source, as routing would pick it.
     let dst_is_loopback = if conn.ipv6 {
         conn.dst == LOOPBACK6
@@ -138,7 +180,7 @@ fn decide(
         u32::from_be(conn.dst[0]) >> 24 == 127
     };
     let unbound = conn.src == [0; 4];
-    let bind_to = if unbound && !dst_is_loopback {
+    let bind_to = if !conn.udp && unbound && !dst_is_loopback {
         pod_address(cfg, conn.ipv6)
     } else {
         None
@@ -148,30 +190,44 @@ fn decide(
 
 /// Binds the socket's source address (the port is left to `connect()`). A failure only costs the
 /// peer-address parity, not capture, so it is ignored.
+///
+/// The sockaddr is built in a `u64` buffer with one volatile store per word and field: built as a
+/// struct or a zeroed array, its zeroing becomes a memset call, which BPF does not have ("number
+/// of funcs in func_info doesn't match number of subprogs").
 #[inline(always)]
-fn bind_source<T>(ctx: &SockAddrContext, addr: &mut T) {
-    // SAFETY: `addr` is a sockaddr on this program's stack; bpf_bind is permitted in connect
-    // programs and defers the port to connect().
-    let _ = unsafe {
-        bpf_bind(
-            ctx.sock_addr,
-            core::ptr::from_mut(addr).cast::<sockaddr>(),
-            size_of::<T>() as i32,
-        )
-    };
-}
-
-#[inline(always)]
-fn port_of(user_port: u32) -> u16 {
-    u16::from_be(user_port as u16)
-}
-
-#[inline(always)]
-pub fn try_connect4(ctx: &SockAddrContext) -> Result<(), ConnectError> {
-    let sa = sock_addr(ctx);
-    if sa.type_ != SOCK_STREAM {
-        return Ok(());
+fn bind_source(ctx: &SockAddrContext, ipv6: bool, addr: [u32; 4]) {
+    let mut buf = core::mem::MaybeUninit::<[u64; 4]>::uninit();
+    let p = buf.as_mut_ptr().cast::<u8>();
+    // SAFETY: every store is inside the 32-byte buffer, which is fully zeroed first; bpf_bind
+    // reads `len` bytes of it, is permitted in connect programs, and defers the port to connect().
+    unsafe {
+        for i in 0..4 {
+            core::ptr::write_volatile(p.cast::<u64>().add(i), 0);
+        }
+        let len = if ipv6 {
+            // sockaddr_in6: family at 0, port at 2 (0), flowinfo at 4 (0), address at 8.
+            core::ptr::write_volatile(p.cast::<u16>(), AF_INET6);
+            for (i, word) in addr.iter().enumerate() {
+                core::ptr::write_volatile(p.add(8 + 4 * i).cast::<u32>(), *word);
+            }
+            size_of::<SockaddrIn6>()
+        } else {
+            // sockaddr_in: family at 0, port at 2 (0), address at 4.
+            core::ptr::write_volatile(p.cast::<u16>(), AF_INET);
+            core::ptr::write_volatile(p.add(4).cast::<u32>(), addr[0]);
+            size_of::<SockaddrIn>()
+        };
+        let _ = bpf_bind(ctx.sock_addr, p.cast::<sockaddr>(), len as i32);
     }
+}
+
+/// `connect4` and `sendmsg4`.
+#[inline(always)]
+pub fn try_outbound4(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectError> {
+    let sa = sock_addr(ctx);
+    let Some(udp) = admitted(sa, call) else {
+        return Ok(());
+    };
     let sk = sock(sa);
     // SAFETY: `sk` is the context's socket, never null in sock_addr programs.
     let src = unsafe { (*sk).src_ip4 };
@@ -182,18 +238,13 @@ pub fn try_connect4(ctx: &SockAddrContext) -> Result<(), ConnectError> {
         src: [src, 0, 0, 0],
         uid: 0,
         gid: 0,
+        udp,
     };
-    let Some(redirect) = decide(ctx, sk, conn)? else {
+    let Some(redirect) = decide(ctx, sk, conn, call)? else {
         return Ok(());
     };
     if let Some(addr) = redirect.bind_to {
-        let mut sin = SockaddrIn {
-            family: AF_INET,
-            port: 0,
-            addr: addr[0],
-            zero: [0; 8],
-        };
-        bind_source(ctx, &mut sin);
+        bind_source(ctx, false, addr);
     }
     let sa = sock_addr(ctx);
     sa.user_ip4 = LOCALHOST4;
@@ -201,14 +252,14 @@ pub fn try_connect4(ctx: &SockAddrContext) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// IPv6, including v4-mapped destinations on dual-stack sockets: the kernel runs no connect4
-/// program for those, so they get the IPv4 decision here and stay v4-mapped.
+/// `connect6` and `sendmsg6`, including v4-mapped destinations on dual-stack sockets: the kernel
+/// runs no IPv4 program for those, so they get the IPv4 decision here and stay v4-mapped.
 #[inline(always)]
-pub fn try_connect6(ctx: &SockAddrContext) -> Result<(), ConnectError> {
+pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectError> {
     let sa = sock_addr(ctx);
-    if sa.type_ != SOCK_STREAM {
+    let Some(udp) = admitted(sa, call) else {
         return Ok(());
-    }
+    };
     let sk = sock(sa);
     let dst = [
         sa.user_ip6[0],
@@ -216,7 +267,7 @@ pub fn try_connect6(ctx: &SockAddrContext) -> Result<(), ConnectError> {
         sa.user_ip6[2],
         sa.user_ip6[3],
     ];
-    // SAFETY: as in connect4.
+    // SAFETY: as in try_outbound4.
     let src = unsafe {
         [
             (*sk).src_ip6[0],
@@ -226,6 +277,7 @@ pub fn try_connect6(ctx: &SockAddrContext) -> Result<(), ConnectError> {
         ]
     };
     let mapped = dst[0] == 0 && dst[1] == 0 && dst[2] == V4_MAPPED_PREFIX;
+    let dst_port = port_of(sa.user_port);
     let conn = if mapped {
         let src4 = if src[2] == V4_MAPPED_PREFIX {
             src[3]
@@ -236,25 +288,23 @@ pub fn try_connect6(ctx: &SockAddrContext) -> Result<(), ConnectError> {
             ipv6: false,
             dst: [dst[3], 0, 0, 0],
             src: [src4, 0, 0, 0],
-            dst_port: 0,
+            dst_port,
             uid: 0,
             gid: 0,
+            udp,
         }
     } else {
         Connect {
             ipv6: true,
             dst,
             src,
-            dst_port: 0,
+            dst_port,
             uid: 0,
             gid: 0,
+            udp,
         }
     };
-    let conn = Connect {
-        dst_port: port_of(sa.user_port),
-        ..conn
-    };
-    let Some(redirect) = decide(ctx, sk, conn)? else {
+    let Some(redirect) = decide(ctx, sk, conn, call)? else {
         return Ok(());
     };
     let (to, bind) = if mapped {
@@ -264,14 +314,7 @@ pub fn try_connect6(ctx: &SockAddrContext) -> Result<(), ConnectError> {
         (LOOPBACK6, redirect.bind_to)
     };
     if let Some(addr) = bind {
-        let mut sin6 = SockaddrIn6 {
-            family: AF_INET6,
-            port: 0,
-            flowinfo: 0,
-            addr,
-            scope_id: 0,
-        };
-        bind_source(ctx, &mut sin6);
+        bind_source(ctx, true, addr);
     }
     let sa = sock_addr(ctx);
     // The verifier accepts only 4-byte stores into user_ip6.

@@ -39,12 +39,34 @@ fn connect_verdict(result: Result<(), connect::ConnectError>) -> i32 {
 
 #[cgroup_sock_addr(connect4)]
 pub fn capture_connect4(ctx: SockAddrContext) -> i32 {
-    connect_verdict(connect::try_connect4(&ctx))
+    connect_verdict(connect::try_outbound4(&ctx, connect::Call::Connect))
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn capture_connect6(ctx: SockAddrContext) -> i32 {
-    connect_verdict(connect::try_connect6(&ctx))
+    connect_verdict(connect::try_outbound6(&ctx, connect::Call::Connect))
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn capture_sendmsg4(ctx: SockAddrContext) -> i32 {
+    connect_verdict(connect::try_outbound4(&ctx, connect::Call::Sendmsg))
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn capture_sendmsg6(ctx: SockAddrContext) -> i32 {
+    connect_verdict(connect::try_outbound6(&ctx, connect::Call::Sendmsg))
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn capture_recvmsg4(ctx: SockAddrContext) -> i32 {
+    peer::on_recvmsg4(&ctx);
+    PROCEED
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn capture_recvmsg6(ctx: SockAddrContext) -> i32 {
+    peer::on_recvmsg6(&ctx);
+    PROCEED
 }
 
 #[cgroup_sock_addr(getpeername4)]

@@ -1,8 +1,13 @@
-//! `cgroup/getpeername4/6`: the app's redirected socket reports the destination it asked for,
-//! as it does under iptables (NAT rewrites packets, not the socket).
+//! `cgroup/getpeername4/6` and `cgroup/recvmsg4/6`: the app's redirected socket reports the
+//! destination it asked for, and DNS replies from the DNS proxy come from the nameserver the app
+//! asked, as they do under iptables (NAT rewrites packets, not the socket).
 
 use aya_ebpf::programs::SockAddrContext;
-use capture_common::{state::SOCK_REDIRECTED, AF_INET};
+use capture_common::{
+    decision::{LOCALHOST4, LOOPBACK6},
+    state::{SOCK_DNS_SENT, SOCK_REDIRECTED},
+    AF_INET,
+};
 
 use crate::storage;
 
@@ -41,6 +46,65 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
     };
     // SAFETY: as above.
     let sa = unsafe { &mut *ctx.sock_addr };
+    sa.user_ip6[0] = addr[0];
+    sa.user_ip6[1] = addr[1];
+    sa.user_ip6[2] = addr[2];
+    sa.user_ip6[3] = addr[3];
+    sa.user_port = u32::from(orig.port.to_be());
+}
+
+/// The original destination of a redirected UDP socket, if the datagram (from `src`:`port`, as
+/// the context reports it) came from where capture sent the socket's queries.
+#[inline(always)]
+fn dns_reply_origin(
+    ctx: &SockAddrContext,
+    from_proxy: bool,
+    port: u16,
+) -> Option<capture_common::state::OriginalDst> {
+    // SAFETY: the context and its socket pointer are valid for the whole program run.
+    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
+    let state = storage::get(sk.cast())?;
+    let redirected = state.flags & (SOCK_DNS_SENT | SOCK_REDIRECTED) != 0;
+    (redirected && from_proxy && port == state.redirected_port && state.orig.port == 53)
+        .then_some(state.orig)
+}
+
+#[inline(always)]
+pub fn on_recvmsg4(ctx: &SockAddrContext) {
+    // SAFETY: as above.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let port = u16::from_be(sa.user_port as u16);
+    let Some(orig) = dns_reply_origin(ctx, sa.user_ip4 == LOCALHOST4, port) else {
+        return;
+    };
+    if orig.family != AF_INET {
+        return;
+    }
+    sa.user_ip4 = orig.addr[0];
+    sa.user_port = u32::from(orig.port.to_be());
+}
+
+#[inline(always)]
+pub fn on_recvmsg6(ctx: &SockAddrContext) {
+    // SAFETY: as above.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let from = [
+        sa.user_ip6[0],
+        sa.user_ip6[1],
+        sa.user_ip6[2],
+        sa.user_ip6[3],
+    ];
+    let mapped_localhost = [0, 0, crate::connect::V4_MAPPED_PREFIX, LOCALHOST4];
+    let from_proxy = from == LOOPBACK6 || from == mapped_localhost;
+    let port = u16::from_be(sa.user_port as u16);
+    let Some(orig) = dns_reply_origin(ctx, from_proxy, port) else {
+        return;
+    };
+    let addr = if orig.family == AF_INET {
+        [0, 0, crate::connect::V4_MAPPED_PREFIX, orig.addr[0]]
+    } else {
+        orig.addr
+    };
     sa.user_ip6[0] = addr[0];
     sa.user_ip6[1] = addr[1];
     sa.user_ip6[2] = addr[2];

@@ -1,4 +1,4 @@
-//! `cgroup/sock_create`: remember who created each TCP socket, and in which netns.
+//! `cgroup/sock_create`: remember who created each TCP and UDP socket, and in which netns.
 //!
 //! iptables' owner match judges a socket by its creator's credentials, not by whoever calls
 //! `connect()` later (spec E.12, T83); only this hook runs in the creator's context.
@@ -13,6 +13,7 @@ use capture_common::{config::NodeError, state::SOCK_CREATOR_KNOWN, AF_INET, AF_I
 use crate::{counters::bump_node, storage};
 
 const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
 
 /// Fails open: a socket without a recorded creator is judged by its caller's credentials at
 /// `connect()`, which matches iptables except for sockets handed between users.
@@ -21,7 +22,10 @@ pub fn on_sock_create(ctx: &SockContext) {
     // SAFETY: the context pointer is valid for the whole program run.
     let sk = unsafe { &*ctx.sock };
     let family = sk.family as u16;
-    if sk.type_ != SOCK_STREAM || (family != AF_INET && family != AF_INET6) {
+    // UDP too: DNS capture judges UDP sockets by their creator as well.
+    if (sk.type_ != SOCK_STREAM && sk.type_ != SOCK_DGRAM)
+        || (family != AF_INET && family != AF_INET6)
+    {
         return;
     }
     let Some(state) = storage::get_or_create(ctx.sock.cast()) else {

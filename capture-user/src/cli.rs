@@ -53,6 +53,8 @@ pub enum Command {
         proxy_gid: Option<IdList>,
         #[arg(long, value_enum, default_value_t = Mode::Ebpf)]
         mode: Mode,
+        #[command(flatten)]
+        mesh: MeshArgs,
     },
     /// Stop capturing a pod and remove everything attach created for it.
     Detach {
@@ -87,6 +89,10 @@ pub enum Command {
         /// The proxy's gid(s) (default: the uids).
         #[arg(long, value_parser = parse_id_list)]
         proxy_gid: Option<IdList>,
+        /// As for attach. DNS capture through the agent captures every port-53 destination (the
+        /// CNI path's default), unless nameservers are given.
+        #[command(flatten)]
+        mesh: MeshArgs,
     },
     /// Copy capture-cni into the CNI bin directory and chain it last in the node's active network
     /// configuration (idempotent; other plugins, key order and indentation are kept).
@@ -145,6 +151,41 @@ pub enum Outcome {
     NotCaptured(String),
 }
 
+/// Settings Istio takes from the mesh config and the proxy's environment, not from pod
+/// annotations (a pod's `proxy.istio.io/config` still turns DNS capture on or off).
+#[derive(Debug, Default, clap::Args)]
+pub struct MeshArgs {
+    /// Capture DNS (ISTIO_META_DNS_CAPTURE) for pods that do not say otherwise.
+    #[arg(long)]
+    pub redirect_dns: bool,
+    /// With DNS capture, capture every port-53 destination, not only the nameservers.
+    #[arg(long)]
+    pub capture_all_dns: bool,
+    /// A nameserver of the pod's resolv.conf whose DNS is captured; repeatable.
+    #[arg(long = "dns-nameserver")]
+    pub dns_nameservers: Vec<IpAddr>,
+    /// ISTIO_OUTBOUND_OWNER_GROUPS: only sockets of these primary groups (gids or names) are
+    /// captured; `*` (default) is every group.
+    #[arg(long)]
+    pub owner_groups: Option<String>,
+    /// ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: with `--owner-groups '*'`, groups never captured.
+    #[arg(long)]
+    pub owner_groups_exclude: Option<String>,
+}
+
+impl MeshArgs {
+    #[must_use]
+    pub fn into_defaults(self) -> crate::config::MeshDefaults {
+        crate::config::MeshDefaults {
+            redirect_dns: self.redirect_dns,
+            capture_all_dns: self.capture_all_dns,
+            nameservers: self.dns_nameservers,
+            owner_groups: self.owner_groups,
+            owner_groups_exclude: self.owner_groups_exclude,
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct CniDirs {
     #[arg(long, default_value = "/opt/cni/bin")]
@@ -165,6 +206,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_uid,
             proxy_gid,
             mode,
+            mesh,
         } => {
             let req = AttachRequest {
                 netns,
@@ -174,6 +216,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     annotations: annotations.into_iter().collect(),
                     proxy_uids: proxy_uid.unwrap_or_default().0,
                     proxy_gids: proxy_gid.unwrap_or_default().0,
+                    mesh: mesh.into_defaults(),
                 },
                 mode,
                 pod: None,
@@ -222,7 +265,10 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             mode,
             proxy_uid,
             proxy_gid,
+            mesh,
         } => {
+            let mut mesh = mesh.into_defaults();
+            mesh.capture_all_dns |= mesh.nameservers.is_empty();
             let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
             crate::agent::run(crate::agent::AgentConfig {
                 paths,
@@ -231,6 +277,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 mode,
                 proxy_uids: proxy_uid.unwrap_or_default().0,
                 proxy_gids: proxy_gid.unwrap_or_default().0,
+                mesh,
             })?;
         }
         Command::InstallCni {

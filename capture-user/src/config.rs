@@ -22,11 +22,18 @@ pub const ANN_KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInte
 pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
 pub const ANN_INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
 pub const ANN_STATUS_PORT: &str = "status.sidecar.istio.io/port";
+/// Proxy configuration; capture reads `proxyMetadata.ISTIO_META_DNS_CAPTURE` from it.
+pub const ANN_PROXY_CONFIG: &str = "proxy.istio.io/config";
+pub const DNS_CAPTURE_METADATA: &str = "ISTIO_META_DNS_CAPTURE";
 
 pub const DEFAULT_PROXY_ID: u32 = 1337;
 pub const OUTBOUND_PORT: u16 = 15001;
 pub const INBOUND_PORT: u16 = 15006;
 pub const TUNNEL_PORT: u16 = 15008;
+/// The istio-agent's DNS proxy.
+pub const DNS_PORT: u16 = 15053;
+/// How many owner groups one pod may name (the kernel loop bound).
+pub const MAX_OWNER_GROUPS: usize = capture_common::config::MAX_OWNER_GROUPS;
 pub const DEFAULT_STATUS_PORT: u16 = 15020;
 /// Ports the injector always excludes from inbound capture, before the annotation's.
 pub const ALWAYS_EXCLUDED_INBOUND_PORTS: [u16; 2] = [15090, 15021];
@@ -49,6 +56,8 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Pod(String),
+    #[error("owner groups {value:?}: {reason}")]
+    OwnerGroups { value: String, reason: String },
 }
 
 /// `*` or an explicit list.
@@ -63,6 +72,30 @@ pub enum Selection<T> {
 #[serde(rename_all = "UPPERCASE")]
 pub enum InterceptionMode {
     Redirect,
+}
+
+/// DNS capture (`--redirect-dns`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsCapture {
+    /// Every port-53 destination (the CNI path's default), not only the nameservers.
+    pub capture_all: bool,
+    /// The pod's resolv.conf nameservers (used when not capturing all).
+    pub nameservers: Vec<IpAddr>,
+    /// The DNS proxy's port (15053).
+    pub port: u16,
+}
+
+/// Whose traffic is captured, by the socket's primary group (`ISTIO_OUTBOUND_OWNER_GROUPS`,
+/// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OwnerGroups {
+    /// `*` and no exclusions: every group.
+    All,
+    /// Only these gids (an empty list captures nothing).
+    Only(Vec<u32>),
+    /// Every gid but these.
+    AllBut(Vec<u32>),
 }
 
 /// Everything capture needs to know about one pod, validated.
@@ -84,6 +117,28 @@ pub struct CaptureConfig {
     pub exclude_inbound_ports: Vec<u16>,
     /// Istio's `HostIPv4LoopbackCidr`.
     pub host_loopback_cidr: Ipv4Net,
+    #[serde(default)]
+    pub dns: Option<DnsCapture>,
+    #[serde(default = "all_owner_groups")]
+    pub owner_groups: OwnerGroups,
+}
+
+fn all_owner_groups() -> OwnerGroups {
+    OwnerGroups::All
+}
+
+/// Node-wide capture settings that Istio takes from the mesh config or the proxy's environment
+/// rather than from pod annotations; a pod's `proxy.istio.io/config` can override DNS capture.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MeshDefaults {
+    /// `ISTIO_META_DNS_CAPTURE` for pods that do not set it.
+    pub redirect_dns: bool,
+    pub capture_all_dns: bool,
+    pub nameservers: Vec<IpAddr>,
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS` (default `*`).
+    pub owner_groups: Option<String>,
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`.
+    pub owner_groups_exclude: Option<String>,
 }
 
 /// What the caller knows about a pod before validation.
@@ -95,6 +150,7 @@ pub struct PodSpec {
     pub proxy_uids: Vec<u32>,
     /// Empty means "the same as the uids", as with `istio-iptables -g`.
     pub proxy_gids: Vec<u32>,
+    pub mesh: MeshDefaults,
 }
 
 fn bad(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
@@ -293,7 +349,12 @@ impl CaptureConfig {
             }
         });
 
+        let dns = dns_capture(spec, ann(ANN_PROXY_CONFIG))?;
+        let owner_groups = owner_groups(&spec.mesh)?;
+
         Ok(Self {
+            dns,
+            owner_groups,
             pod_ip4,
             pod_ip6,
             proxy_uids,
@@ -319,6 +380,95 @@ impl CaptureConfig {
             Selection::All => false,
             Selection::List(cidrs) => cidrs.iter().any(|c| c.network().is_loopback()),
         }
+    }
+}
+
+/// Is DNS capture on for this pod? The pod's `proxy.istio.io/config` proxyMetadata overrides the
+/// mesh default. On, without capture-all and without nameservers, it is off (as Istio's).
+fn dns_capture(
+    spec: &PodSpec,
+    proxy_config: Option<&str>,
+) -> Result<Option<DnsCapture>, ConfigError> {
+    let mut on = spec.mesh.redirect_dns;
+    if let Some(text) = proxy_config {
+        let bad_yaml = |reason: String| bad(ANN_PROXY_CONFIG, text, reason);
+        let doc: serde_yaml::Value =
+            serde_yaml::from_str(text).map_err(|e| bad_yaml(format!("not YAML or JSON: {e}")))?;
+        if let Some(v) = doc
+            .get("proxyMetadata")
+            .and_then(|m| m.get(DNS_CAPTURE_METADATA))
+        {
+            let s = match v {
+                serde_yaml::Value::String(s) => s.clone(),
+                serde_yaml::Value::Bool(b) => b.to_string(),
+                other => {
+                    return Err(bad_yaml(format!(
+                    "proxyMetadata.{DNS_CAPTURE_METADATA} is {other:?}, not \"true\" or \"false\""
+                )))
+                }
+            };
+            on = match s.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" => true,
+                "false" | "0" | "" => false,
+                _ => {
+                    return Err(bad_yaml(format!(
+                        "proxyMetadata.{DNS_CAPTURE_METADATA}={s:?} is not true or false"
+                    )))
+                }
+            };
+        }
+    }
+    if !on || (!spec.mesh.capture_all_dns && spec.mesh.nameservers.is_empty()) {
+        return Ok(None);
+    }
+    Ok(Some(DnsCapture {
+        capture_all: spec.mesh.capture_all_dns,
+        nameservers: spec.mesh.nameservers.clone(),
+        port: DNS_PORT,
+    }))
+}
+
+/// Numeric gids or group names (resolved through the node's group database).
+fn group_ids(value: &str) -> Result<Vec<u32>, ConfigError> {
+    let err = |reason: String| ConfigError::OwnerGroups {
+        value: value.into(),
+        reason,
+    };
+    items(value)
+        .map(|g| match g.parse::<u32>() {
+            Ok(id) => Ok(id),
+            Err(_) => nix::unistd::Group::from_name(g)
+                .ok()
+                .flatten()
+                .map(|gr| gr.gid.as_raw())
+                .ok_or_else(|| err(format!("{g:?} is neither a gid nor a known group name"))),
+        })
+        .collect()
+}
+
+fn owner_groups(mesh: &MeshDefaults) -> Result<OwnerGroups, ConfigError> {
+    let include = mesh.owner_groups.as_deref().unwrap_or("*");
+    let groups = if include.trim() == "*" {
+        let exclude = group_ids(mesh.owner_groups_exclude.as_deref().unwrap_or(""))?;
+        if exclude.is_empty() {
+            OwnerGroups::All
+        } else {
+            OwnerGroups::AllBut(exclude)
+        }
+    } else {
+        OwnerGroups::Only(group_ids(include)?)
+    };
+    match &groups {
+        OwnerGroups::Only(g) | OwnerGroups::AllBut(g) if g.len() > MAX_OWNER_GROUPS => {
+            Err(ConfigError::OwnerGroups {
+                value: include.into(),
+                reason: format!(
+                    "{} groups given; capture supports at most {MAX_OWNER_GROUPS}",
+                    g.len()
+                ),
+            })
+        }
+        _ => Ok(groups),
     }
 }
 

@@ -43,6 +43,7 @@ pub struct AgentConfig {
     pub mode: ModeChoice,
     pub proxy_uids: Vec<u32>,
     pub proxy_gids: Vec<u32>,
+    pub mesh: crate::config::MeshDefaults,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +127,7 @@ impl Agent {
                 annotations: pod.annotations,
                 proxy_uids: self.cfg.proxy_uids.clone(),
                 proxy_gids: self.cfg.proxy_gids.clone(),
+                mesh: self.cfg.mesh.clone(),
             },
             mode: self.mode,
             pod: Some(pod.pod.clone()),

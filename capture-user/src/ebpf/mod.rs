@@ -81,7 +81,12 @@ impl EbpfBackend {
             path: dir.clone(),
             source,
         })?;
-        for (hook, prog) in &self.node.programs {
+        for (hook, prog) in self
+            .node
+            .programs
+            .iter()
+            .filter(|(h, _)| !h.dns_only || cfg.dns.is_some())
+        {
             let (target, target_name) = match hook.target {
                 Target::Cgroup => (
                     pod.cgroup.as_fd(),
@@ -127,10 +132,11 @@ impl EbpfBackend {
 
     /// Hooks whose link pin is missing for the pod (empty when capture is fully in place).
     #[must_use]
-    pub fn missing_hooks(&self, netns_cookie: u64) -> Vec<&'static str> {
+    pub fn missing_hooks(&self, netns_cookie: u64, cfg: &CaptureConfig) -> Vec<&'static str> {
         let dir = self.paths.pod_links_dir(netns_cookie);
         let mut missing: Vec<_> = HOOKS
             .iter()
+            .filter(|h| !h.dns_only || cfg.dns.is_some())
             .filter(|h| sys::obj_get(&dir.join(h.program)).is_err())
             .map(|h| h.hook)
             .collect();
@@ -196,7 +202,7 @@ impl Backend for EbpfBackend {
     }
 
     fn missing(&self, record: &PodRecord) -> Vec<String> {
-        self.missing_hooks(record.netns_cookie)
+        self.missing_hooks(record.netns_cookie, &record.config)
             .into_iter()
             .map(String::from)
             .collect()

@@ -3,11 +3,12 @@
 use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use capture_common::{
     config::{
-        ListKind, PodConfig, PodCounters, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS,
-        FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
-        FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
-        FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK,
-        MAX_PROXY_IDS,
+        ListKind, PodConfig, PodCounters, FLAG_DNS_CAPTURE, FLAG_DNS_CAPTURE_ALL,
+        FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS, FLAG_HAS_EXCLUDE_OUTBOUND_PORTS,
+        FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS, FLAG_HAS_INCLUDE_OUTBOUND_PORTS,
+        FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6, FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND,
+        FLAG_INCLUDE_COVERS_LOOPBACK, MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL,
+        OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE,
     },
     keys::{CidrKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
     AF_INET, AF_INET6,
@@ -15,7 +16,7 @@ use capture_common::{
 use ipnet::IpNet;
 
 use super::programs::Maps;
-use crate::config::{CaptureConfig, Selection};
+use crate::config::{CaptureConfig, OwnerGroups, Selection};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodMapsError {
@@ -78,8 +79,18 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
         inbound_all && !cfg.exclude_inbound_ports.is_empty(),
         FLAG_HAS_EXCLUDE_INBOUND_PORTS,
     );
+    set(cfg.dns.is_some(), FLAG_DNS_CAPTURE);
+    set(
+        cfg.dns.as_ref().is_some_and(|d| d.capture_all),
+        FLAG_DNS_CAPTURE_ALL,
+    );
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
+    let (owner_group_mode, owner_groups): (u32, &[u32]) = match &cfg.owner_groups {
+        OwnerGroups::All => (OWNER_GROUPS_ALL, &[]),
+        OwnerGroups::Only(g) => (OWNER_GROUPS_INCLUDE, g),
+        OwnerGroups::AllBut(g) => (OWNER_GROUPS_EXCLUDE, g),
+    };
     PodConfig {
         flags,
         proxy_uid_count: cfg.proxy_uids.len() as u32,
@@ -93,7 +104,14 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
         outbound_port: cfg.outbound_port,
         inbound_port: cfg.inbound_port,
         tunnel_port: cfg.tunnel_port,
-        _pad: 0,
+        dns_port: cfg.dns.as_ref().map_or(crate::config::DNS_PORT, |d| d.port),
+        owner_group_mode,
+        owner_group_count: owner_groups.len() as u32,
+        owner_groups: {
+            let mut g = [0; MAX_OWNER_GROUPS];
+            g[..owner_groups.len()].copy_from_slice(owner_groups);
+            g
+        },
     }
 }
 
@@ -146,15 +164,26 @@ fn pod_addr_keys(cfg: &CaptureConfig) -> Vec<PodAddrKey> {
     v4.into_iter().chain(v6).collect()
 }
 
-fn cidr_entries(cfg: &CaptureConfig) -> impl Iterator<Item = (ListKind, &IpNet)> + '_ {
+fn cidr_entries(cfg: &CaptureConfig) -> Vec<(ListKind, IpNet)> {
     let include: &[IpNet] = match &cfg.include_outbound_cidrs {
         Selection::All => &[],
         Selection::List(l) => l,
     };
+    let nameservers = cfg
+        .dns
+        .as_ref()
+        .map(|d| d.nameservers.as_slice())
+        .unwrap_or_default();
     cfg.exclude_outbound_cidrs
         .iter()
-        .map(|n| (ListKind::ExcludeOutboundCidrs, n))
-        .chain(include.iter().map(|n| (ListKind::IncludeOutboundCidrs, n)))
+        .map(|n| (ListKind::ExcludeOutboundCidrs, *n))
+        .chain(include.iter().map(|n| (ListKind::IncludeOutboundCidrs, *n)))
+        .chain(
+            nameservers
+                .iter()
+                .map(|a| (ListKind::DnsNameservers, IpNet::from(*a))),
+        )
+        .collect()
 }
 
 const FULL_HINT: &str =
@@ -190,7 +219,7 @@ pub fn install(
     }
     for (list, net) in cidr_entries(cfg) {
         maps.cidr_lists
-            .insert(&cidr_key(netns_cookie, list, net), 1, 0)
+            .insert(&cidr_key(netns_cookie, list, &net), 1, 0)
             .map_err(write(format!("{list:?} CIDR {net}")))?;
     }
     maps.pod_configs

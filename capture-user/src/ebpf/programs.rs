@@ -43,59 +43,97 @@ pub struct Hook {
     /// The hook as people call it.
     pub hook: &'static str,
     pub target: Target,
+    /// Only pods with DNS capture need it (UDP hooks run on every datagram).
+    pub dns_only: bool,
 }
 
 /// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers,
 /// listener registration) is in place before sk_lookup and connect4/6 start steering. Detach runs
 /// in reverse, so steering stops first.
-pub const HOOKS: [Hook; 8] = [
+pub const HOOKS: [Hook; 12] = [
     Hook {
         program: "capture_sock_create",
         attach_type: 2,
         hook: "cgroup/sock_create",
         target: Target::Cgroup,
+        dns_only: false,
     },
     Hook {
         program: "capture_sock_ops",
         attach_type: 3,
         hook: "sock_ops",
         target: Target::Cgroup,
+        dns_only: false,
     },
     Hook {
         program: "capture_getsockopt",
         attach_type: 21,
         hook: "cgroup/getsockopt",
         target: Target::Cgroup,
+        dns_only: false,
     },
     Hook {
         program: "capture_getpeername4",
         attach_type: 29,
         hook: "cgroup/getpeername4",
         target: Target::Cgroup,
+        dns_only: false,
     },
     Hook {
         program: "capture_getpeername6",
         attach_type: 30,
         hook: "cgroup/getpeername6",
         target: Target::Cgroup,
+        dns_only: false,
+    },
+    Hook {
+        program: "capture_recvmsg4",
+        attach_type: 19,
+        hook: "cgroup/recvmsg4",
+        target: Target::Cgroup,
+        dns_only: true,
+    },
+    Hook {
+        program: "capture_recvmsg6",
+        attach_type: 20,
+        hook: "cgroup/recvmsg6",
+        target: Target::Cgroup,
+        dns_only: true,
     },
     Hook {
         program: "capture_sk_lookup",
         attach_type: 36,
         hook: "sk_lookup",
         target: Target::Netns,
+        dns_only: false,
+    },
+    Hook {
+        program: "capture_sendmsg4",
+        attach_type: 14,
+        hook: "cgroup/sendmsg4",
+        target: Target::Cgroup,
+        dns_only: true,
+    },
+    Hook {
+        program: "capture_sendmsg6",
+        attach_type: 15,
+        hook: "cgroup/sendmsg6",
+        target: Target::Cgroup,
+        dns_only: true,
     },
     Hook {
         program: "capture_connect4",
         attach_type: 10,
         hook: "cgroup/connect4",
         target: Target::Cgroup,
+        dns_only: false,
     },
     Hook {
         program: "capture_connect6",
         attach_type: 11,
         hook: "cgroup/connect6",
         target: Target::Cgroup,
+        dns_only: false,
     },
 ];
 

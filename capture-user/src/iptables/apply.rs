@@ -7,7 +7,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use super::rules::{nat_rules, restore_input, Family, NAT_CHAINS};
+use super::rules::{nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS};
 use crate::config::CaptureConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -108,30 +108,48 @@ pub fn apply(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
     Ok(())
 }
 
+/// The lines that undo one table's rules: its jumps from the built-in chains deleted, then its
+/// chains flushed and deleted.
+fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = rules
+        .iter()
+        .filter_map(|rule| {
+            ["PREROUTING", "OUTPUT"].iter().find_map(|builtin| {
+                rule.strip_prefix(&format!("-A {builtin} "))
+                    .map(|jump| format!("-D {builtin} {jump}"))
+            })
+        })
+        .collect();
+    out.extend(chains.iter().map(|c| format!("-F {c}")));
+    out.extend(chains.iter().map(|c| format!("-X {c}")));
+    out
+}
+
 /// The restore input that removes exactly what `apply` wrote for one family.
 #[must_use]
 pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
-    let mut out = String::from("* nat\n");
-    for rule in nat_rules(cfg, family) {
-        if let Some(jump) = rule
-            .strip_prefix("-A PREROUTING ")
-            .or_else(|| rule.strip_prefix("-A OUTPUT "))
-        {
-            let chain = if rule.starts_with("-A PREROUTING") {
-                "PREROUTING"
+    let mut out = String::new();
+    for (name, lines) in [
+        ("nat", undo(&nat_rules(cfg, family), &nat_chains(cfg))),
+        (
+            "raw",
+            if cfg.dns.is_some() {
+                undo(&raw_rules(cfg, family), &RAW_CHAINS)
             } else {
-                "OUTPUT"
-            };
-            out.push_str(&format!("-D {chain} {jump}\n"));
+                Vec::new()
+            },
+        ),
+    ] {
+        if lines.is_empty() {
+            continue;
         }
+        out.push_str(&format!("* {name}\n"));
+        for l in lines {
+            out.push_str(&l);
+            out.push('\n');
+        }
+        out.push_str("COMMIT\n");
     }
-    for chain in NAT_CHAINS {
-        out.push_str(&format!("-F {chain}\n"));
-    }
-    for chain in NAT_CHAINS {
-        out.push_str(&format!("-X {chain}\n"));
-    }
-    out.push_str("COMMIT\n");
     out
 }
 
@@ -166,7 +184,7 @@ pub fn missing(netns: &Path, cfg: &CaptureConfig) -> Vec<String> {
                 continue;
             }
         };
-        for chain in NAT_CHAINS {
+        for chain in nat_chains(cfg) {
             if !saved.lines().any(|l| l.starts_with(&format!(":{chain} "))) {
                 missing.push(format!("{family:?} chain {chain}"));
             }

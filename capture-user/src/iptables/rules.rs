@@ -1,9 +1,11 @@
 //! Rule generation for `iptables-restore` / `ip6tables-restore`, in the emission order of Istio's
-//! `istio-iptables` (spec section B), REDIRECT mode.
+//! `istio-iptables` (spec section B), REDIRECT mode, with its DNS and owner-group variants.
+
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::config::{CaptureConfig, Selection};
+use crate::config::{CaptureConfig, DnsCapture, OwnerGroups, Selection};
 
 /// Which of the two rule sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +21,30 @@ impl Family {
             (Self::V4, IpNet::V4(_)) | (Self::V6, IpNet::V6(_))
         )
     }
+
+    /// The family's nameservers, as host prefixes.
+    fn nameservers(self, dns: &DnsCapture) -> Vec<IpNet> {
+        dns.nameservers
+            .iter()
+            .map(|a: &IpAddr| IpNet::from(*a))
+            .filter(|n| self.owns(n))
+            .collect()
+    }
+}
+
+/// The DNS chain, present only with DNS capture.
+pub const DNS_CHAIN: &str = "ISTIO_OUTPUT_DNS";
+/// The chains of the raw table (conntrack zones for DNS).
+pub const RAW_CHAINS: [&str; 2] = ["ISTIO_OUTPUT_DNS", "ISTIO_INBOUND"];
+
+/// The nat chains a pod's rules use.
+#[must_use]
+pub fn nat_chains(cfg: &CaptureConfig) -> Vec<&'static str> {
+    let mut c = NAT_CHAINS.to_vec();
+    if cfg.dns.is_some() {
+        c.push(DNS_CHAIN);
+    }
+    c
 }
 
 /// The chains capture creates in the nat table (and removes on detach).
@@ -39,7 +65,8 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         ),
         Family::V6 => ("::6/128".to_string(), "::1/128".to_string()),
     };
-    let mut r: Vec<String> = NAT_CHAINS.iter().map(|c| format!("-N {c}")).collect();
+    let mut r: Vec<String> = nat_chains(cfg).iter().map(|c| format!("-N {c}")).collect();
+    let dns = cfg.dns.as_ref();
     r.push(format!(
         "-A ISTIO_INBOUND -p tcp --dport {} -j RETURN",
         cfg.tunnel_port
@@ -88,17 +115,69 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         ("--uid-owner", &cfg.proxy_uids),
         ("--gid-owner", &cfg.proxy_gids),
     ] {
+        // Under DNS capture the uid rules spare port 53 from the inbound redirect, and every
+        // lo-RETURN rule spares DNS (B9/B10 in the DNS golden).
+        let spared = if dns.is_some() && flag == "--uid-owner" {
+            format!("-m multiport ! --dports 53,{}", cfg.tunnel_port)
+        } else {
+            format!("! --dport {}", cfg.tunnel_port)
+        };
+        let lo_match = if dns.is_some() {
+            "-o lo -p tcp ! --dport 53"
+        } else {
+            "-o lo"
+        };
         for id in ids {
             r.push(format!(
-                "-A ISTIO_OUTPUT -o lo ! -d {host_loopback} -p tcp ! --dport {} -m owner {flag} {id} -j ISTIO_IN_REDIRECT",
-                cfg.tunnel_port
+                "-A ISTIO_OUTPUT -o lo ! -d {host_loopback} -p tcp {spared} -m owner {flag} {id} -j ISTIO_IN_REDIRECT"
             ));
             if !no_lo_return {
                 r.push(format!(
-                    "-A ISTIO_OUTPUT -o lo -m owner ! {flag} {id} -j RETURN"
+                    "-A ISTIO_OUTPUT {lo_match} -m owner ! {flag} {id} -j RETURN"
                 ));
             }
             r.push(format!("-A ISTIO_OUTPUT -m owner {flag} {id} -j RETURN"));
+        }
+    }
+    match &cfg.owner_groups {
+        OwnerGroups::All => {}
+        OwnerGroups::Only(groups) => {
+            let not_listed: String = groups
+                .iter()
+                .map(|g| format!(" -m owner ! --gid-owner {g}"))
+                .collect();
+            r.push(format!("-A ISTIO_OUTPUT{not_listed} -j RETURN"));
+        }
+        OwnerGroups::AllBut(groups) => {
+            r.extend(
+                groups
+                    .iter()
+                    .map(|g| format!("-A ISTIO_OUTPUT -m owner --gid-owner {g} -j RETURN")),
+            );
+        }
+    }
+    if let Some(dns) = dns {
+        r.push(format!("-A ISTIO_OUTPUT -j {DNS_CHAIN}"));
+        let targets: Vec<String> = if dns.capture_all {
+            vec![String::new()]
+        } else {
+            family
+                .nameservers(dns)
+                .iter()
+                .map(|n| format!(" -d {n}"))
+                .collect()
+        };
+        for d in &targets {
+            r.push(format!(
+                "-A {DNS_CHAIN} -p tcp --dport 53{d} -j REDIRECT --to-ports {}",
+                dns.port
+            ));
+        }
+        for d in &targets {
+            r.push(format!(
+                "-A {DNS_CHAIN} -p udp --dport 53{d} -j REDIRECT --to-port {}",
+                dns.port
+            ));
         }
     }
     r.push(format!("-A ISTIO_OUTPUT -d {host_loopback} -j RETURN"));
@@ -121,15 +200,68 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
     r
 }
 
-/// Input for `iptables-restore --noflush` (or `ip6tables-restore`).
+/// The raw-table rules for DNS capture: conntrack zones that keep the proxy's own DNS apart from
+/// the app's, so that replies are un-NATed (spec B, DNS variant). Empty without DNS capture.
 #[must_use]
-pub fn restore_input(cfg: &CaptureConfig, family: Family) -> String {
-    let mut out = String::from("* nat\n");
-    for line in nat_rules(cfg, family) {
-        out.push_str(&line);
+pub fn raw_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
+    let Some(dns) = &cfg.dns else {
+        return Vec::new();
+    };
+    let mut r: Vec<String> = RAW_CHAINS.iter().map(|c| format!("-N {c}")).collect();
+    r.push(format!("-A OUTPUT -j {DNS_CHAIN}"));
+    for (flag, ids) in [
+        ("--uid-owner", &cfg.proxy_uids),
+        ("--gid-owner", &cfg.proxy_gids),
+    ] {
+        for id in ids {
+            r.push(format!(
+                "-A {DNS_CHAIN} -p udp --dport 53 -m owner {flag} {id} -j CT --zone 1"
+            ));
+            r.push(format!(
+                "-A {DNS_CHAIN} -p udp --sport {} -m owner {flag} {id} -j CT --zone 2",
+                dns.port
+            ));
+        }
+    }
+    r.push("-A PREROUTING -j ISTIO_INBOUND".into());
+    let servers: Vec<(String, String)> = if dns.capture_all {
+        vec![(String::new(), String::new())]
+    } else {
+        family
+            .nameservers(dns)
+            .iter()
+            .map(|n| (format!(" -d {n}"), format!(" -s {n}")))
+            .collect()
+    };
+    for (d, s) in servers {
+        r.push(format!(
+            "-A {DNS_CHAIN} -p udp --dport 53{d} -j CT --zone 2"
+        ));
+        r.push(format!(
+            "-A ISTIO_INBOUND -p udp --sport 53{s} -j CT --zone 1"
+        ));
+    }
+    r
+}
+
+fn table(out: &mut String, name: &str, lines: &[String]) {
+    if lines.is_empty() {
+        return;
+    }
+    out.push_str(&format!("* {name}\n"));
+    for line in lines {
+        out.push_str(line);
         out.push('\n');
     }
     out.push_str("COMMIT\n");
+}
+
+/// Input for `iptables-restore --noflush` (or `ip6tables-restore`).
+#[must_use]
+pub fn restore_input(cfg: &CaptureConfig, family: Family) -> String {
+    let mut out = String::new();
+    table(&mut out, "nat", &nat_rules(cfg, family));
+    table(&mut out, "raw", &raw_rules(cfg, family));
     out
 }
 

@@ -6,6 +6,29 @@ use crate::config::{
     ANN_INCLUDE_INBOUND_PORTS, ANN_INCLUDE_OUTBOUND_CIDRS, ANN_INCLUDE_OUTBOUND_PORTS,
 };
 
+fn with_mesh(annotations: &[(&str, &str)], mesh: crate::config::MeshDefaults) -> CaptureConfig {
+    CaptureConfig::from_pod(&PodSpec {
+        pod_ips: vec!["10.1.0.10".parse().unwrap(), "fd00:1::10".parse().unwrap()],
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect::<BTreeMap<_, _>>(),
+        proxy_uids: Vec::new(),
+        proxy_gids: Vec::new(),
+        mesh,
+    })
+    .unwrap()
+}
+
+fn dns(nameservers: &[&str], capture_all: bool) -> crate::config::MeshDefaults {
+    crate::config::MeshDefaults {
+        redirect_dns: true,
+        capture_all_dns: capture_all,
+        nameservers: nameservers.iter().map(|n| n.parse().unwrap()).collect(),
+        ..crate::config::MeshDefaults::default()
+    }
+}
+
 fn config(annotations: &[(&str, &str)], uids: &[u32]) -> CaptureConfig {
     CaptureConfig::from_pod(&PodSpec {
         pod_ips: vec!["10.1.0.10".parse().unwrap(), "fd00:1::10".parse().unwrap()],
@@ -15,6 +38,7 @@ fn config(annotations: &[(&str, &str)], uids: &[u32]) -> CaptureConfig {
             .collect::<BTreeMap<_, _>>(),
         proxy_uids: uids.to_vec(),
         proxy_gids: Vec::new(),
+        mesh: crate::config::MeshDefaults::default(),
     })
     .unwrap()
 }
@@ -131,4 +155,97 @@ fn several_uids_and_loopback_include() {
             && owners[2].contains("--uid-owner 1338")
     );
     assert!(!rules.iter().any(|l| l.contains("! --uid-owner")));
+}
+
+#[test]
+fn dns_capture_matches_the_spec_rule_set() {
+    let want = include_str!("testdata/rules-default-sidecar-dns.v4.txt");
+    assert_eq!(
+        restore_input(&with_mesh(&[], dns(&["10.96.0.10"], false)), Family::V4),
+        want
+    );
+}
+
+#[test]
+fn dns_capture_all_and_ipv6_nameservers() {
+    let cfg = with_mesh(&[], dns(&[], true));
+    let nat = nat_rules(&cfg, Family::V4);
+    assert!(
+        nat.contains(
+            &"-A ISTIO_OUTPUT_DNS -p tcp --dport 53 -j REDIRECT --to-ports 15053".to_string()
+        ),
+        "{nat:#?}"
+    );
+    assert!(nat.contains(
+        &"-A ISTIO_OUTPUT_DNS -p udp --dport 53 -j REDIRECT --to-port 15053".to_string()
+    ));
+    let raw = raw_rules(&cfg, Family::V4);
+    assert!(
+        raw.contains(&"-A ISTIO_INBOUND -p udp --sport 53 -j CT --zone 1".to_string()),
+        "{raw:#?}"
+    );
+    let cfg = with_mesh(&[], dns(&["10.96.0.10", "fd00::a"], false));
+    let v6 = nat_rules(&cfg, Family::V6);
+    assert!(
+        v6.contains(
+            &"-A ISTIO_OUTPUT_DNS -p udp --dport 53 -d fd00::a/128 -j REDIRECT --to-port 15053"
+                .to_string()
+        ),
+        "{v6:#?}"
+    );
+    assert!(!v6.iter().any(|l| l.contains("10.96.0.10")));
+    // A pod's proxy.istio.io/config can turn the mesh default off.
+    let off = with_mesh(
+        &[(
+            crate::config::ANN_PROXY_CONFIG,
+            "proxyMetadata:\n  ISTIO_META_DNS_CAPTURE: \"false\"\n",
+        )],
+        dns(&[], true),
+    );
+    assert!(off.dns.is_none());
+    assert!(raw_rules(&off, Family::V4).is_empty());
+    // And on: DNS on, capture-all off, no nameservers means off (as Istio).
+    let none = with_mesh(
+        &[(
+            crate::config::ANN_PROXY_CONFIG,
+            "{\"proxyMetadata\": {\"ISTIO_META_DNS_CAPTURE\": \"true\"}}",
+        )],
+        crate::config::MeshDefaults::default(),
+    );
+    assert!(none.dns.is_none());
+}
+
+#[test]
+fn owner_groups_rules() {
+    let mesh = |inc: Option<&str>, exc: Option<&str>| crate::config::MeshDefaults {
+        owner_groups: inc.map(String::from),
+        owner_groups_exclude: exc.map(String::from),
+        ..crate::config::MeshDefaults::default()
+    };
+    let only = nat_rules(&with_mesh(&[], mesh(Some("202,303"), None)), Family::V4);
+    let pos = |rules: &[String], needle: &str| {
+        rules
+            .iter()
+            .position(|l| l == needle)
+            .unwrap_or_else(|| panic!("{needle} missing from {rules:#?}"))
+    };
+    let groups = pos(
+        &only,
+        "-A ISTIO_OUTPUT -m owner ! --gid-owner 202 -m owner ! --gid-owner 303 -j RETURN",
+    );
+    assert!(groups > pos(&only, "-A ISTIO_OUTPUT -m owner --gid-owner 1337 -j RETURN"));
+    assert!(groups < pos(&only, "-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN"));
+    let except = nat_rules(&with_mesh(&[], mesh(None, Some("888,0"))), Family::V4);
+    pos(
+        &except,
+        "-A ISTIO_OUTPUT -m owner --gid-owner 888 -j RETURN",
+    );
+    pos(&except, "-A ISTIO_OUTPUT -m owner --gid-owner 0 -j RETURN");
+    let nothing = nat_rules(&with_mesh(&[], mesh(Some(""), None)), Family::V4);
+    pos(&nothing, "-A ISTIO_OUTPUT -j RETURN");
+    let root_by_name = with_mesh(&[], mesh(Some("root"), None));
+    assert_eq!(
+        root_by_name.owner_groups,
+        OwnerGroups::Only(vec![0])
+    );
 }
