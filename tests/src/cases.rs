@@ -18,6 +18,9 @@ pub enum Expect {
     App,
     /// Refused with this errno name.
     Refused(&'static str),
+    /// Captured DNS: answered by the DNS proxy (15053); over UDP the reply comes from this
+    /// address, over TCP it is the proxy's `SO_ORIGINAL_DST`.
+    Dns(&'static str),
     /// A connection from outside the pod accepted by the inbound listener with this
     /// `SO_ORIGINAL_DST`. By design the listener's local address differs: the original
     /// destination under ebpf (sk_lookup, no NAT), `pod IP:15006` under iptables (REDIRECT).
@@ -137,6 +140,12 @@ fn verify(case: &Case, got: &Outcome, backend: Option<Backend>) -> Result<(), St
         }
         Expect::Remote(addr) => {
             want_server("remote")?;
+            if case.opts.udp && got.reply_from().as_deref() != Some(*addr) {
+                return Err(format!(
+                    "UDP reply from {:?}, want {addr}",
+                    got.reply_from()
+                ));
+            }
             if got.server_local().as_deref() != Some(*addr) {
                 return Err(format!(
                     "remote accepted on {:?}, want {addr}",
@@ -145,6 +154,22 @@ fn verify(case: &Case, got: &Outcome, backend: Option<Backend>) -> Result<(), St
             }
         }
         Expect::App => want_server("app")?,
+        Expect::Dns(orig) => {
+            want_server("dns")?;
+            let seen = if case.opts.udp {
+                got.reply_from()
+            } else {
+                got.orig()
+            };
+            if seen.as_deref() != Some(*orig) {
+                let what = if case.opts.udp {
+                    "reply from"
+                } else {
+                    "SO_ORIGINAL_DST"
+                };
+                return Err(format!("DNS {what} {seen:?}, want {orig}"));
+            }
+        }
         Expect::Captured(orig) => {
             want_server("inbound")?;
             if got.orig().as_deref() != Some(*orig) {

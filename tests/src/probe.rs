@@ -132,6 +132,11 @@ impl Outcome {
     pub fn server_local(&self) -> Option<String> {
         self.str_at(&["reply", "local"])
     }
+    /// Where a UDP reply came from, as the app's socket reports it.
+    #[must_use]
+    pub fn reply_from(&self) -> Option<String> {
+        self.str_at(&["reply", "reply_from"])
+    }
     /// The accepting socket's IP_TTL / IPV6_UNICAST_HOPS.
     #[must_use]
     pub fn server_ttl(&self) -> Option<u64> {

@@ -180,11 +180,16 @@ impl Topology {
         }
         // UDP echoes on fixed addresses: a wildcard socket would answer from another source,
         // which a connected client socket drops.
-        cmd.arg("serve")
-            .arg("--udp")
-            .arg(format!("remote=10.0.0.5:{REMOTE_UDP_PORT}"))
-            .arg("--udp")
-            .arg(format!("remote=[fd00:2::5]:{REMOTE_UDP_PORT}"));
+        cmd.arg("serve");
+        for addr in [
+            format!("10.0.0.5:{REMOTE_UDP_PORT}"),
+            format!("[fd00:2::5]:{REMOTE_UDP_PORT}"),
+            "10.0.0.5:53".into(),
+            "10.96.0.10:53".into(),
+            "[fd00:2::5]:53".into(),
+        ] {
+            cmd.arg("--udp").arg(format!("remote={addr}"));
+        }
         for (name, addr) in &listeners {
             cmd.arg("--tcp").arg(format!("{name}={addr}"));
         }
@@ -204,6 +209,19 @@ impl Topology {
             .flat_map(|(n, p)| [(*n, format!("0.0.0.0:{p}")), (*n, format!("[::]:{p}"))])
             .collect();
         self.serve(cmd, &l);
+    }
+
+    /// The proxy's DNS listener (istio-agent, uid 1337) on 127.0.0.1:15053 and [::1]:15053, UDP and TCP.
+    pub fn start_dns_proxy(&mut self) {
+        let mut cmd = self.probe_in_pod(&Who::proxy());
+        cmd.arg("serve");
+        for addr in ["127.0.0.1:15053", "[::1]:15053"] {
+            cmd.arg("--udp")
+                .arg(format!("dns={addr}"))
+                .arg("--tcp")
+                .arg(format!("dns={addr}"));
+        }
+        self.servers.push(ChildGuard::spawn_ready(&mut cmd));
     }
 
     /// The application in the pod (uid/gid 1000): `app` on 8080, 9090, the tunnel port and the

@@ -244,8 +244,5 @@ fn owner_groups_rules() {
     let nothing = nat_rules(&with_mesh(&[], mesh(Some(""), None)), Family::V4);
     pos(&nothing, "-A ISTIO_OUTPUT -j RETURN");
     let root_by_name = with_mesh(&[], mesh(Some("root"), None));
-    assert_eq!(
-        root_by_name.owner_groups,
-        OwnerGroups::Only(vec![0])
-    );
+    assert_eq!(root_by_name.owner_groups, OwnerGroups::Only(vec![0]));
 }

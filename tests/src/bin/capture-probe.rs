@@ -339,8 +339,13 @@ fn connect(
             return json!({ "ok": false, "error": errno_name(&e), "local": local, "peer": peer });
         }
         let mut buf = [0u8; 1500];
-        match sock.recv(&mut buf) {
-            Ok(n) => serde_json::from_slice(&buf[..n]).unwrap_or(Value::Null),
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                let mut reply: Value = serde_json::from_slice(&buf[..n]).unwrap_or(Value::Null);
+                // Where the reply came from, as the app sees it (DNS capture restores this).
+                reply["reply_from"] = json!(from.to_string());
+                reply
+            }
             Err(e) => {
                 return json!({ "ok": false, "error": errno_name(&e), "local": local, "peer": peer })
             }
