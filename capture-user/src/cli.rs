@@ -51,8 +51,9 @@ pub enum Command {
         /// The proxy's gid(s), comma-separated (default: the uids).
         #[arg(long, value_parser = parse_id_list)]
         proxy_gid: Option<IdList>,
-        #[arg(long, value_enum, default_value_t = Mode::Ebpf)]
-        mode: Mode,
+        /// ebpf, iptables, or auto (ebpf where the kernel and the pod allow it, else iptables).
+        #[arg(long, value_enum, default_value_t = ModeChoice::Ebpf)]
+        mode: ModeChoice,
         #[command(flatten)]
         mesh: MeshArgs,
     },
@@ -171,6 +172,13 @@ pub struct MeshArgs {
     /// ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: with `--owner-groups '*'`, groups never captured.
     #[arg(long)]
     pub owner_groups_exclude: Option<String>,
+    /// ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR: the loopback range that is never captured
+    /// (default 127.0.0.1/32).
+    #[arg(long)]
+    pub ipv4_loopback_cidr: Option<String>,
+    /// INVALID_DROP: drop packets conntrack deems invalid (iptables backend).
+    #[arg(long)]
+    pub drop_invalid: bool,
 }
 
 impl MeshArgs {
@@ -182,6 +190,8 @@ impl MeshArgs {
             nameservers: self.dns_nameservers,
             owner_groups: self.owner_groups,
             owner_groups_exclude: self.owner_groups_exclude,
+            ipv4_loopback_cidr: self.ipv4_loopback_cidr,
+            drop_invalid: self.drop_invalid,
         }
     }
 }
@@ -208,6 +218,15 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             mode,
             mesh,
         } => {
+            let (node_mode, allow_fallback) = match mode {
+                ModeChoice::Ebpf => (Mode::Ebpf, false),
+                ModeChoice::Iptables => (Mode::Iptables, false),
+                ModeChoice::Auto => {
+                    let (m, _why) = crate::probe::choose(mode, &crate::probe::probe())
+                        .map_err(anyhow::Error::msg)?;
+                    (m, true)
+                }
+            };
             let req = AttachRequest {
                 netns,
                 cgroup,
@@ -218,16 +237,22 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     proxy_gids: proxy_gid.unwrap_or_default().0,
                     mesh: mesh.into_defaults(),
                 },
-                mode,
+                mode: node_mode,
                 pod: None,
+                allow_fallback,
             };
             let record = ops::attach(&paths, &req)?;
             println!(
-                "captured netns {} (cookie {}) cgroup {} mode {}",
+                "captured netns {} (cookie {}) cgroup {} mode {}{}",
                 record.netns.display(),
                 record.netns_cookie,
                 record.cgroup.display(),
-                record.mode
+                record.mode,
+                record
+                    .fallback_reason
+                    .as_ref()
+                    .map(|r| format!(" (fallback: {r})"))
+                    .unwrap_or_default()
             );
         }
         Command::Detach { netns } => {
@@ -410,7 +435,10 @@ pub fn render_status(status: &NodeStatus) -> String {
             r.netns.display(),
             r.netns_cookie,
             r.cgroup.display(),
-            r.mode,
+            match &r.fallback_reason {
+                Some(why) => format!("{} (fallback: {why})", r.mode),
+                None => r.mode.to_string(),
+            },
             if pod.in_force {
                 "capture in force".to_string()
             } else {

@@ -121,6 +121,16 @@ pub struct CaptureConfig {
     pub dns: Option<DnsCapture>,
     #[serde(default = "all_owner_groups")]
     pub owner_groups: OwnerGroups,
+    /// `excludeInterfaces`: traffic through these interfaces is never captured, either way.
+    #[serde(default)]
+    pub exclude_interfaces: Vec<String>,
+    /// `reroute-virtual-interfaces` (KubeVirt): traffic entering through these is treated as the
+    /// pod's outbound traffic.
+    #[serde(default)]
+    pub reroute_virtual_interfaces: Vec<String>,
+    /// `--drop-invalid` (INVALID_DROP): conntrack-invalid packets are dropped.
+    #[serde(default)]
+    pub drop_invalid: bool,
 }
 
 fn all_owner_groups() -> OwnerGroups {
@@ -139,6 +149,10 @@ pub struct MeshDefaults {
     pub owner_groups: Option<String>,
     /// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`.
     pub owner_groups_exclude: Option<String>,
+    /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR` (default 127.0.0.1/32).
+    pub ipv4_loopback_cidr: Option<String>,
+    /// `INVALID_DROP`.
+    pub drop_invalid: bool,
 }
 
 /// What the caller knows about a pod before validation.
@@ -245,21 +259,18 @@ impl CaptureConfig {
     pub fn from_pod(spec: &PodSpec) -> Result<Self, ConfigError> {
         let ann = |key: &str| spec.annotations.get(key).map(String::as_str);
 
-        for key in [
-            ANN_EXCLUDE_INTERFACES,
-            ANN_KUBEVIRT_INTERFACES,
-            ANN_REROUTE_VIRTUAL_INTERFACES,
-        ] {
-            if let Some(v) = ann(key).filter(|v| !v.trim().is_empty()) {
-                return Err(ConfigError::Unsupported {
-                    key: key.into(),
-                    value: v.into(),
-                    reason:
-                        "interface-based capture rules are not implemented; remove the annotation"
-                            .into(),
-                });
-            }
-        }
+        let exclude_interfaces = ann(ANN_EXCLUDE_INTERFACES).map_or(Ok(Vec::new()), |v| {
+            parse_interfaces(ANN_EXCLUDE_INTERFACES, v)
+        })?;
+        // The newer annotation wins over the deprecated one.
+        let reroute_virtual_interfaces = match (
+            ann(ANN_REROUTE_VIRTUAL_INTERFACES),
+            ann(ANN_KUBEVIRT_INTERFACES),
+        ) {
+            (Some(v), _) => parse_interfaces(ANN_REROUTE_VIRTUAL_INTERFACES, v)?,
+            (None, Some(v)) => parse_interfaces(ANN_KUBEVIRT_INTERFACES, v)?,
+            (None, None) => Vec::new(),
+        };
         let interception_mode = match ann(ANN_INTERCEPTION_MODE).map(str::trim) {
             None | Some("REDIRECT") => InterceptionMode::Redirect,
             Some(v @ "TPROXY") => {
@@ -351,6 +362,7 @@ impl CaptureConfig {
 
         let dns = dns_capture(spec, ann(ANN_PROXY_CONFIG))?;
         let owner_groups = owner_groups(&spec.mesh)?;
+        let host_loopback_cidr = host_loopback_cidr(spec.mesh.ipv4_loopback_cidr.as_deref())?;
 
         Ok(Self {
             dns,
@@ -369,8 +381,30 @@ impl CaptureConfig {
             exclude_outbound_ports,
             include_inbound_ports,
             exclude_inbound_ports,
-            host_loopback_cidr: Ipv4Net::new(Ipv4Addr::LOCALHOST, 32).expect("valid prefix"),
+            host_loopback_cidr,
+            exclude_interfaces,
+            reroute_virtual_interfaces,
+            drop_invalid: spec.mesh.drop_invalid,
         })
+    }
+
+    /// Why the ebpf backend cannot capture this pod (the agent's `auto` mode then falls back to
+    /// iptables for it), or `None`.
+    #[must_use]
+    pub fn ebpf_unsupported(&self) -> Option<String> {
+        if !self.reroute_virtual_interfaces.is_empty() {
+            return Some(format!(
+                "{ANN_REROUTE_VIRTUAL_INTERFACES} ({}): forwarded traffic from virtual interfaces is not captured by the ebpf backend",
+                self.reroute_virtual_interfaces.join(",")
+            ));
+        }
+        if !self.exclude_interfaces.is_empty() {
+            return Some(format!(
+                "{ANN_EXCLUDE_INTERFACES} ({}): per-interface exclusion is not implemented by the ebpf backend",
+                self.exclude_interfaces.join(",")
+            ));
+        }
+        None
     }
 
     /// Does an include CIDR start at a loopback address? Istio then drops its `-o lo` RETURN rules.
@@ -426,6 +460,48 @@ fn dns_capture(
         nameservers: spec.mesh.nameservers.clone(),
         port: DNS_PORT,
     }))
+}
+
+/// Interface names (what `ip link` accepts: 1-15 characters, no '/', no whitespace).
+fn parse_interfaces(key: &str, value: &str) -> Result<Vec<String>, ConfigError> {
+    annotation_items(key, value)?
+        .into_iter()
+        .map(str::trim)
+        .map(|name| {
+            if name.len() > 15
+                || name.contains('/')
+                || name.contains(char::is_whitespace)
+                || name == "."
+                || name == ".."
+            {
+                Err(bad(
+                    key,
+                    value,
+                    format!("{name:?} is not an interface name"),
+                ))
+            } else {
+                Ok(name.to_string())
+            }
+        })
+        .collect()
+}
+
+/// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`: a prefix of 127.0.0.0/8, length 8 to 32.
+fn host_loopback_cidr(value: Option<&str>) -> Result<Ipv4Net, ConfigError> {
+    let Some(v) = value else {
+        return Ok(Ipv4Net::new(Ipv4Addr::LOCALHOST, 32).expect("valid prefix"));
+    };
+    let err = |reason: &str| ConfigError::Pod(format!("IPv4 loopback CIDR {v:?}: {reason}"));
+    let net: Ipv4Net = v
+        .trim()
+        .parse()
+        .map_err(|_| err("not a CIDR such as 127.0.0.1/32"))?;
+    if !net.network().is_loopback() || net.prefix_len() < 8 {
+        return Err(err(
+            "must be inside 127.0.0.0/8 with a prefix length of 8 to 32",
+        ));
+    }
+    Ok(net)
 }
 
 /// Numeric gids or group names (resolved through the node's group database).

@@ -94,8 +94,8 @@ fn errors_name_the_annotation_and_value() {
     assert!(e.contains("spaces"), "{e}");
     let e = err(ANN_INTERCEPTION_MODE, "TPROXY");
     assert!(e.contains("not supported"), "{e}");
-    let e = err(ANN_KUBEVIRT_INTERFACES, "eth1");
-    assert!(e.contains("not supported"), "{e}");
+    let e = err(ANN_KUBEVIRT_INTERFACES, "eth1,a/b");
+    assert!(e.contains("\"a/b\" is not an interface name"), "{e}");
 }
 
 #[test]
@@ -131,4 +131,42 @@ fn annotation_and_id_arguments() {
         IdList(vec![1337, 1338])
     );
     assert!(parse_id_list("istio").is_err());
+}
+
+#[test]
+fn interfaces_and_the_ebpf_fallback() {
+    let c = CaptureConfig::from_pod(&spec(&[
+        (ANN_KUBEVIRT_INTERFACES, "eth1"),
+        (ANN_REROUTE_VIRTUAL_INTERFACES, "eth2,eth3"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        c.reroute_virtual_interfaces,
+        vec!["eth2", "eth3"],
+        "the newer annotation wins"
+    );
+    assert!(c.ebpf_unsupported().unwrap().contains("eth2,eth3"));
+    let c = CaptureConfig::from_pod(&spec(&[(ANN_EXCLUDE_INTERFACES, "eth9")])).unwrap();
+    assert!(c.ebpf_unsupported().unwrap().contains("excludeInterfaces"));
+    assert!(CaptureConfig::from_pod(&spec(&[]))
+        .unwrap()
+        .ebpf_unsupported()
+        .is_none());
+}
+
+#[test]
+fn ipv4_loopback_cidr() {
+    let mut s = spec(&[]);
+    s.mesh.ipv4_loopback_cidr = Some("127.0.0.1/8".into());
+    assert_eq!(
+        CaptureConfig::from_pod(&s)
+            .unwrap()
+            .host_loopback_cidr
+            .to_string(),
+        "127.0.0.1/8"
+    );
+    for bad in ["10.0.0.0/8", "127.0.0.0/7", "x"] {
+        s.mesh.ipv4_loopback_cidr = Some(bad.into());
+        assert!(CaptureConfig::from_pod(&s).is_err(), "{bad}");
+    }
 }

@@ -45,6 +45,8 @@ pub enum Error {
         cgroup: PathBuf,
         mode: Mode,
     },
+    #[error("the ebpf backend cannot capture this pod: {0}; attach it with --mode iptables, or run in --mode auto")]
+    EbpfUnsupported(String),
     #[error("pod netns {0} is not captured (no record in the state directory)")]
     NotAttached(PathBuf),
 }
@@ -58,6 +60,9 @@ pub struct AttachRequest {
     pub mode: Mode,
     /// The pod's Kubernetes identity, when known (CNI).
     pub pod: Option<PodRef>,
+    /// With mode ebpf: capture a pod the ebpf backend cannot serve with iptables instead (auto
+    /// mode), rather than refusing it.
+    pub allow_fallback: bool,
 }
 
 fn lock(paths: &Paths) -> Result<NodeLock, Error> {
@@ -68,6 +73,11 @@ fn lock(paths: &Paths) -> Result<NodeLock, Error> {
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
 pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let config = CaptureConfig::from_pod(&req.spec)?;
+    let (mode, fallback_reason) = match (req.mode, config.ebpf_unsupported()) {
+        (Mode::Ebpf, Some(reason)) if req.allow_fallback => (Mode::Iptables, Some(reason)),
+        (Mode::Ebpf, Some(reason)) => return Err(Error::EbpfUnsupported(reason)),
+        (mode, _) => (mode, None),
+    };
     let netns = Netns::open(&req.netns)?;
     let cgroup = cgroup::open_cgroup2(&req.cgroup)?;
     paths.prepare()?;
@@ -75,7 +85,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let netns_cookie = netns.cookie()?;
     let records = record::load_all(paths)?;
     if let Some(existing) = records.iter().find(|r| r.netns_cookie == netns_cookie) {
-        if existing.config == config && existing.cgroup == req.cgroup && existing.mode == req.mode {
+        if existing.config == config && existing.cgroup == req.cgroup && existing.mode == mode {
             return Ok(existing.clone());
         }
         return Err(Error::AlreadyAttached {
@@ -89,14 +99,15 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         netns_cookie,
         netns: req.netns.clone(),
         cgroup: req.cgroup.clone(),
-        mode: req.mode,
+        mode,
         annotations: req.spec.annotations.clone(),
         config,
         attached_at_unix: record::now_unix(),
         pod: req.pod.clone(),
+        fallback_reason,
     };
     let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
-    let mut backend = backend::for_attach(paths, req.mode, ebpf_pods)?;
+    let mut backend = backend::for_attach(paths, mode, ebpf_pods)?;
     let target = PodTarget {
         netns_cookie,
         netns_path: &req.netns,

@@ -52,6 +52,9 @@ pub struct PodRecord {
     pub attached_at_unix: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodRef>,
+    /// Why this pod runs on iptables although the node's mode is ebpf (auto mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

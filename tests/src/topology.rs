@@ -39,8 +39,14 @@ pub struct Topology {
     servers: Vec<ChildGuard>,
     pub pod: Pod,
     pub remote: NetnsGuard,
+    /// A virtual machine behind the pod (KubeVirt style), once `add_vm` made one.
+    pub vm: Option<NetnsGuard>,
     pub dirs: CaptureDirs,
 }
+
+/// The pod's address on the VM link, and the VM's.
+pub const POD_VM_IP: &str = "10.3.0.1";
+pub const VM_IP: &str = "10.3.0.2";
 
 impl Topology {
     /// A pod and its remote, wired up, nothing attached or running yet.
@@ -88,8 +94,69 @@ impl Topology {
             servers: Vec::new(),
             pod,
             remote,
+            vm: None,
             dirs,
         }
+    }
+
+    /// A VM netns behind the pod's eth1 (pod 10.3.0.1/24, VM 10.3.0.2/24, the pod routes for it),
+    /// with a `vm` listener on port 80.
+    pub fn add_vm(&mut self) {
+        let vm = NetnsGuard::new("capture-vm");
+        let (p, v, r) = (
+            self.pod.netns.name.as_str(),
+            vm.name.as_str(),
+            self.remote.name.as_str(),
+        );
+        ip(&[
+            "-n", p, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", v,
+        ]);
+        ip(&[
+            "-n",
+            p,
+            "addr",
+            "add",
+            &format!("{POD_VM_IP}/24"),
+            "dev",
+            "eth1",
+        ]);
+        ip(&[
+            "-n",
+            v,
+            "addr",
+            "add",
+            &format!("{VM_IP}/24"),
+            "dev",
+            "eth0",
+        ]);
+        ip(&["-n", p, "link", "set", "eth1", "up"]);
+        ip(&["-n", v, "link", "set", "eth0", "up"]);
+        ip(&["-n", v, "route", "add", "default", "via", POD_VM_IP]);
+        ip(&["-n", r, "route", "add", "10.3.0.0/24", "via", POD_IP4]);
+        crate::guards::run(Command::new("ip").args([
+            "netns",
+            "exec",
+            p,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]));
+        let mut cmd = Command::new(probe_bin());
+        cmd.arg("--netns")
+            .arg(vm.path())
+            .arg("serve")
+            .arg("--tcp")
+            .arg("vm=0.0.0.0:80");
+        self.servers.push(ChildGuard::spawn_ready(&mut cmd));
+        self.vm = Some(vm);
+    }
+
+    /// One connection from the VM.
+    pub fn connect_from_vm(&self, to: &str) -> Outcome {
+        crate::probe::connect_with(
+            crate::probe::probe_in(&self.vm.as_ref().expect("add_vm first").path(), None, None),
+            to,
+        )
     }
 
     /// Runs `capture` with this topology's directories.

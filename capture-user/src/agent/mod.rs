@@ -131,10 +131,14 @@ impl Agent {
             },
             mode: self.mode,
             pod: Some(pod.pod.clone()),
+            allow_fallback: self.cfg.mode == ModeChoice::Auto,
         };
         match ops::attach(&self.cfg.paths, &req) {
             Ok(record) => {
                 self.metrics.observe_attach(start.elapsed());
+                if let Some(reason) = &record.fallback_reason {
+                    warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, %reason, "captured with iptables instead of ebpf");
+                }
                 info!(namespace = %pod.pod.namespace, pod = %pod.pod.name, netns = %record.netns.display(), mode = %record.mode, took = ?start.elapsed(), "captured");
                 Response::ok(format!(
                     "captured {}/{} with {}",

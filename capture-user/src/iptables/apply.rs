@@ -7,7 +7,9 @@ use std::{
     process::{Command, Stdio},
 };
 
-use super::rules::{nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS};
+use super::rules::{
+    mangle_rules, nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS,
+};
 use crate::config::CaptureConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +117,10 @@ fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
         .iter()
         .filter_map(|rule| {
             ["PREROUTING", "OUTPUT"].iter().find_map(|builtin| {
-                rule.strip_prefix(&format!("-A {builtin} "))
-                    .map(|jump| format!("-D {builtin} {jump}"))
+                let spec = rule
+                    .strip_prefix(&format!("-A {builtin} "))
+                    .or_else(|| rule.strip_prefix(&format!("-I {builtin} 1 ")))?;
+                Some(format!("-D {builtin} {spec}"))
             })
         })
         .collect();
@@ -130,6 +134,7 @@ fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
 pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
     let mut out = String::new();
     for (name, lines) in [
+        ("mangle", undo(&mangle_rules(cfg), &[])),
         ("nat", undo(&nat_rules(cfg, family), &nat_chains(cfg))),
         (
             "raw",

@@ -67,6 +67,15 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
     };
     let mut r: Vec<String> = nat_chains(cfg).iter().map(|c| format!("-N {c}")).collect();
     let dns = cfg.dns.as_ref();
+    for nic in &cfg.exclude_interfaces {
+        r.push(format!("-A PREROUTING -i {nic} -j RETURN"));
+        r.push(format!("-A OUTPUT -o {nic} -j RETURN"));
+    }
+    // Virtual interfaces never reach inbound capture (T66); their redirects are inserted above
+    // these RETURNs at the end.
+    for nic in &cfg.reroute_virtual_interfaces {
+        r.push(format!("-I PREROUTING 1 -i {nic} -j RETURN"));
+    }
     r.push(format!(
         "-A ISTIO_INBOUND -p tcp --dport {} -j RETURN",
         cfg.tunnel_port
@@ -197,6 +206,23 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             }
         }
     }
+    // Traffic entering through a virtual interface is the pod's outbound traffic (T64, T65).
+    match &cfg.include_outbound_cidrs {
+        Selection::All => {
+            for nic in &cfg.reroute_virtual_interfaces {
+                r.push(format!("-I PREROUTING 1 -i {nic} -j ISTIO_REDIRECT"));
+            }
+        }
+        Selection::List(nets) => {
+            for net in nets.iter().filter(|n| family.owns(n)) {
+                for nic in &cfg.reroute_virtual_interfaces {
+                    r.push(format!(
+                        "-I PREROUTING 1 -i {nic} -d {net} -j ISTIO_REDIRECT"
+                    ));
+                }
+            }
+        }
+    }
     r
 }
 
@@ -256,10 +282,21 @@ fn table(out: &mut String, name: &str, lines: &[String]) {
     out.push_str("COMMIT\n");
 }
 
+/// The mangle-table rules: only `--drop-invalid`'s.
+#[must_use]
+pub fn mangle_rules(cfg: &CaptureConfig) -> Vec<String> {
+    if cfg.drop_invalid {
+        vec!["-A PREROUTING -m conntrack --ctstate INVALID -j DROP".into()]
+    } else {
+        Vec::new()
+    }
+}
+
 /// Input for `iptables-restore --noflush` (or `ip6tables-restore`).
 #[must_use]
 pub fn restore_input(cfg: &CaptureConfig, family: Family) -> String {
     let mut out = String::new();
+    table(&mut out, "mangle", &mangle_rules(cfg));
     table(&mut out, "nat", &nat_rules(cfg, family));
     table(&mut out, "raw", &raw_rules(cfg, family));
     out

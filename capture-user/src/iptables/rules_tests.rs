@@ -246,3 +246,86 @@ fn owner_groups_rules() {
     let root_by_name = with_mesh(&[], mesh(Some("root"), None));
     assert_eq!(root_by_name.owner_groups, OwnerGroups::Only(vec![0]));
 }
+
+#[test]
+fn interfaces_and_drop_invalid() {
+    use crate::config::{ANN_EXCLUDE_INTERFACES, ANN_KUBEVIRT_INTERFACES};
+    let kv = nat_rules(
+        &config(&[(ANN_KUBEVIRT_INTERFACES, "eth1,eth2")], &[]),
+        Family::V4,
+    );
+    let head: Vec<&str> = kv.iter().skip(4).take(2).map(String::as_str).collect();
+    assert_eq!(
+        head,
+        [
+            "-I PREROUTING 1 -i eth1 -j RETURN",
+            "-I PREROUTING 1 -i eth2 -j RETURN"
+        ]
+    );
+    let tail: Vec<&str> = kv.iter().rev().take(2).rev().map(String::as_str).collect();
+    assert_eq!(
+        tail,
+        [
+            "-I PREROUTING 1 -i eth1 -j ISTIO_REDIRECT",
+            "-I PREROUTING 1 -i eth2 -j ISTIO_REDIRECT"
+        ]
+    );
+    let kv_cidr = nat_rules(
+        &config(
+            &[
+                (ANN_KUBEVIRT_INTERFACES, "eth1"),
+                (ANN_INCLUDE_OUTBOUND_CIDRS, "10.0.0.0/8"),
+            ],
+            &[],
+        ),
+        Family::V4,
+    );
+    assert_eq!(
+        kv_cidr.last().unwrap(),
+        "-I PREROUTING 1 -i eth1 -d 10.0.0.0/8 -j ISTIO_REDIRECT"
+    );
+    let ex = nat_rules(
+        &config(&[(ANN_EXCLUDE_INTERFACES, "not-istio-nic")], &[]),
+        Family::V4,
+    );
+    assert_eq!(
+        &ex[4..6],
+        [
+            "-A PREROUTING -i not-istio-nic -j RETURN",
+            "-A OUTPUT -o not-istio-nic -j RETURN"
+        ]
+    );
+    let mesh = crate::config::MeshDefaults {
+        drop_invalid: true,
+        ..crate::config::MeshDefaults::default()
+    };
+    let input = restore_input(&with_mesh(&[], mesh), Family::V4);
+    assert!(
+        input.starts_with(
+            "* mangle\n-A PREROUTING -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n* nat\n"
+        ),
+        "{input}"
+    );
+}
+
+#[test]
+fn removal_undoes_inserts_and_every_table() {
+    use crate::config::ANN_KUBEVIRT_INTERFACES;
+    let mut mesh = dns(&[], true);
+    mesh.drop_invalid = true;
+    let cfg = with_mesh(&[(ANN_KUBEVIRT_INTERFACES, "eth1")], mesh);
+    let undo = crate::iptables::apply::removal_input(&cfg, Family::V4);
+    for line in [
+        "-D PREROUTING -i eth1 -j RETURN",
+        "-D PREROUTING -i eth1 -j ISTIO_REDIRECT",
+        "-D PREROUTING -m conntrack --ctstate INVALID -j DROP",
+        "-D OUTPUT -j ISTIO_OUTPUT_DNS",
+        "-X ISTIO_OUTPUT_DNS",
+    ] {
+        assert!(
+            undo.lines().any(|l| l == line),
+            "{line} missing from\n{undo}"
+        );
+    }
+    assert!(undo.starts_with("* mangle\n"), "{undo}");
+}

@@ -1,0 +1,119 @@
+//! Virtual and excluded interfaces (spec C `inbound_redirect`, E.17, E.18; T64–T70): traffic
+//! forwarded through the pod from a VM. The ebpf backend does not capture forwarded traffic, so a
+//! pod that needs these rules runs on iptables: refused in ebpf mode, a visible fallback in auto.
+
+use capture_tests::{probe::Who, topology::Topology};
+
+const KUBEVIRT: &str = "traffic.sidecar.istio.io/kubevirtInterfaces=eth1";
+
+fn vm_pod(args: &[&str]) -> Topology {
+    let mut topo = Topology::new();
+    topo.add_vm();
+    topo.attach(args);
+    topo.start_all();
+    topo
+}
+
+#[test]
+fn virtual_interface_traffic_is_outbound_traffic() {
+    for mode in ["iptables", "auto"] {
+        let topo = vm_pod(&["--mode", mode, "--annotation", KUBEVIRT]);
+        // T64: a VM's connection out goes to the outbound listener, on eth1's address.
+        let got = topo.connect_from_vm("10.0.0.5:80");
+        assert_eq!(
+            got.server().as_deref(),
+            Some("outbound"),
+            "{mode}: {:?}",
+            got.0
+        );
+        assert_eq!(got.orig().as_deref(), Some("10.0.0.5:80"), "{mode}");
+        assert_eq!(
+            got.server_local().as_deref(),
+            Some("10.3.0.1:15001"),
+            "{mode}"
+        );
+        // T65: even towards the pod itself, never inbound capture.
+        let got = topo.connect_from_vm("10.3.0.1:8080");
+        assert_eq!(
+            got.server().as_deref(),
+            Some("outbound"),
+            "{mode}: {:?}",
+            got.0
+        );
+        // The pod's own traffic is captured as usual.
+        let got = topo.tcp(&Who::app(), "10.0.0.5:80");
+        assert_eq!(
+            got.server().as_deref(),
+            Some("outbound"),
+            "{mode}: {:?}",
+            got.0
+        );
+        let pod = &topo.status()["pods"][0];
+        assert_eq!(pod["mode"], "iptables", "{mode}");
+        assert_eq!(pod["in_force"], true, "{mode}");
+        if mode == "auto" {
+            let why = pod["fallback_reason"]
+                .as_str()
+                .expect("auto mode says why it fell back");
+            assert!(why.contains("eth1"), "{why}");
+        }
+    }
+}
+
+#[test]
+fn virtual_interface_with_an_include_list() {
+    // T66: non-matching VM traffic bypasses all capture, inbound included.
+    let topo = vm_pod(&[
+        "--mode",
+        "iptables",
+        "--annotation",
+        KUBEVIRT,
+        "--annotation",
+        "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16",
+    ]);
+    let got = topo.connect_from_vm("10.0.0.5:80");
+    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    let got = topo.connect_from_vm("1.1.0.5:80");
+    assert_eq!(got.server().as_deref(), Some("remote"), "{:?}", got.0);
+    let got = topo.connect_from_vm("10.3.0.1:8080");
+    assert_eq!(got.server().as_deref(), Some("app"), "{:?}", got.0);
+}
+
+#[test]
+fn excluded_interfaces_are_left_alone_both_ways() {
+    for mode in ["iptables", "auto"] {
+        let topo = vm_pod(&[
+            "--mode",
+            mode,
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeInterfaces=eth1",
+        ]);
+        // T68: inbound through eth1 reaches the app directly.
+        let got = topo.connect_from_vm("10.3.0.1:8080");
+        assert_eq!(got.server().as_deref(), Some("app"), "{mode}: {:?}", got.0);
+        // T69/T70: the pod's traffic out through eth1 is not captured either.
+        let got = topo.tcp(&Who::app(), "10.3.0.2:80");
+        assert_eq!(got.server().as_deref(), Some("vm"), "{mode}: {:?}", got.0);
+        // Other interfaces are captured as usual.
+        let got = topo.tcp(&Who::app(), "10.0.0.5:80");
+        assert_eq!(
+            got.server().as_deref(),
+            Some("outbound"),
+            "{mode}: {:?}",
+            got.0
+        );
+    }
+}
+
+#[test]
+fn ebpf_mode_refuses_what_it_cannot_capture() {
+    let topo = Topology::new();
+    let out = topo.try_attach(&["--mode", "ebpf", "--annotation", KUBEVIRT]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ebpf backend cannot capture") && err.contains("--mode iptables"),
+        "{err}"
+    );
+    assert_eq!(topo.status()["pods"].as_array().map_or(0, Vec::len), 0);
+}
