@@ -9,7 +9,7 @@
 use aya_ebpf::programs::SkLookupContext;
 use capture_common::{
     config::{NodeError, PodCounter},
-    decision::{decide_inbound, InboundVerdict, LOOPBACK6},
+    decision::{decide_inbound, InboundVerdict, INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
     keys::{ListenerKey, PodAddrKey},
     AF_INET, AF_INET6,
 };
@@ -23,19 +23,19 @@ pub const SK_PASS: u32 = 1;
 pub const SK_DROP: u32 = 0;
 const IPPROTO_TCP: u32 = 6;
 
-/// Is `src` the pod itself (its own address, or loopback)? Such connections bypass inbound
-/// capture, as iptables' PREROUTING never sees locally generated traffic.
+/// Is `src` the pod itself (its own address, loopback, or the inbound-passthrough source `::6`)?
+/// Such connections bypass inbound capture, as iptables' PREROUTING never sees locally generated
+/// traffic.
 #[inline(always)]
 fn from_the_pod(ipv6: bool, src: &[u32; 4], dst: &[u32; 4]) -> bool {
-    let same = src[0] == dst[0] && src[1] == dst[1] && src[2] == dst[2] && src[3] == dst[3];
-    same || if ipv6 {
-        src[0] == LOOPBACK6[0]
-            && src[1] == LOOPBACK6[1]
-            && src[2] == LOOPBACK6[2]
-            && src[3] == LOOPBACK6[3]
-    } else {
-        u32::from_be(src[0]) >> 24 == 127
-    }
+    let eq =
+        |a: &[u32; 4], b: &[u32; 4]| a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+    eq(src, dst)
+        || if ipv6 {
+            eq(src, &LOOPBACK6) || eq(src, &INBOUND_PASSTHROUGH_SRC6)
+        } else {
+            u32::from_be(src[0]) >> 24 == 127
+        }
 }
 
 /// Assigns the connection to the pod's listener: same family first, then a dual-stack IPv6

@@ -89,6 +89,31 @@ impl Netns {
     }
 }
 
+/// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address: the
+/// inbound-passthrough source (`127.0.0.6`'s IPv6 twin) must be a local address to bind.
+pub fn add_inbound_passthrough_v6(netns: &Path) -> Result<(), NetnsError> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args([
+            "ip", "-6", "addr", "replace", "::6/128", "dev", "lo", "nodad",
+        ])
+        .output()
+        .map_err(|source| NetnsError::Open {
+            path: netns.into(),
+            source,
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(NetnsError::Open {
+        path: netns.into(),
+        source: io::Error::other(format!(
+            "adding ::6/128 to lo: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    })
+}
+
 /// The cookie of the calling thread's netns.
 pub fn netns_cookie_here() -> io::Result<u64> {
     // SAFETY: plain socket/getsockopt/close calls with a correctly sized out-buffer.

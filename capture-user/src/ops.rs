@@ -106,6 +106,9 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         pod: req.pod.clone(),
         fallback_reason,
     };
+    if record.config.pod_ip6.is_some() {
+        crate::netns::add_inbound_passthrough_v6(&req.netns)?;
+    }
     let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
     let mut backend = backend::for_attach(paths, mode, ebpf_pods)?;
     let target = PodTarget {

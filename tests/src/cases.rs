@@ -403,6 +403,10 @@ pub fn default_sidecar_cases() -> Vec<Case> {
             "[fd00:2::5]:80",
             Remote("[fd00:2::5]:80"),
         ),
+        // T32: the inbound passthrough source ::6 (on lo for IPv6 pods) goes direct.
+        Case::new("T32", proxy(), "[fd00:1::10]:8080", App)
+            .opts(bind("[::6]:0"))
+            .peer("::6"),
     ]
 }
 

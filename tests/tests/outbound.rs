@@ -244,3 +244,30 @@ fn cni_default_port_exclusion() {
         )],
     );
 }
+
+#[test]
+fn ipv4_loopback_cidr_option() {
+    // T77: with the whole 127/8 as "localhost", the validation probe to 127.0.0.6 stays local.
+    run_matrix(
+        Scenario::with(&["--ipv4-loopback-cidr", "127.0.0.1/8"]),
+        &[
+            Case::new(
+                "T77",
+                Who::proxy(),
+                "127.0.0.6:15002",
+                Refused("ECONNREFUSED"),
+            )
+            .opts(capture_tests::probe::ConnectOpts {
+                bind: Some("127.0.0.1:0".into()),
+                ..Default::default()
+            }),
+            Case::new("T77 other 127/8", Who::proxy(), "127.0.0.2:9090", App),
+            Case::new(
+                "outbound unaffected",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+        ],
+    );
+}

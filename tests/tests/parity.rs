@@ -141,8 +141,7 @@ fn expected_failures_until_their_features_land() {
             );
         }
     }
-    // Not run yet: T32 (the ::6 inbound-passthrough source on lo, issue 5). T82 differs by design
-    // (see README): under ebpf the app always sees the nameserver it asked.
+    // T82 differs by design (see README): under ebpf the app always sees the nameserver it asked.
 }
 
 fn nat_table(topo: &Topology, tool: &str) -> String {
@@ -197,4 +196,33 @@ fn iptables_mode_writes_and_removes_exactly_its_rules() {
             Remote("10.0.0.5:80"),
         )],
     );
+}
+
+#[test]
+fn drop_invalid_is_a_mangle_rule_in_iptables_mode() {
+    let topo = Topology::new();
+    topo.attach(&["--mode", "iptables", "--drop-invalid"]);
+    let mangle = |t: &Topology| {
+        run(Command::new("ip").args([
+            "netns",
+            "exec",
+            &t.pod.netns.name,
+            "iptables-save",
+            "-t",
+            "mangle",
+        ]))
+    };
+    assert!(
+        mangle(&topo).contains("-A PREROUTING -m conntrack --ctstate INVALID -j DROP"),
+        "{}",
+        mangle(&topo)
+    );
+    assert!(topo.detach().status.success());
+    assert!(
+        !mangle(&topo).contains("INVALID"),
+        "detach left the drop rule"
+    );
+    // Without NAT there is nothing for an invalid packet to slip past: ebpf accepts the flag.
+    let ebpf = Topology::new();
+    ebpf.attach(&["--mode", "ebpf", "--drop-invalid"]);
 }
