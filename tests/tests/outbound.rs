@@ -257,7 +257,7 @@ fn ipv4_loopback_cidr_option() {
                 "127.0.0.6:15002",
                 Refused("ECONNREFUSED"),
             )
-            .opts(capture_tests::probe::ConnectOpts {
+            .opts(ConnectOpts {
                 bind: Some("127.0.0.1:0".into()),
                 ..Default::default()
             }),
