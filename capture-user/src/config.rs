@@ -72,6 +72,9 @@ pub enum Selection<T> {
 #[serde(rename_all = "UPPERCASE")]
 pub enum InterceptionMode {
     Redirect,
+    /// Inbound delivered by TPROXY with the original destination as local address; the proxy
+    /// may run as uid 0 (its gid identifies it) and make original-source connections.
+    Tproxy,
 }
 
 /// DNS capture (`--redirect-dns`).
@@ -273,13 +276,7 @@ impl CaptureConfig {
         };
         let interception_mode = match ann(ANN_INTERCEPTION_MODE).map(str::trim) {
             None | Some("REDIRECT") => InterceptionMode::Redirect,
-            Some(v @ "TPROXY") => {
-                return Err(ConfigError::Unsupported {
-                    key: ANN_INTERCEPTION_MODE.into(),
-                    value: v.into(),
-                    reason: "TPROXY interception is not implemented; use REDIRECT".into(),
-                })
-            }
+            Some("TPROXY") => InterceptionMode::Tproxy,
             Some(v) => {
                 return Err(bad(ANN_INTERCEPTION_MODE, v, "must be REDIRECT or TPROXY"));
             }
@@ -392,6 +389,11 @@ impl CaptureConfig {
     /// iptables for it), or `None`.
     #[must_use]
     pub fn ebpf_unsupported(&self) -> Option<String> {
+        if self.interception_mode == InterceptionMode::Tproxy {
+            return Some(format!(
+                "{ANN_INTERCEPTION_MODE}=TPROXY: original-source connections from the proxy need TPROXY's marks and routing, which the ebpf backend does not implement"
+            ));
+        }
         if !self.reroute_virtual_interfaces.is_empty() {
             return Some(format!(
                 "{ANN_REROUTE_VIRTUAL_INTERFACES} ({}): forwarded traffic from virtual interfaces is not captured by the ebpf backend",

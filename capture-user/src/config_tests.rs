@@ -92,8 +92,8 @@ fn errors_name_the_annotation_and_value() {
     assert!(e.contains("empty item"), "{e}");
     let e = err(ANN_EXCLUDE_OUTBOUND_CIDRS, "10.0.0.0/8, 10.1.0.0/16");
     assert!(e.contains("spaces"), "{e}");
-    let e = err(ANN_INTERCEPTION_MODE, "TPROXY");
-    assert!(e.contains("not supported"), "{e}");
+    let e = err(ANN_INTERCEPTION_MODE, "NONE");
+    assert!(e.contains("REDIRECT or TPROXY"), "{e}");
     let e = err(ANN_KUBEVIRT_INTERFACES, "eth1,a/b");
     assert!(e.contains("\"a/b\" is not an interface name"), "{e}");
 }

@@ -67,6 +67,10 @@ pub struct ConnectOpts {
     pub create_as: Option<(u32, u32)>,
     /// An AF_INET6 socket for an IPv4 destination (v4-mapped).
     pub v6_socket: bool,
+    /// IP_TRANSPARENT (original-source connections).
+    pub transparent: bool,
+    /// SO_MARK.
+    pub mark: Option<u32>,
 }
 
 impl ConnectOpts {
@@ -82,6 +86,12 @@ impl ConnectOpts {
         }
         if self.v6_socket {
             cmd.arg("--v6-socket");
+        }
+        if self.transparent {
+            cmd.arg("--transparent");
+        }
+        if let Some(m) = self.mark {
+            cmd.arg("--mark").arg(m.to_string());
         }
     }
 }

@@ -278,6 +278,18 @@ impl Topology {
         self.serve(cmd, &l);
     }
 
+    /// The sidecar as TPROXY mode runs it: uid 0, gid 1337, transparent listeners on 15001/15006.
+    pub fn start_tproxy_proxy(&mut self) {
+        let mut cmd = self.probe_in_pod(&Who::new(0, 1337));
+        cmd.arg("serve").arg("--transparent");
+        for (name, port) in [("outbound", 15001), ("inbound", 15006)] {
+            for addr in [format!("0.0.0.0:{port}"), format!("[::]:{port}")] {
+                cmd.arg("--tcp").arg(format!("{name}={addr}"));
+            }
+        }
+        self.servers.push(ChildGuard::spawn_ready(&mut cmd));
+    }
+
     /// The proxy's DNS listener (istio-agent, uid 1337) on 127.0.0.1:15053 and [::1]:15053, UDP and TCP.
     pub fn start_dns_proxy(&mut self) {
         let mut cmd = self.probe_in_pod(&Who::proxy());

@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use capture_tests::{
-    cases::{default_inbound_cases, run_cases_on, run_matrix, Backend, Case, Expect::*, Scenario},
+    cases::{default_inbound_cases, run_cases_on, run_matrix, Case, Expect::*, Scenario},
     guards::run,
     probe::Who,
     topology::{cgroup_programs, Topology},
@@ -119,29 +119,6 @@ fn status_port_annotation_moves_the_inbound_exclusion() {
             Case::remote("15021 still excluded", "10.1.0.10:15021", App),
         ],
     );
-}
-
-/// Cases of features that later issues add. Each must still fail today (strict): when one starts
-/// passing, move it into the matrix above.
-#[test]
-fn expected_failures_until_their_features_land() {
-    let rejected: &[(&str, &str, &str)] = &[(
-        "T54-T63",
-        "sidecar.istio.io/interceptionMode=TPROXY",
-        "TPROXY interception mode (issue 5)",
-    )];
-    for (ids, annotation, reason) in rejected {
-        for backend in Backend::ALL {
-            let topo = Topology::new();
-            let out = topo.try_attach(&["--mode", backend.mode(), "--annotation", annotation]);
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                !out.status.success() && err.contains("not supported"),
-                "{ids} ({reason}) was expected to fail under {backend:?} but attach said: {err}"
-            );
-        }
-    }
-    // T82 differs by design (see README): under ebpf the app always sees the nameserver it asked.
 }
 
 fn nat_table(topo: &Topology, tool: &str) -> String {

@@ -9,8 +9,9 @@ use std::{
 
 use super::rules::{
     mangle_rules, nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS,
+    TPROXY_CHAINS, TPROXY_MARK, TPROXY_TABLE,
 };
-use crate::config::CaptureConfig;
+use crate::config::{CaptureConfig, InterceptionMode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
@@ -90,8 +91,75 @@ fn in_netns(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs `ip ARGS` in the netns.
+fn ip_in_netns(netns: &Path, args: &[&str]) -> Result<(), IptablesError> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .arg("ip")
+        .args(args)
+        .output()
+        .map_err(|e| IptablesError::Spawn {
+            tool: "ip",
+            netns: netns.into(),
+            reason: e.to_string(),
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(IptablesError::Rejected {
+        tool: "ip",
+        netns: netns.into(),
+        stderr: format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
+}
+
+/// TPROXY's routing: packets marked 1337 are delivered locally (table 133), so that captured
+/// inbound traffic reaches the transparent listener and replies to original-source connections
+/// come back to the proxy.
+fn tproxy_routing(netns: &Path, cfg: &CaptureConfig, add: bool) -> Result<(), IptablesError> {
+    let (mark, table) = (TPROXY_MARK.to_string(), TPROXY_TABLE.to_string());
+    for family in families(cfg) {
+        let f = if family == Family::V4 { "-4" } else { "-6" };
+        if add {
+            ip_in_netns(
+                netns,
+                &[f, "rule", "add", "fwmark", &mark, "lookup", &table],
+            )?;
+            ip_in_netns(
+                netns,
+                &[
+                    f, "route", "add", "local", "default", "dev", "lo", "table", &table,
+                ],
+            )?;
+        } else {
+            let _ = ip_in_netns(
+                netns,
+                &[f, "rule", "del", "fwmark", &mark, "lookup", &table],
+            );
+            let _ = ip_in_netns(netns, &[f, "route", "flush", "table", &table]);
+        }
+    }
+    Ok(())
+}
+
 /// Writes the pod's rules (all families or none).
 pub fn apply(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
+    apply_rules(netns, cfg)?;
+    if cfg.interception_mode == InterceptionMode::Tproxy {
+        if let Err(e) = tproxy_routing(netns, cfg, true) {
+            let _ = tproxy_routing(netns, cfg, false);
+            let _ = remove(netns, cfg);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn apply_rules(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
     let mut done = Vec::new();
     for family in families(cfg) {
         if let Err(e) = in_netns(
@@ -134,7 +202,17 @@ fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
 pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
     let mut out = String::new();
     for (name, lines) in [
-        ("mangle", undo(&mangle_rules(cfg), &[])),
+        (
+            "mangle",
+            undo(
+                &mangle_rules(cfg, family),
+                if cfg.interception_mode == InterceptionMode::Tproxy {
+                    &TPROXY_CHAINS
+                } else {
+                    &[]
+                },
+            ),
+        ),
         ("nat", undo(&nat_rules(cfg, family), &nat_chains(cfg))),
         (
             "raw",
@@ -168,8 +246,12 @@ fn remove_family(netns: &Path, cfg: &CaptureConfig, family: Family) -> Result<()
     .map(drop)
 }
 
-/// Removes the pod's rules; every family is attempted, the first error is returned.
+/// Removes the pod's rules (and TPROXY's routing); every family is attempted, the first error is
+/// returned.
 pub fn remove(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
+    if cfg.interception_mode == InterceptionMode::Tproxy {
+        let _ = tproxy_routing(netns, cfg, false);
+    }
     families(cfg)
         .into_iter()
         .map(|f| remove_family(netns, cfg, f))

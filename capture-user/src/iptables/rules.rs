@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::config::{CaptureConfig, DnsCapture, OwnerGroups, Selection};
+use crate::config::{CaptureConfig, DnsCapture, InterceptionMode, OwnerGroups, Selection};
 
 /// Which of the two rule sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,10 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         cfg.inbound_port
     ));
 
+    // Under TPROXY, inbound capture lives in the mangle table; the nat chain stays unused.
+    let tproxy = cfg.interception_mode == InterceptionMode::Tproxy;
     match &cfg.include_inbound_ports {
+        _ if tproxy => {}
         Selection::List(ports) if ports.is_empty() => {}
         Selection::All => {
             r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
@@ -282,21 +285,102 @@ fn table(out: &mut String, name: &str, lines: &[String]) {
     out.push_str("COMMIT\n");
 }
 
-/// The mangle-table rules: only `--drop-invalid`'s.
+/// The mark TPROXY gives captured inbound packets (`-t`), and the routing table that delivers
+/// them locally (`-r`).
+pub const TPROXY_MARK: u32 = 1337;
+pub const TPROXY_TABLE: u32 = 133;
+/// The mangle chains TPROXY mode creates.
+pub const TPROXY_CHAINS: [&str; 3] = ["ISTIO_DIVERT", "ISTIO_TPROXY", "ISTIO_INBOUND"];
+
+/// The mangle-table rules: `--drop-invalid`'s, and TPROXY inbound capture (spec B, TPROXY).
 #[must_use]
-pub fn mangle_rules(cfg: &CaptureConfig) -> Vec<String> {
-    if cfg.drop_invalid {
-        vec!["-A PREROUTING -m conntrack --ctstate INVALID -j DROP".into()]
-    } else {
-        Vec::new()
+pub fn mangle_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
+    let mut r = Vec::new();
+    let tproxy = cfg.interception_mode == InterceptionMode::Tproxy;
+    if tproxy {
+        r.extend(TPROXY_CHAINS.iter().map(|c| format!("-N {c}")));
     }
+    if cfg.drop_invalid {
+        r.push("-A PREROUTING -m conntrack --ctstate INVALID -j DROP".into());
+    }
+    if !tproxy {
+        return r;
+    }
+    let (passthrough_src, host_loopback) = match family {
+        Family::V4 => (
+            "127.0.0.6/32".to_string(),
+            cfg.host_loopback_cidr.to_string(),
+        ),
+        Family::V6 => ("::6/128".to_string(), "::1/128".to_string()),
+    };
+    let (mark, port) = (TPROXY_MARK, cfg.inbound_port);
+    r.push(format!("-A ISTIO_DIVERT -j MARK --set-mark {mark}"));
+    r.push("-A ISTIO_DIVERT -j ACCEPT".into());
+    r.push(format!(
+        "-A ISTIO_TPROXY ! -d {host_loopback} -p tcp -j TPROXY --tproxy-mark {mark}/0xffffffff --on-port {port}"
+    ));
+    let established = "-m conntrack --ctstate RELATED,ESTABLISHED -j ISTIO_DIVERT";
+    match &cfg.include_inbound_ports {
+        Selection::List(ports) if ports.is_empty() => {}
+        // No tunnel-port exemption here: under TPROXY 15008 is captured too (spec E.5, T56).
+        Selection::All => {
+            r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
+            r.extend(
+                cfg.exclude_inbound_ports
+                    .iter()
+                    .map(|p| format!("-A ISTIO_INBOUND -p tcp --dport {p} -j RETURN")),
+            );
+            r.push(format!("-A ISTIO_INBOUND -p tcp {established}"));
+            r.push("-A ISTIO_INBOUND -p tcp -j ISTIO_TPROXY".into());
+        }
+        Selection::List(ports) => {
+            r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
+            for p in ports {
+                r.push(format!("-A ISTIO_INBOUND -p tcp --dport {p} {established}"));
+                r.push(format!(
+                    "-A ISTIO_INBOUND -p tcp --dport {p} -j ISTIO_TPROXY"
+                ));
+            }
+        }
+    }
+    r.push(format!(
+        "-A PREROUTING -p tcp -m mark --mark {mark} -j CONNMARK --save-mark"
+    ));
+    r.push(format!(
+        "-A OUTPUT -p tcp -o lo -m mark --mark {mark} -j RETURN"
+    ));
+    for (flag, ids) in [
+        ("--uid-owner", &cfg.proxy_uids),
+        ("--gid-owner", &cfg.proxy_gids),
+    ] {
+        for id in ids {
+            r.push(format!(
+                "-A OUTPUT ! -d {host_loopback} -p tcp -o lo -m owner {flag} {id} -j MARK --set-mark {}",
+                mark + 1
+            ));
+        }
+    }
+    r.push(format!(
+        "-A OUTPUT -p tcp -m connmark --mark {mark} -j CONNMARK --restore-mark"
+    ));
+    r.push(format!(
+        "-I ISTIO_INBOUND 1 -p tcp -m mark --mark {mark} -j RETURN"
+    ));
+    r.push(format!(
+        "-I ISTIO_INBOUND 2 -p tcp -s {passthrough_src} -i lo -j RETURN"
+    ));
+    r.push(format!(
+        "-I ISTIO_INBOUND 3 -p tcp -i lo -m mark ! --mark {} -j RETURN",
+        mark + 1
+    ));
+    r
 }
 
 /// Input for `iptables-restore --noflush` (or `ip6tables-restore`).
 #[must_use]
 pub fn restore_input(cfg: &CaptureConfig, family: Family) -> String {
     let mut out = String::new();
-    table(&mut out, "mangle", &mangle_rules(cfg));
+    table(&mut out, "mangle", &mangle_rules(cfg, family));
     table(&mut out, "nat", &nat_rules(cfg, family));
     table(&mut out, "raw", &raw_rules(cfg, family));
     out

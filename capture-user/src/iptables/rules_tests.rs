@@ -329,3 +329,44 @@ fn removal_undoes_inserts_and_every_table() {
     }
     assert!(undo.starts_with("* mangle\n"), "{undo}");
 }
+
+#[test]
+fn tproxy_matches_the_spec_rule_set() {
+    let want = include_str!("testdata/rules-default-sidecar-tproxy.v4.txt");
+    let cfg = config(&[(crate::config::ANN_INTERCEPTION_MODE, "TPROXY")], &[]);
+    assert_eq!(restore_input(&cfg, Family::V4), want);
+}
+
+#[test]
+fn tproxy_with_an_include_list_and_ipv6() {
+    let cfg = config(
+        &[
+            (crate::config::ANN_INTERCEPTION_MODE, "TPROXY"),
+            (ANN_INCLUDE_INBOUND_PORTS, "32000,31000"),
+        ],
+        &[],
+    );
+    let m = mangle_rules(&cfg, Family::V4);
+    let want = [
+        "-A ISTIO_INBOUND -p tcp --dport 32000 -m conntrack --ctstate RELATED,ESTABLISHED -j ISTIO_DIVERT",
+        "-A ISTIO_INBOUND -p tcp --dport 32000 -j ISTIO_TPROXY",
+        "-A ISTIO_INBOUND -p tcp --dport 31000 -m conntrack --ctstate RELATED,ESTABLISHED -j ISTIO_DIVERT",
+        "-A ISTIO_INBOUND -p tcp --dport 31000 -j ISTIO_TPROXY",
+    ];
+    let at = m.iter().position(|l| l == want[0]).expect("include rules");
+    assert_eq!(&m[at..at + 4], want);
+    let v6 = mangle_rules(&cfg, Family::V6);
+    assert!(
+        v6.contains(&"-I ISTIO_INBOUND 2 -p tcp -s ::6/128 -i lo -j RETURN".to_string()),
+        "{v6:#?}"
+    );
+    assert!(v6
+        .iter()
+        .any(|l| l.starts_with("-A ISTIO_TPROXY ! -d ::1/128")));
+    let undo = crate::iptables::apply::removal_input(&cfg, Family::V4);
+    assert!(
+        undo.contains("-X ISTIO_DIVERT")
+            && undo.contains("-D OUTPUT -p tcp -o lo -m mark --mark 1337 -j RETURN"),
+        "{undo}"
+    );
+}

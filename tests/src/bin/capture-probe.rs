@@ -46,6 +46,9 @@ enum Cmd {
         /// NAME=ADDR: a UDP echo socket.
         #[arg(long = "udp")]
         udp: Vec<String>,
+        /// Transparent listeners (IP_TRANSPARENT), as a TPROXY-mode proxy's.
+        #[arg(long)]
+        transparent: bool,
     },
     /// Run a program inside the pod, as the given identity.
     Exec {
@@ -71,6 +74,12 @@ enum Cmd {
         /// Wait for a line on stdin before connecting.
         #[arg(long)]
         wait_stdin: bool,
+        /// IP_TRANSPARENT on the socket (bind a non-local source, as original-source proxying does).
+        #[arg(long)]
+        transparent: bool,
+        /// SO_MARK for the socket.
+        #[arg(long)]
+        mark: Option<u32>,
     },
 }
 
@@ -129,7 +138,8 @@ fn errno_name(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::ECONNREFUSED) => "ECONNREFUSED".into(),
         Some(libc::EPERM) => "EPERM".into(),
-        Some(libc::ETIMEDOUT) | Some(libc::EAGAIN) => "ETIMEDOUT".into(),
+        // A blocking connect that hits SO_SNDTIMEO reports EINPROGRESS.
+        Some(libc::ETIMEDOUT) | Some(libc::EAGAIN) | Some(libc::EINPROGRESS) => "ETIMEDOUT".into(),
         Some(libc::ENETUNREACH) => "ENETUNREACH".into(),
         _ if e.kind() == std::io::ErrorKind::TimedOut
             || e.kind() == std::io::ErrorKind::WouldBlock =>
@@ -224,6 +234,31 @@ fn serve_udp(name: String, socket: UdpSocket) {
 }
 
 /// A bound socket; IPv6 ones are v6-only so that `0.0.0.0` and `[::]` can share a port.
+/// IP_TRANSPARENT (IPV6_TRANSPARENT for IPv6 sockets).
+fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
+    let on: libc::c_int = 1;
+    let (level, opt) = if ipv6 {
+        (libc::SOL_IPV6, libc::IPV6_TRANSPARENT)
+    } else {
+        (libc::SOL_IP, libc::IP_TRANSPARENT)
+    };
+    // SAFETY: an int option on an owned socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    check(rc, "IP_TRANSPARENT");
+}
+
+thread_local! {
+    static TRANSPARENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::OwnedFd {
     use nix::sys::socket::{
         bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockaddrStorage,
@@ -238,6 +273,9 @@ fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::Owned
     // The remote owns its addresses through local routes, not interface addresses; IPv6 binds
     // such an address only with freebind.
     setsockopt(&fd, sockopt::IpFreebind, &true).unwrap_or_else(|e| die(e));
+    if TRANSPARENT.with(std::cell::Cell::get) {
+        set_transparent(&fd, addr.is_ipv6());
+    }
     if addr.is_ipv6() {
         setsockopt(&fd, sockopt::Ipv6V6Only, &true).unwrap_or_else(|e| die(e));
     }
@@ -253,7 +291,8 @@ fn bind_tcp(addr: SocketAddr) -> TcpListener {
     TcpListener::from(fd)
 }
 
-fn serve(tcp: &[String], udp: &[String]) -> ! {
+fn serve(tcp: &[String], udp: &[String], transparent: bool) -> ! {
+    TRANSPARENT.with(|t| t.set(transparent));
     let mut threads = Vec::new();
     for spec in tcp {
         let (name, addr) = parse_named(spec);
@@ -297,6 +336,11 @@ fn sockaddr_of(addr: SocketAddr, v6_socket: bool) -> nix::sys::socket::SockaddrS
     }
 }
 
+struct Tweaks {
+    transparent: bool,
+    mark: Option<u32>,
+}
+
 fn connect(
     args: &Args,
     to: SocketAddr,
@@ -304,6 +348,7 @@ fn connect(
     udp: bool,
     create_as: Option<&str>,
     v6_socket: bool,
+    tweaks: &Tweaks,
 ) -> Value {
     use nix::sys::socket::{getpeername, getsockname, SockaddrStorage};
     if let Some(spec) = create_as {
@@ -319,6 +364,13 @@ fn connect(
     let fd = new_socket(to, udp, v6_socket);
     if create_as.is_some() {
         drop_privileges(args);
+    }
+    if tweaks.transparent {
+        set_transparent(&fd, to.is_ipv6() || v6_socket);
+    }
+    if let Some(mark) = tweaks.mark {
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::Mark, &mark)
+            .unwrap_or_else(|e| die(format!("SO_MARK: {e}")));
     }
     if let Some(b) = bind {
         nix::sys::socket::bind(fd.as_raw_fd(), &sockaddr_of(b, v6_socket))
@@ -367,9 +419,13 @@ fn main() {
     let args = Args::parse();
     enter(&args);
     match &args.cmd {
-        Cmd::Serve { tcp, udp } => {
+        Cmd::Serve {
+            tcp,
+            udp,
+            transparent,
+        } => {
             drop_privileges(&args);
-            serve(tcp, udp)
+            serve(tcp, udp, *transparent)
         }
         Cmd::Exec { argv } => {
             use std::os::unix::process::CommandExt as _;
@@ -384,6 +440,8 @@ fn main() {
             create_as,
             v6_socket,
             wait_stdin,
+            transparent,
+            mark,
         } => {
             if *wait_stdin {
                 println!("waiting");
@@ -394,7 +452,19 @@ fn main() {
             if create_as.is_none() {
                 drop_privileges(&args);
             }
-            let out = connect(&args, *to, *bind, *udp, create_as.as_deref(), *v6_socket);
+            let tweaks = Tweaks {
+                transparent: *transparent,
+                mark: *mark,
+            };
+            let out = connect(
+                &args,
+                *to,
+                *bind,
+                *udp,
+                create_as.as_deref(),
+                *v6_socket,
+                &tweaks,
+            );
             println!("{out}");
         }
     }
