@@ -413,3 +413,37 @@ fn the_agent_in_iptables_mode() {
     );
     agent.stop();
 }
+
+#[test]
+fn auto_mode_falls_back_per_pod_and_says_so() {
+    let node = Node::new();
+    let agent = node.start_agent("auto");
+    let annotations = [MESHED[0], ("sidecar.istio.io/interceptionMode", "TPROXY")];
+    let mut tproxy = node.pod("tproxy", CgroupDriver::Cgroupfs, &annotations);
+    let mut plain = node.pod("plain", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut tproxy).expect("ADD tproxy");
+    node.add(&mut plain).expect("ADD plain");
+    assert!(
+        cgroup_programs(&tproxy.cgroup).is_empty(),
+        "the TPROXY pod runs on iptables"
+    );
+    assert_eq!(
+        cgroup_programs(&plain.cgroup).len(),
+        7,
+        "the other pod stays on ebpf"
+    );
+    let (_, body) = agent.get("/metrics").expect("metrics");
+    let fallback: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("capture_pod_fallback{"))
+        .collect();
+    assert_eq!(fallback.len(), 1, "{body}");
+    assert!(
+        fallback[0].contains("pod=\"tproxy\"") && fallback[0].contains("TPROXY"),
+        "{}",
+        fallback[0]
+    );
+    node.check(&tproxy).expect("CHECK tproxy");
+    node.del(&tproxy).expect("DEL tproxy");
+    node.del(&plain).expect("DEL plain");
+}

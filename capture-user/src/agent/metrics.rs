@@ -114,6 +114,8 @@ impl Metrics {
             "# HELP capture_pod_connections_total Connections decided by capture, by decision."
         );
         let _ = writeln!(o, "# TYPE capture_pod_connections_total counter");
+        let _ = writeln!(o, "# HELP capture_pod_fallback Pods on iptables in auto mode because ebpf cannot serve them.");
+        let _ = writeln!(o, "# TYPE capture_pod_fallback gauge");
         for pod in &node.pods {
             let r = &pod.record;
             let (ns, name) = r
@@ -132,6 +134,13 @@ impl Metrics {
                 "capture_pod_in_force{{{labels}}} {}",
                 u8::from(pod.in_force)
             );
+            if let Some(reason) = &r.fallback_reason {
+                let _ = writeln!(
+                    o,
+                    "capture_pod_fallback{{{labels},reason=\"{}\"}} 1",
+                    label(reason)
+                );
+            }
             if let Some(c) = &pod.counters {
                 for (decision, n) in [
                     ("redirected_outbound", c.redirected_outbound),
@@ -142,6 +151,7 @@ impl Metrics {
                     ("captured_inbound", c.captured_inbound),
                     ("passed_inbound", c.passed_inbound),
                     ("refused_inbound", c.refused_inbound),
+                    ("redirected_dns", c.redirected_dns),
                     ("error", c.errors),
                 ] {
                     let _ = writeln!(
