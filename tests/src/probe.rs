@@ -194,9 +194,15 @@ pub fn probe_in(
     cmd
 }
 
-/// Runs a probe `connect` and parses its outcome.
-pub fn connect_with(mut cmd: Command, to: &str) -> Outcome {
+/// Runs a probe `connect` (from wherever `cmd` enters) and parses its outcome.
+pub fn connect_with(cmd: Command, to: &str) -> Outcome {
+    connect_opts(cmd, to, &ConnectOpts::default())
+}
+
+/// As `connect_with`, with options.
+pub fn connect_opts(mut cmd: Command, to: &str, opts: &ConnectOpts) -> Outcome {
     cmd.arg("connect").arg("--to").arg(to);
+    opts.args(&mut cmd);
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
         out.status.success(),

@@ -328,16 +328,7 @@ impl Topology {
 
     /// One connection from inside the pod.
     pub fn connect(&self, who: &Who, to: &str, opts: &ConnectOpts) -> Outcome {
-        let mut cmd = self.probe_in_pod(who);
-        cmd.arg("connect").arg("--to").arg(to);
-        opts.args(&mut cmd);
-        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        assert!(
-            out.status.success(),
-            "probe failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Outcome::parse(&String::from_utf8_lossy(&out.stdout))
+        crate::probe::connect_opts(self.probe_in_pod(who), to, opts)
     }
 
     /// Runs a program inside the pod (cgroup, netns, identity) and returns its output.
@@ -349,19 +340,7 @@ impl Topology {
 
     /// One connection from the remote netns (a client outside the pod).
     pub fn connect_from_remote(&self, to: &str) -> Outcome {
-        let mut cmd = Command::new(probe_bin());
-        cmd.arg("--netns")
-            .arg(self.remote.path())
-            .arg("connect")
-            .arg("--to")
-            .arg(to);
-        let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        assert!(
-            out.status.success(),
-            "probe failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Outcome::parse(&String::from_utf8_lossy(&out.stdout))
+        crate::probe::connect_with(crate::probe::probe_in(&self.remote.path(), None, None), to)
     }
 
     /// A TCP connection with default options.

@@ -32,6 +32,13 @@ impl Family {
     }
 }
 
+/// `excludeInboundPorts` as RETURNs from `ISTIO_INBOUND` (nat in REDIRECT mode, mangle in TPROXY).
+fn inbound_exclusions(cfg: &CaptureConfig) -> impl Iterator<Item = String> + '_ {
+    cfg.exclude_inbound_ports
+        .iter()
+        .map(|p| format!("-A ISTIO_INBOUND -p tcp --dport {p} -j RETURN"))
+}
+
 /// The DNS chain, present only with DNS capture.
 pub const DNS_CHAIN: &str = "ISTIO_OUTPUT_DNS";
 /// The chains of the raw table (conntrack zones for DNS).
@@ -96,11 +103,7 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         Selection::List(ports) if ports.is_empty() => {}
         Selection::All => {
             r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
-            r.extend(
-                cfg.exclude_inbound_ports
-                    .iter()
-                    .map(|p| format!("-A ISTIO_INBOUND -p tcp --dport {p} -j RETURN")),
-            );
+            r.extend(inbound_exclusions(cfg));
             r.push("-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT".into());
         }
         // An explicit include list ignores the exclude list (spec E.8).
@@ -325,11 +328,7 @@ pub fn mangle_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         // No tunnel-port exemption here: under TPROXY 15008 is captured too (spec E.5, T56).
         Selection::All => {
             r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
-            r.extend(
-                cfg.exclude_inbound_ports
-                    .iter()
-                    .map(|p| format!("-A ISTIO_INBOUND -p tcp --dport {p} -j RETURN")),
-            );
+            r.extend(inbound_exclusions(cfg));
             r.push(format!("-A ISTIO_INBOUND -p tcp {established}"));
             r.push("-A ISTIO_INBOUND -p tcp -j ISTIO_TPROXY".into());
         }
