@@ -42,5 +42,7 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
     })
 }
 
+pub mod bench;
 pub mod cases;
 pub mod cni;
+pub mod enter;

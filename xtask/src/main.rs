@@ -34,6 +34,16 @@ enum Task {
     Lint,
     /// Capture a demo pod's traffic and show it (needs root).
     Demo,
+    /// Benchmark ebpf against iptables and no capture; writes docs/benchmarks.{md,svg} and
+    /// docs/benchmark-results.json (needs root).
+    Bench {
+        /// A short run (under two minutes) for a quick check.
+        #[arg(long)]
+        quick: bool,
+        /// Where to write the results.
+        #[arg(long, default_value = "docs")]
+        out: String,
+    },
 }
 
 /// Runs a command, failing with its name if it does not succeed.
@@ -145,6 +155,17 @@ fn run_task(task: Task) -> Result<()> {
                     "warnings",
                 ])
                 .current_dir("capture-ebpf"))
+        }
+        Task::Bench { quick, out } => {
+            require_root("cargo xtask bench")?;
+            setup::setup()?;
+            run(cargo().args(["build", "--release", "--bins", "--locked"]))?;
+            let mut cmd = Command::new("target/release/capture-bench");
+            cmd.args(["run", "--out", &out]);
+            if quick {
+                cmd.arg("--quick");
+            }
+            run(&mut cmd)
         }
         Task::Demo => {
             require_root("cargo xtask demo")?;

@@ -94,28 +94,13 @@ fn check(rc: libc::c_int, what: &str) {
     }
 }
 
-/// setresgid/setresuid keeping the saved ids root, so a later switch is still possible.
 fn become_ids(uid: u32, gid: u32, groups: &[u32]) {
-    // SAFETY: plain credential syscalls.
-    unsafe {
-        check(libc::setresuid(0, 0, 0), "setresuid(0)");
-        check(libc::setgroups(groups.len(), groups.as_ptr()), "setgroups");
-        check(libc::setresgid(gid, gid, 0), "setresgid");
-        check(libc::setresuid(uid, uid, 0), "setresuid");
-    }
+    capture_tests::enter::become_ids(uid, gid, groups).unwrap_or_else(|e| die(e));
 }
 
 fn enter(args: &Args) {
-    if let Some(cg) = &args.cgroup {
-        std::fs::write(cg.join("cgroup.procs"), "0")
-            .unwrap_or_else(|e| die(format!("join cgroup {}: {e}", cg.display())));
-    }
-    if let Some(ns) = &args.netns {
-        let f =
-            std::fs::File::open(ns).unwrap_or_else(|e| die(format!("open {}: {e}", ns.display())));
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| die(format!("setns: {e}")));
-    }
+    capture_tests::enter::join_pod(args.cgroup.as_deref(), args.netns.as_deref())
+        .unwrap_or_else(|e| die(e));
 }
 
 fn drop_privileges(args: &Args) {

@@ -1,0 +1,426 @@
+//! `cargo xtask bench`: capture's cost against the iptables path and against no capture at all,
+//! measured side by side, interleaved, in rounds, on this machine.
+//!
+//! Each mode gets its own pod (netns + cgroup) wired to a remote netns; the same proxy and the
+//! same load generator run in every mode. The limit (`none`) has no capture: the client dials
+//! the proxy's listener directly.
+
+pub mod report;
+pub mod roles;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+
+use self::roles::{LoadResult, Workload};
+use crate::{
+    guards::ChildGuard,
+    probe::Who,
+    topology::{Topology, POD_IP4},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// No capture: the client dials the proxy directly (the limit).
+    None,
+    Iptables,
+    Ebpf,
+}
+
+impl Mode {
+    pub const ALL: [Self; 3] = [Self::None, Self::Iptables, Self::Ebpf];
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Iptables => "iptables",
+            Self::Ebpf => "ebpf",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Proxy {
+    /// A minimal echo listener: the cost of capture itself.
+    Echo,
+    /// Reads SO_ORIGINAL_DST and connects upstream (Envoy's outbound shape).
+    Forward,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Cell {
+    pub workload: Workload,
+    pub concurrency: usize,
+    pub inbound: bool,
+    pub proxy: Proxy,
+}
+
+impl Cell {
+    #[must_use]
+    pub fn label(&self) -> String {
+        let w = match self.workload {
+            Workload::Crr => "connect+rr+close",
+            Workload::Rr => "persistent rr",
+            Workload::Stream => "stream",
+        };
+        let dir = if self.inbound { "inbound" } else { "outbound" };
+        format!("{dir} {w} c{} ({:?} proxy)", self.concurrency, self.proxy).to_lowercase()
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    pub round: usize,
+    pub mode: Mode,
+    pub load: LoadResult,
+    /// CPU time of the whole machine per operation, microseconds (from /proc/stat).
+    pub cpu_us_per_op: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CellResult {
+    pub cell: Cell,
+    pub label: String,
+    pub samples: Vec<Sample>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AttachScale {
+    pub mode: String,
+    pub pods: usize,
+    /// Attach latency in milliseconds, in attach order.
+    pub latencies_ms: Vec<f64>,
+    /// Kernel memory (MemAvailable drop) per attached pod, KiB.
+    pub kib_per_pod: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Results {
+    pub kernel: String,
+    pub cpus: usize,
+    pub quick: bool,
+    pub rounds: usize,
+    pub seconds_per_sample: f64,
+    pub cells: Vec<CellResult>,
+    /// Conntrack entries in each mode's pod netns after the runs.
+    pub conntrack_entries: Vec<(Mode, u64)>,
+    pub attach: Vec<AttachScale>,
+}
+
+pub struct Options {
+    pub quick: bool,
+    pub out: PathBuf,
+}
+
+fn bench_bin() -> PathBuf {
+    crate::built_binary("capture-bench", "CAPTURE_BENCH_BIN")
+}
+
+/// A role process of this binary, entered into a pod (or netns) as `who`.
+fn role(
+    netns: &std::path::Path,
+    cgroup: Option<&std::path::Path>,
+    who: &Who,
+    args: &[String],
+) -> Command {
+    let mut cmd = Command::new(bench_bin());
+    cmd.arg("role").arg("--netns").arg(netns);
+    if let Some(cg) = cgroup {
+        cmd.arg("--cgroup").arg(cg);
+    }
+    cmd.args(["--uid", &who.uid.to_string(), "--gid", &who.gid.to_string()])
+        .args(args);
+    cmd
+}
+
+/// One pod in one mode with one proxy, and its servers.
+struct Bed {
+    mode: Mode,
+    topo: Topology,
+    _servers: Vec<ChildGuard>,
+}
+
+impl Bed {
+    fn new(mode: Mode, proxy: Proxy) -> Self {
+        let topo = Topology::new();
+        // Connection churn at these rates would otherwise run out of ephemeral ports in TIME_WAIT
+        // within seconds, in every mode alike; conntrack's own entries are what iptables costs.
+        for ns in [&topo.pod.netns.name, &topo.remote.name] {
+            for kv in [
+                "net.ipv4.tcp_tw_reuse=1",
+                "net.ipv4.ip_local_port_range=1024 65000",
+            ] {
+                crate::guards::run(
+                    Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]),
+                );
+            }
+        }
+        if mode != Mode::None {
+            topo.attach(&["--mode", mode.name()]);
+        }
+        let mut servers = Vec::new();
+        let upstream = role(
+            &topo.remote.path(),
+            None,
+            &Who::new(0, 0),
+            &["echo".into(), "--listen".into(), "0.0.0.0:80".into()],
+        );
+        servers.push(ChildGuard::spawn_ready(&mut { upstream }));
+        let proxy_args: Vec<String> = match proxy {
+            Proxy::Echo => [
+                "echo",
+                "--listen",
+                "0.0.0.0:15001",
+                "--listen",
+                "0.0.0.0:15006",
+            ]
+            .map(String::from)
+            .to_vec(),
+            Proxy::Forward => [
+                "forward",
+                "--listen",
+                "0.0.0.0:15001",
+                "--default-upstream",
+                "10.0.0.5:80",
+            ]
+            .map(String::from)
+            .to_vec(),
+        };
+        let mut p = role(
+            &topo.pod.netns.path(),
+            Some(&topo.pod.cgroup.path),
+            &Who::proxy(),
+            &proxy_args,
+        );
+        servers.push(ChildGuard::spawn_ready(&mut p));
+        Self {
+            mode,
+            topo,
+            _servers: servers,
+        }
+    }
+
+    fn target(&self, cell: &Cell) -> SocketAddr {
+        let s = match (self.mode, cell.inbound) {
+            (Mode::None, false) => "127.0.0.1:15001".to_string(),
+            (_, false) => "10.0.0.5:80".to_string(),
+            (Mode::None, true) => format!("{POD_IP4}:15006"),
+            (_, true) => format!("{POD_IP4}:8080"),
+        };
+        s.parse().expect("address")
+    }
+
+    fn run(&self, cell: &Cell, warmup: Duration, duration: Duration) -> (LoadResult, f64) {
+        let mut args: Vec<String> = vec!["load".into(), "--workload".into()];
+        args.push(format!("{:?}", cell.workload).to_lowercase());
+        args.extend([
+            "--target".into(),
+            self.target(cell).to_string(),
+            "--concurrency".into(),
+            cell.concurrency.to_string(),
+        ]);
+        args.extend([
+            "--warmup-ms".into(),
+            warmup.as_millis().to_string(),
+            "--duration-ms".into(),
+            duration.as_millis().to_string(),
+        ]);
+        let mut cmd = if cell.inbound {
+            role(&self.topo.remote.path(), None, &Who::new(0, 0), &args)
+        } else {
+            role(
+                &self.topo.pod.netns.path(),
+                Some(&self.topo.pod.cgroup.path),
+                &Who::app(),
+                &args,
+            )
+        };
+        let cpu0 = cpu_jiffies();
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("load generator");
+        let cpu1 = cpu_jiffies();
+        assert!(out.status.success(), "load generator failed");
+        let load: LoadResult = serde_json::from_slice(&out.stdout).expect("load result");
+        // The busy time covers warm-up and the measured window; scale to the measured part.
+        let busy_s = (cpu1 - cpu0) as f64 / clock_ticks()
+            * (load.seconds / (load.seconds + warmup.as_secs_f64()));
+        let per_op = if load.ops == 0 {
+            0.0
+        } else {
+            busy_s * 1e6 / load.ops as f64
+        };
+        (load, per_op)
+    }
+
+    fn conntrack_entries(&self) -> u64 {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", self.topo.pod.netns.path().display()))
+            .args(["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
+            .output();
+        out.ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// Busy jiffies of the whole machine (user+nice+system+irq+softirq+steal).
+fn cpu_jiffies() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or_default();
+    let f: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    [0, 1, 2, 5, 6, 7].iter().filter_map(|i| f.get(*i)).sum()
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
+}
+
+fn cells(concurrency: usize) -> Vec<Cell> {
+    let c = |workload, concurrency, inbound, proxy| Cell {
+        workload,
+        concurrency,
+        inbound,
+        proxy,
+    };
+    vec![
+        c(Workload::Crr, 1, false, Proxy::Echo),
+        c(Workload::Crr, concurrency, false, Proxy::Echo),
+        c(Workload::Rr, 1, false, Proxy::Echo),
+        c(Workload::Stream, 1, false, Proxy::Echo),
+        c(Workload::Crr, 1, true, Proxy::Echo),
+        c(Workload::Crr, 1, false, Proxy::Forward),
+        c(Workload::Crr, concurrency, false, Proxy::Forward),
+        c(Workload::Rr, 1, false, Proxy::Forward),
+    ]
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Attach latency and kernel memory as the node fills up with pods.
+fn attach_scale(mode: Mode, pods: usize) -> AttachScale {
+    let first = Topology::new();
+    let mut topos = vec![first];
+    for _ in 1..pods {
+        topos.push(Topology::with_dirs(topos[0].dirs.shared()));
+    }
+    let before = mem_available_kib();
+    let mut latencies_ms = Vec::with_capacity(pods);
+    for t in &topos {
+        let start = Instant::now();
+        t.attach(&["--mode", mode.name()]);
+        latencies_ms.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let after = mem_available_kib();
+    AttachScale {
+        mode: mode.name().into(),
+        pods,
+        latencies_ms,
+        kib_per_pod: before.saturating_sub(after) as f64 / pods as f64,
+    }
+}
+
+/// Runs the whole benchmark and writes results.json, benchmarks.md and the chart.
+pub fn run(opts: &Options) -> Results {
+    crate::require_root();
+    let (rounds, seconds, concurrency, pods) = if opts.quick {
+        (3, 0.6, 8, 40)
+    } else {
+        (5, 3.0, 8, 1000)
+    };
+    let warmup = Duration::from_millis(if opts.quick { 150 } else { 500 });
+    let duration = Duration::from_secs_f64(seconds);
+    let cells = cells(concurrency);
+    let mut results: Vec<CellResult> = cells
+        .iter()
+        .map(|c| CellResult {
+            cell: *c,
+            label: c.label(),
+            samples: Vec::new(),
+        })
+        .collect();
+    let mut conntrack = Vec::new();
+    for proxy in [Proxy::Echo, Proxy::Forward] {
+        eprintln!("bench: setting up the {proxy:?} proxy in three pods (none, iptables, ebpf)");
+        let beds: Vec<Bed> = Mode::ALL.iter().map(|m| Bed::new(*m, proxy)).collect();
+        for round in 0..rounds {
+            for (i, cell) in cells.iter().enumerate().filter(|(_, c)| c.proxy == proxy) {
+                // Interleaved: the modes' order rotates every round and cell.
+                for k in 0..beds.len() {
+                    let bed = &beds[(round + i + k) % beds.len()];
+                    let (load, cpu) = bed.run(cell, warmup, duration);
+                    eprintln!(
+                        "bench: round {round} {:<48} {:<8} {:>10.0} ops/s  p50 {:>6.0}us  cpu/op {:>6.1}us",
+                        cell.label(),
+                        bed.mode.name(),
+                        load.ops as f64 / load.seconds,
+                        load.p50_us,
+                        cpu
+                    );
+                    results[i].samples.push(Sample {
+                        round,
+                        mode: bed.mode,
+                        load,
+                        cpu_us_per_op: cpu,
+                    });
+                }
+            }
+        }
+        if proxy == Proxy::Echo {
+            conntrack = beds
+                .iter()
+                .map(|b| (b.mode, b.conntrack_entries()))
+                .collect();
+        }
+    }
+    eprintln!("bench: attaching {pods} pods per backend");
+    let attach = [Mode::Ebpf, Mode::Iptables]
+        .iter()
+        .map(|m| {
+            attach_scale(
+                *m,
+                if *m == Mode::Iptables {
+                    pods.min(200)
+                } else {
+                    pods
+                },
+            )
+        })
+        .collect();
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let results = Results {
+        kernel,
+        cpus: std::thread::available_parallelism().map_or(1, usize::from),
+        quick: opts.quick,
+        rounds,
+        seconds_per_sample: seconds,
+        cells: results,
+        conntrack_entries: conntrack,
+        attach,
+    };
+    report::write(&results, &opts.out);
+    results
+}

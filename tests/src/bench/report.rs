@@ -1,0 +1,384 @@
+//! The benchmark's outputs: results.json (every sample), benchmarks.md (medians, spread, ratios,
+//! the targets) and benchmarks.svg (throughput relative to no capture).
+
+use std::{fmt::Write as _, path::Path};
+
+use super::{roles::Workload, CellResult, Mode, Results};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Per-mode medians of one cell.
+#[derive(Clone, Copy, Default)]
+pub struct Summary {
+    pub rate: f64,
+    pub rate_min: f64,
+    pub rate_max: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub cpu: f64,
+}
+
+#[must_use]
+pub fn summarize(cell: &CellResult, mode: Mode) -> Summary {
+    let s: Vec<_> = cell.samples.iter().filter(|s| s.mode == mode).collect();
+    let rate = |x: &&super::Sample| {
+        let per_s = if cell.cell.workload == Workload::Stream {
+            x.load.bytes as f64 / 1e6
+        } else {
+            x.load.ops as f64
+        };
+        per_s / x.load.seconds
+    };
+    let rates: Vec<f64> = s.iter().map(rate).collect();
+    Summary {
+        rate: median(rates.clone()),
+        rate_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        rate_max: rates.iter().copied().fold(0.0, f64::max),
+        p50: median(s.iter().map(|x| x.load.p50_us).collect()),
+        p99: median(s.iter().map(|x| x.load.p99_us).collect()),
+        p999: median(s.iter().map(|x| x.load.p999_us).collect()),
+        cpu: median(s.iter().map(|x| x.cpu_us_per_op).collect()),
+    }
+}
+
+fn unit(cell: &CellResult) -> &'static str {
+    if cell.cell.workload == Workload::Stream {
+        "MB/s"
+    } else {
+        "ops/s"
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
+
+/// The markdown report.
+#[must_use]
+pub fn markdown(r: &Results) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "# Benchmarks\n");
+    let _ = writeln!(
+        o,
+        "Produced by `cargo xtask bench{}` on kernel {}, {} CPUs: {} rounds of {:.1} s per sample, the three modes interleaved (their order rotates every round), warm-up discarded. Medians over rounds; the range is min..max. CPU is the whole machine's busy time per operation (from /proc/stat), so it includes the proxy and the client.\n",
+        if r.quick { " --quick" } else { "" },
+        r.kernel,
+        r.cpus,
+        r.rounds,
+        r.seconds_per_sample
+    );
+    let _ = writeln!(o, "![throughput relative to no capture](benchmarks.svg)\n");
+    let _ = writeln!(o, "| workload | mode | rate | range | p50 µs | p99 µs | p99.9 µs | CPU µs/op | vs none | vs iptables |");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    for cell in &r.cells {
+        let none = summarize(cell, Mode::None);
+        let ipt = summarize(cell, Mode::Iptables);
+        for mode in Mode::ALL {
+            let s = summarize(cell, mode);
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.0} {} | {:.0}..{:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2}x | {} |",
+                cell.label,
+                mode.name(),
+                s.rate,
+                unit(cell),
+                s.rate_min,
+                s.rate_max,
+                s.p50,
+                s.p99,
+                s.p999,
+                s.cpu,
+                ratio(s.rate, none.rate),
+                if mode == Mode::Ebpf { format!("{:.2}x", ratio(s.rate, ipt.rate)) } else { "".into() }
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nConntrack entries left in each pod after the echo runs: {}.\n",
+        r.conntrack_entries
+            .iter()
+            .map(|(m, n)| format!("{} {n}", m.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(o, "## Attaching pods\n");
+    let _ = writeln!(
+        o,
+        "| backend | pods | p50 ms | pod 10 ms | last pods ms | kernel memory per pod |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|");
+    for a in &r.attach {
+        let (p10, last) = scale_points(&a.latencies_ms);
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} KiB |",
+            a.mode,
+            a.pods,
+            median(a.latencies_ms.clone()),
+            p10,
+            last,
+            a.kib_per_pod
+        );
+    }
+    let _ = writeln!(o, "\nAttach latency is `capture attach` end to end (a process per pod: parse, open the netns and cgroup, load-or-adopt, link, record), as the CNI path pays it. Memory is the drop in MemAvailable while attaching, per pod: coarse, and it includes page-cache noise.\n");
+    let _ = writeln!(o, "## Targets\n");
+    for (what, ok) in targets(r) {
+        let _ = writeln!(o, "- [{}] {what}", if ok { "x" } else { " " });
+    }
+    o
+}
+
+/// Median of the pods around the 10th and of the last tenth.
+fn scale_points(l: &[f64]) -> (f64, f64) {
+    if l.is_empty() {
+        return (0.0, 0.0);
+    }
+    let around10 = l.iter().skip(5).take(10).copied().collect::<Vec<_>>();
+    let tail = (l.len() / 10).max(1);
+    (median(around10), median(l[l.len() - tail..].to_vec()))
+}
+
+fn cell(
+    r: &Results,
+    w: Workload,
+    inbound: bool,
+    proxy: super::Proxy,
+    min_c: usize,
+) -> Option<&CellResult> {
+    r.cells.iter().find(|c| {
+        c.cell.workload == w
+            && c.cell.inbound == inbound
+            && c.cell.proxy == proxy
+            && c.cell.concurrency >= min_c
+    })
+}
+
+/// The targets, each with its measured value and whether it is met.
+#[must_use]
+pub fn targets(r: &Results) -> Vec<(String, bool)> {
+    let mut t = Vec::new();
+    let echo = super::Proxy::Echo;
+    if let Some(c) = cell(r, Workload::Crr, false, echo, 1) {
+        let (e, n) = (summarize(c, Mode::Ebpf).rate, summarize(c, Mode::None).rate);
+        t.push((
+            format!(
+                "ebpf connection rate ≥ 0.95x the limit ({}): {:.2}x",
+                c.label,
+                ratio(e, n)
+            ),
+            ratio(e, n) >= 0.95,
+        ));
+    }
+    if let Some(c) = r
+        .cells
+        .iter()
+        .filter(|c| c.cell.workload == Workload::Crr && !c.cell.inbound && c.cell.proxy == echo)
+        .max_by_key(|c| c.cell.concurrency)
+    {
+        let (e, i) = (
+            summarize(c, Mode::Ebpf).rate,
+            summarize(c, Mode::Iptables).rate,
+        );
+        t.push((
+            format!(
+                "ebpf ≥ 2x iptables under connection churn ({}): {:.2}x",
+                c.label,
+                ratio(e, i)
+            ),
+            ratio(e, i) >= 2.0,
+        ));
+        let (ec, ic) = (
+            summarize(c, Mode::Ebpf).cpu,
+            summarize(c, Mode::Iptables).cpu,
+        );
+        t.push((
+            format!(
+                "ebpf CPU per connection ≤ 0.8x iptables ({}): {:.2}x",
+                c.label,
+                ratio(ec, ic)
+            ),
+            ratio(ec, ic) <= 0.8,
+        ));
+    }
+    for w in [Workload::Rr, Workload::Stream] {
+        if let Some(c) = cell(r, w, false, echo, 1) {
+            let (e, n) = (summarize(c, Mode::Ebpf).rate, summarize(c, Mode::None).rate);
+            t.push((
+                format!("ebpf {} ≥ 0.98x the limit: {:.2}x", c.label, ratio(e, n)),
+                ratio(e, n) >= 0.98,
+            ));
+        }
+    }
+    if let Some(a) = r.attach.iter().find(|a| a.mode == "ebpf") {
+        let p50 = median(a.latencies_ms.clone());
+        t.push((format!("ebpf attach p50 ≤ 5 ms: {p50:.2} ms"), p50 <= 5.0));
+        let (p10, last) = scale_points(&a.latencies_ms);
+        t.push((
+            format!(
+                "attach at pod {} within 1.2x of pod 10: {:.2}x",
+                a.pods,
+                ratio(last, p10)
+            ),
+            ratio(last, p10) <= 1.2,
+        ));
+        t.push((
+            format!("≤ 64 KiB kernel memory per pod: {:.1} KiB", a.kib_per_pod),
+            a.kib_per_pod <= 64.0,
+        ));
+    }
+    t
+}
+
+/// Throughput of each mode relative to no capture, one group of bars per workload.
+#[must_use]
+pub fn svg(r: &Results) -> String {
+    let (w, row_h, left) = (760.0, 26.0, 300.0);
+    let h = 60.0 + row_h * r.cells.len() as f64 * 1.0 + 30.0;
+    let mut o = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n");
+    let _ = writeln!(o, "<text x=\"10\" y=\"20\" font-size=\"14\">Throughput relative to no capture (1.0 = the limit)</text>");
+    let colors = [(Mode::Iptables, "#d62728"), (Mode::Ebpf, "#1f77b4")];
+    for (i, (m, c)) in colors.iter().enumerate() {
+        let _ = writeln!(o, "<rect x=\"{}\" y=\"30\" width=\"10\" height=\"10\" fill=\"{c}\"/><text x=\"{}\" y=\"39\">{}</text>", left + i as f64 * 90.0, left + 14.0 + i as f64 * 90.0, m.name());
+    }
+    let scale = (w - left - 40.0) / 1.2;
+    let x1 = left + scale;
+    let _ = writeln!(o, "<line x1=\"{x1}\" y1=\"45\" x2=\"{x1}\" y2=\"{}\" stroke=\"#888\" stroke-dasharray=\"4\"/>", h - 20.0);
+    for (row, cell) in r.cells.iter().enumerate() {
+        let y = 55.0 + row as f64 * row_h;
+        let none = summarize(cell, Mode::None).rate;
+        let _ = writeln!(o, "<text x=\"5\" y=\"{}\">{}</text>", y + 14.0, cell.label);
+        for (k, (m, c)) in colors.iter().enumerate() {
+            let rel = ratio(summarize(cell, *m).rate, none).min(1.2);
+            let _ = writeln!(
+                o,
+                "<rect x=\"{left}\" y=\"{}\" width=\"{:.1}\" height=\"10\" fill=\"{c}\"/><text x=\"{:.1}\" y=\"{}\">{rel:.2}</text>",
+                y + k as f64 * 11.0,
+                rel * scale,
+                left + rel * scale + 3.0,
+                y + 9.0 + k as f64 * 11.0
+            );
+        }
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// Writes results.json, benchmarks.md and benchmarks.svg into `dir`.
+pub fn write(r: &Results, dir: &Path) {
+    std::fs::create_dir_all(dir).expect("output directory");
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_vec_pretty(r).expect("serialise"),
+    )
+    .expect("results.json");
+    std::fs::write(dir.join("benchmarks.md"), markdown(r)).expect("benchmarks.md");
+    std::fs::write(dir.join("benchmarks.svg"), svg(r)).expect("benchmarks.svg");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{roles::LoadResult, AttachScale, Cell, CellResult, Proxy, Sample};
+
+    fn sample(round: usize, mode: Mode, ops: u64, cpu: f64) -> Sample {
+        Sample {
+            round,
+            mode,
+            load: LoadResult {
+                ops,
+                seconds: 1.0,
+                p50_us: 10.0,
+                ..LoadResult::default()
+            },
+            cpu_us_per_op: cpu,
+        }
+    }
+
+    fn results() -> Results {
+        let cell = Cell {
+            workload: Workload::Crr,
+            concurrency: 8,
+            inbound: false,
+            proxy: Proxy::Echo,
+        };
+        let samples = vec![
+            sample(0, Mode::None, 1000, 10.0),
+            sample(1, Mode::None, 3000, 10.0),
+            sample(2, Mode::None, 2000, 10.0),
+            sample(0, Mode::Iptables, 500, 20.0),
+            sample(1, Mode::Iptables, 700, 20.0),
+            sample(2, Mode::Iptables, 600, 20.0),
+            sample(0, Mode::Ebpf, 1900, 12.0),
+            sample(1, Mode::Ebpf, 2000, 12.0),
+            sample(2, Mode::Ebpf, 2100, 12.0),
+        ];
+        Results {
+            kernel: "test".into(),
+            cpus: 2,
+            quick: true,
+            rounds: 3,
+            seconds_per_sample: 1.0,
+            cells: vec![CellResult {
+                label: cell.label(),
+                cell,
+                samples,
+            }],
+            conntrack_entries: vec![(Mode::Iptables, 42)],
+            attach: vec![AttachScale {
+                mode: "ebpf".into(),
+                pods: 100,
+                latencies_ms: (0..100).map(|i| 1.0 + f64::from(i) / 1000.0).collect(),
+                kib_per_pod: 10.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn medians_ratios_and_targets() {
+        let r = results();
+        let none = summarize(&r.cells[0], Mode::None);
+        assert!(
+            (none.rate - 2000.0).abs() < 1e-9
+                && (none.rate_min - 1000.0).abs() < 1e-9
+                && (none.rate_max - 3000.0).abs() < 1e-9
+        );
+        let t = targets(&r);
+        let find = |needle: &str| {
+            t.iter()
+                .find(|(w, _)| w.contains(needle))
+                .unwrap_or_else(|| panic!("{needle} in {t:?}"))
+                .1
+        };
+        assert!(find("connection rate"), "2000/2000 ≥ 0.95");
+        assert!(find("≥ 2x iptables"), "2000/600 ≥ 2");
+        assert!(find("CPU per connection"), "12/20 ≤ 0.8");
+        assert!(find("attach p50"));
+        assert!(find("within 1.2x"));
+        assert!(find("KiB kernel memory"));
+        let md = markdown(&r);
+        assert!(
+            md.contains("| outbound connect+rr+close c8 (echo proxy) | ebpf | 2000 ops/s |"),
+            "{md}"
+        );
+        assert!(md.contains("iptables 42"));
+        let svg = svg(&r);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    }
+}

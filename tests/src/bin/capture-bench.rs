@@ -1,0 +1,111 @@
+//! `capture-bench`: the benchmark driver (`run`) and its roles (`role …`, run inside pods).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use capture_tests::bench::{self, roles};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the benchmark and write results.json, benchmarks.md and benchmarks.svg.
+    Run {
+        /// A short run (under two minutes) for a quick check.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
+    /// One process of the benchmark, entered into a pod.
+    Role {
+        #[arg(long)]
+        netns: PathBuf,
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        #[arg(long)]
+        uid: u32,
+        #[arg(long)]
+        gid: u32,
+        #[command(subcommand)]
+        what: Role,
+    },
+}
+
+#[derive(Subcommand)]
+enum Role {
+    Echo {
+        #[arg(long, required = true)]
+        listen: Vec<SocketAddr>,
+    },
+    Forward {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        default_upstream: SocketAddr,
+    },
+    Load {
+        #[arg(long, value_enum)]
+        workload: roles::Workload,
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long)]
+        concurrency: usize,
+        #[arg(long)]
+        warmup_ms: u64,
+        #[arg(long)]
+        duration_ms: u64,
+    },
+}
+
+fn main() {
+    match Args::parse().cmd {
+        Cmd::Run { quick, out } => {
+            let results = bench::run(&bench::Options {
+                quick,
+                out: out.clone(),
+            });
+            for (what, ok) in bench::report::targets(&results) {
+                println!("[{}] {what}", if ok { "met" } else { "NOT met" });
+            }
+            println!("wrote {}", out.display());
+        }
+        Cmd::Role {
+            netns,
+            cgroup,
+            uid,
+            gid,
+            what,
+        } => {
+            capture_tests::enter::join_pod(cgroup.as_deref(), Some(&netns)).expect("enter the pod");
+            capture_tests::enter::become_ids(uid, gid, &[]).expect("become the role's identity");
+            match what {
+                Role::Echo { listen } => roles::echo(&listen, 8),
+                Role::Forward {
+                    listen,
+                    default_upstream,
+                } => roles::forward(listen, default_upstream, 8),
+                Role::Load {
+                    workload,
+                    target,
+                    concurrency,
+                    warmup_ms,
+                    duration_ms,
+                } => {
+                    let r = roles::load(
+                        workload,
+                        target,
+                        concurrency,
+                        Duration::from_millis(warmup_ms),
+                        Duration::from_millis(duration_ms),
+                    );
+                    println!("{}", serde_json::to_string(&r).expect("serialise"));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Entering a pod the way a container's process does: its cgroup, its netns, its identity.
+//! Shared by the probe and the benchmark's roles.
+
+use std::{io, path::Path};
+
+/// Moves this process into the cgroup, then this thread into the netns.
+pub fn join_pod(cgroup: Option<&Path>, netns: Option<&Path>) -> io::Result<()> {
+    if let Some(cg) = cgroup {
+        std::fs::write(cg.join("cgroup.procs"), "0")
+            .map_err(|e| io::Error::new(e.kind(), format!("join cgroup {}: {e}", cg.display())))?;
+    }
+    if let Some(ns) = netns {
+        let f = std::fs::File::open(ns)
+            .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", ns.display())))?;
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| io::Error::other(format!("setns {}: {e}", ns.display())))?;
+    }
+    Ok(())
+}
+
+fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+    }
+}
+
+/// setresgid/setresuid keeping the saved ids root, so a later switch is still possible.
+pub fn become_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    // SAFETY: plain credential syscalls.
+    unsafe {
+        check(libc::setresuid(0, 0, 0), "setresuid(0)")?;
+        check(libc::setgroups(groups.len(), groups.as_ptr()), "setgroups")?;
+        check(libc::setresgid(gid, gid, 0), "setresgid")?;
+        check(libc::setresuid(uid, uid, 0), "setresuid")
+    }
+}
