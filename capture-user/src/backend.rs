@@ -42,14 +42,10 @@ pub trait Backend {
 }
 
 /// The backend for `mode`, ready to attach: the ebpf one loads the node's programs if this node
-/// has none yet (`ebpf_pods` is how many pods use the pinned ones).
-pub fn for_attach(
-    paths: &Paths,
-    mode: Mode,
-    ebpf_pods: usize,
-) -> Result<Box<dyn Backend>, BackendError> {
+/// has none yet.
+pub fn for_attach(paths: &Paths, mode: Mode) -> Result<Box<dyn Backend>, BackendError> {
     Ok(match mode {
-        Mode::Ebpf => Box::new(EbpfBackend::open(paths, ebpf_pods)?),
+        Mode::Ebpf => Box::new(EbpfBackend::open(paths)?),
         Mode::Iptables => Box::new(IptablesBackend),
     })
 }

@@ -83,10 +83,10 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     paths.prepare()?;
     let _lock = lock(paths)?;
     let netns_cookie = netns.cookie()?;
-    let records = record::load_all(paths)?;
-    if let Some(existing) = records.iter().find(|r| r.netns_cookie == netns_cookie) {
+    // One record read, not all of them: attach must not slow down as the node fills up.
+    if let Some(existing) = record::load(paths, netns_cookie)? {
         if existing.config == config && existing.cgroup == req.cgroup && existing.mode == mode {
-            return Ok(existing.clone());
+            return Ok(existing);
         }
         return Err(Error::AlreadyAttached {
             netns: req.netns.clone(),
@@ -109,8 +109,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     if record.config.pod_ip6.is_some() {
         crate::netns::add_inbound_passthrough_v6(&req.netns)?;
     }
-    let ebpf_pods = records.iter().filter(|r| r.mode == Mode::Ebpf).count();
-    let mut backend = backend::for_attach(paths, mode, ebpf_pods)?;
+    let mut backend = backend::for_attach(paths, mode)?;
     let target = PodTarget {
         netns_cookie,
         netns_path: &req.netns,

@@ -89,6 +89,23 @@ pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
     }
 }
 
+/// One pod's record, if it has one.
+pub fn load(paths: &Paths, netns_cookie: u64) -> Result<Option<PodRecord>, RecordError> {
+    let path = paths.record_path(netns_cookie);
+    match fs::read(&path) {
+        Ok(data) => serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|source| RecordError::Parse { path, source }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(RecordError::Io { path, source }),
+    }
+}
+
+/// How many pods use `mode` (reads every record: for the rare callers that need it).
+pub fn count_mode(paths: &Paths, mode: Mode) -> Result<usize, RecordError> {
+    Ok(load_all(paths)?.iter().filter(|r| r.mode == mode).count())
+}
+
 /// Every pod record, oldest first.
 pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
     let dir = paths.records_dir();

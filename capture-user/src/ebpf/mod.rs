@@ -45,8 +45,8 @@ pub struct EbpfBackend {
 
 impl EbpfBackend {
     /// Opens (or first loads) the node's programs. The caller holds the node lock.
-    pub fn open(paths: &Paths, attached_pods: usize) -> Result<Self, EbpfError> {
-        let node = programs::open_or_load(paths, attached_pods)?;
+    pub fn open(paths: &Paths) -> Result<Self, EbpfError> {
+        let node = programs::open_or_load(paths)?;
         Ok(Self {
             paths: paths.clone(),
             node,
@@ -64,8 +64,11 @@ impl EbpfBackend {
 
     /// Captures one pod. On any failure everything done so far is undone.
     pub fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
-        // Leftovers of an attach that died half-way (no record survived it) go first.
-        self.purge(pod.netns_cookie);
+        // Leftovers of an attach that died half-way (no record survived it) go first. Only then:
+        // the purge walks the node's maps, and attach must not slow down as the node fills up.
+        if self.has_leftovers(pod.netns_cookie) {
+            self.purge(pod.netns_cookie);
+        }
         let result = self.try_attach(pod, cfg);
         if result.is_err() {
             self.purge(pod.netns_cookie);
@@ -115,18 +118,29 @@ impl EbpfBackend {
         Ok(())
     }
 
+    fn has_leftovers(&self, netns_cookie: u64) -> bool {
+        self.paths.pod_links_dir(netns_cookie).exists()
+            || self.node.maps.pod_configs.get(&netns_cookie, 0).is_ok()
+    }
+
     /// Stops capturing one pod: links go first (rewriting stops), then the map entries.
     pub fn detach(&mut self, netns_cookie: u64) {
         self.purge(netns_cookie);
     }
 
-    /// Removes the pod's links (in reverse attach order) and map entries; idempotent.
-    fn purge(&mut self, netns_cookie: u64) {
+    /// Removes the pod's links, in reverse attach order so that steering stops first.
+    fn unlink(&self, netns_cookie: u64) {
         let dir = self.paths.pod_links_dir(netns_cookie);
         for hook in HOOKS.iter().rev() {
             let _ = fs::remove_file(dir.join(hook.program));
         }
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Removes the pod's links and every map entry carrying its cookie, whatever its config was
+    /// (after a partial attach); idempotent. Walks the node's maps.
+    fn purge(&mut self, netns_cookie: u64) {
+        self.unlink(netns_cookie);
         pod_maps::remove(&mut self.node.maps, netns_cookie);
     }
 
@@ -181,14 +195,7 @@ pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
             source,
         }
     })?;
-    let pods = crate::record::load_all(paths)
-        .map(|r| {
-            r.iter()
-                .filter(|p| p.mode == crate::record::Mode::Ebpf)
-                .count()
-        })
-        .unwrap_or(0);
-    EbpfBackend::open(paths, pods).map(drop)
+    EbpfBackend::open(paths).map(drop)
 }
 
 impl Backend for EbpfBackend {
@@ -197,7 +204,8 @@ impl Backend for EbpfBackend {
     }
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), BackendError> {
-        EbpfBackend::detach(self, record.netns_cookie);
+        self.unlink(record.netns_cookie);
+        pod_maps::remove_exact(&mut self.node.maps, record.netns_cookie, &record.config);
         Ok(())
     }
 

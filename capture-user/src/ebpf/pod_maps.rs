@@ -227,6 +227,32 @@ pub fn install(
         .map_err(write("config".into()))
 }
 
+/// Removes the pod's entries as its config names them: cost proportional to the pod, not to the
+/// node (detach of a recorded pod).
+pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
+    let _ = maps.pod_configs.remove(&netns_cookie);
+    for key in pod_addr_keys(cfg) {
+        let _ = maps.inbound_pods.remove(&key);
+    }
+    for family in [AF_INET, AF_INET6] {
+        let key = capture_common::keys::ListenerKey {
+            netns_cookie,
+            family: u32::from(family),
+            _pad: 0,
+        };
+        let _ = maps.inbound_listeners.remove(&key);
+    }
+    for (list, port) in port_entries(cfg) {
+        let _ = maps
+            .port_lists
+            .remove(&PortKey::new(netns_cookie, list, port));
+    }
+    for (list, net) in cidr_entries(cfg) {
+        let _ = maps.cidr_lists.remove(&cidr_key(netns_cookie, list, &net));
+    }
+    let _ = maps.pod_counters.remove(&netns_cookie);
+}
+
 /// Removes every entry of the pod, whatever its config was (also after a partial install).
 pub fn remove(maps: &mut Maps, netns_cookie: u64) {
     let _ = maps.pod_configs.remove(&netns_cookie);

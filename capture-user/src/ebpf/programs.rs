@@ -364,7 +364,7 @@ struct NodeRecord {
 
 /// Opens the node's programs, loading and pinning them first if this node has none (or only
 /// unused ones from another build). The caller holds the node lock.
-pub fn open_or_load(paths: &Paths, attached_pods: usize) -> Result<NodePrograms, LoadError> {
+pub fn open_or_load(paths: &Paths) -> Result<NodePrograms, LoadError> {
     let id = object_id();
     let record_path = paths.node_record_path();
     let pinned_id = fs::read_to_string(&record_path)
@@ -373,11 +373,14 @@ pub fn open_or_load(paths: &Paths, attached_pods: usize) -> Result<NodePrograms,
         .map(|r| r.object_id);
     let current = all_pinned(paths) && pinned_id.as_deref() == Some(id.as_str());
     if !current {
-        if attached_pods > 0 && all_pinned(paths) {
-            return Err(LoadError::StaleBuild {
-                dir: paths.bpffs.clone(),
-                pods: attached_pods,
-            });
+        if all_pinned(paths) {
+            let pods = crate::record::count_mode(paths, crate::record::Mode::Ebpf).unwrap_or(0);
+            if pods > 0 {
+                return Err(LoadError::StaleBuild {
+                    dir: paths.bpffs.clone(),
+                    pods,
+                });
+            }
         }
         unpin_node(paths);
         if let Err(e) = load_and_pin(paths) {
