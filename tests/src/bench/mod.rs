@@ -101,6 +101,14 @@ pub struct AttachScale {
     pub kib_per_pod: f64,
 }
 
+/// In-kernel cost of one capture program over the ebpf runs (kernel.bpf_stats_enabled).
+#[derive(Clone, Debug, Serialize)]
+pub struct ProgramCost {
+    pub program: String,
+    pub runs: u64,
+    pub ns_per_run: f64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Results {
     pub kernel: String,
@@ -112,6 +120,10 @@ pub struct Results {
     /// Conntrack entries in each mode's pod netns after the runs.
     pub conntrack_entries: Vec<(Mode, u64)>,
     pub attach: Vec<AttachScale>,
+    /// Where the ebpf backend's kernel time goes, over all ebpf runs with the echo proxy.
+    pub program_costs: Vec<ProgramCost>,
+    /// Connections made in those runs (to relate program runs to connections).
+    pub ebpf_echo_connections: u64,
 }
 
 pub struct Options {
@@ -261,6 +273,37 @@ impl Bed {
         (load, per_op)
     }
 
+    /// run_cnt and run_time_ns of this pod's capture programs (its own pinned set).
+    fn program_costs(&self) -> Vec<ProgramCost> {
+        let dir = self.topo.dirs.bpffs.join("programs");
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(o) = Command::new("bpftool")
+                .args(["-j", "prog", "show", "pinned"])
+                .arg(e.path())
+                .output()
+            else {
+                continue;
+            };
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            let (runs, ns) = (
+                v["run_cnt"].as_u64().unwrap_or(0),
+                v["run_time_ns"].as_u64().unwrap_or(0),
+            );
+            out.push(ProgramCost {
+                program: e.file_name().to_string_lossy().into_owned(),
+                runs,
+                ns_per_run: if runs == 0 {
+                    0.0
+                } else {
+                    ns as f64 / runs as f64
+                },
+            });
+        }
+        out.sort_by(|a, b| a.program.cmp(&b.program));
+        out
+    }
+
     fn conntrack_entries(&self) -> u64 {
         let out = Command::new("nsenter")
             .arg(format!("--net={}", self.topo.pod.netns.path().display()))
@@ -361,6 +404,11 @@ pub fn run(opts: &Options) -> Results {
         })
         .collect();
     let mut conntrack = Vec::new();
+    let mut program_costs = Vec::new();
+    // Per-program run counts and times, for the profile of the ebpf path; restored afterwards.
+    const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let bpf_stats_before = std::fs::read_to_string(BPF_STATS).unwrap_or_else(|_| "0".into());
+    let _ = std::fs::write(BPF_STATS, "1");
     for proxy in [Proxy::Echo, Proxy::Forward] {
         eprintln!("bench: setting up the {proxy:?} proxy in three pods (none, iptables, ebpf)");
         let beds: Vec<Bed> = Mode::ALL.iter().map(|m| Bed::new(*m, proxy)).collect();
@@ -392,6 +440,11 @@ pub fn run(opts: &Options) -> Results {
                 .iter()
                 .map(|b| (b.mode, b.conntrack_entries()))
                 .collect();
+            program_costs = beds
+                .iter()
+                .find(|b| b.mode == Mode::Ebpf)
+                .map(|b| b.program_costs())
+                .unwrap_or_default();
         }
     }
     eprintln!("bench: attaching {pods} pods per backend");
@@ -408,6 +461,25 @@ pub fn run(opts: &Options) -> Results {
             )
         })
         .collect();
+    let _ = std::fs::write(BPF_STATS, bpf_stats_before.trim());
+    // Connections in the ebpf echo runs: every connect+rr+close op, one per rr/stream worker.
+    let ebpf_echo_connections = results
+        .iter()
+        .filter(|c| c.cell.proxy == Proxy::Echo)
+        .flat_map(|c| {
+            c.samples
+                .iter()
+                .filter(|s| s.mode == Mode::Ebpf)
+                .map(move |s| (c.cell, s))
+        })
+        .map(|(cell, s)| {
+            if cell.workload == Workload::Crr {
+                s.load.ops
+            } else {
+                cell.concurrency as u64
+            }
+        })
+        .sum();
     let kernel = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -420,6 +492,8 @@ pub fn run(opts: &Options) -> Results {
         cells: results,
         conntrack_entries: conntrack,
         attach,
+        program_costs,
+        ebpf_echo_connections,
     };
     report::write(&results, &opts.out);
     results

@@ -138,6 +138,29 @@ pub fn markdown(r: &Results) -> String {
         );
     }
     let _ = writeln!(o, "\nAttach latency is `capture attach` end to end (a process per pod: parse, open the netns and cgroup, load-or-adopt, link, record), as the CNI path pays it. Memory is the drop in MemAvailable while attaching, per pod: coarse, and it includes page-cache noise.\n");
+    let _ = writeln!(o, "## Where the ebpf path spends its time\n");
+    let _ = writeln!(
+        o,
+        "In-kernel run time of the capture programs over all ebpf runs with the echo proxy (kernel.bpf_stats_enabled), for {} connections (warm-ups included in the runs, not in the count, so per-connection figures are upper bounds):\n",
+        r.ebpf_echo_connections
+    );
+    let _ = writeln!(o, "| program | runs | ns per run | runs per connection |");
+    let _ = writeln!(o, "|---|---|---|---|");
+    let mut per_conn_ns = 0.0;
+    for p in &r.program_costs {
+        let per = ratio(p.runs as f64, r.ebpf_echo_connections as f64);
+        per_conn_ns += per * p.ns_per_run;
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.0} | {:.2} |",
+            p.program, p.runs, p.ns_per_run, per
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nTotal: about {:.2} µs of program time per connection.\n",
+        per_conn_ns / 1000.0
+    );
     let _ = writeln!(o, "## Targets\n");
     for (what, ok) in targets(r) {
         let _ = writeln!(o, "- [{}] {what}", if ok { "x" } else { " " });
@@ -341,6 +364,12 @@ mod tests {
                 samples,
             }],
             conntrack_entries: vec![(Mode::Iptables, 42)],
+            program_costs: vec![crate::bench::ProgramCost {
+                program: "capture_connect4".into(),
+                runs: 6000,
+                ns_per_run: 500.0,
+            }],
+            ebpf_echo_connections: 6000,
             attach: vec![AttachScale {
                 mode: "ebpf".into(),
                 pods: 100,
@@ -378,6 +407,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("iptables 42"));
+        assert!(
+            md.contains("| capture_connect4 | 6000 | 500 | 1.00 |") && md.contains("about 0.50 µs"),
+            "{md}"
+        );
         let svg = svg(&r);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     }
