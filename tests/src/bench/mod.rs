@@ -9,6 +9,7 @@ pub mod report;
 pub mod roles;
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
@@ -101,7 +102,7 @@ pub struct AttachScale {
     pub kib_per_pod: f64,
 }
 
-/// In-kernel cost of one capture program over the ebpf runs (kernel.bpf_stats_enabled).
+/// In-kernel cost of one capture program in the profiling pass (kernel.bpf_stats_enabled).
 #[derive(Clone, Debug, Serialize)]
 pub struct ProgramCost {
     pub program: String,
@@ -120,10 +121,10 @@ pub struct Results {
     /// Conntrack entries in each mode's pod netns after the runs.
     pub conntrack_entries: Vec<(Mode, u64)>,
     pub attach: Vec<AttachScale>,
-    /// Where the ebpf backend's kernel time goes, over all ebpf runs with the echo proxy.
+    /// Where the ebpf backend's kernel time goes: a separate connect+rr+close pass (echo proxy).
     pub program_costs: Vec<ProgramCost>,
-    /// Connections made in those runs (to relate program runs to connections).
-    pub ebpf_echo_connections: u64,
+    /// Connections made in that pass.
+    pub profiled_connections: u64,
 }
 
 pub struct Options {
@@ -273,10 +274,10 @@ impl Bed {
         (load, per_op)
     }
 
-    /// run_cnt and run_time_ns of this pod's capture programs (its own pinned set).
-    fn program_costs(&self) -> Vec<ProgramCost> {
+    /// Cumulative (run_cnt, run_time_ns) of this pod's capture programs (its own pinned set).
+    fn program_counters(&self) -> BTreeMap<String, (u64, u64)> {
         let dir = self.topo.dirs.bpffs.join("programs");
-        let mut out = Vec::new();
+        let mut out = BTreeMap::new();
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let Ok(o) = Command::new("bpftool")
                 .args(["-j", "prog", "show", "pinned"])
@@ -286,22 +287,45 @@ impl Bed {
                 continue;
             };
             let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-            let (runs, ns) = (
-                v["run_cnt"].as_u64().unwrap_or(0),
-                v["run_time_ns"].as_u64().unwrap_or(0),
+            out.insert(
+                e.file_name().to_string_lossy().into_owned(),
+                (
+                    v["run_cnt"].as_u64().unwrap_or(0),
+                    v["run_time_ns"].as_u64().unwrap_or(0),
+                ),
             );
-            out.push(ProgramCost {
-                program: e.file_name().to_string_lossy().into_owned(),
-                runs,
-                ns_per_run: if runs == 0 {
-                    0.0
-                } else {
-                    ns as f64 / runs as f64
-                },
-            });
         }
-        out.sort_by(|a, b| a.program.cmp(&b.program));
         out
+    }
+
+    /// A pass of its own, outside the measured rounds (the kernel's per-run accounting costs
+    /// two clock reads per program run): program runs and time per connection of `cell`.
+    fn profile(&self, cell: &Cell, duration: Duration) -> (Vec<ProgramCost>, u64) {
+        const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+        let before_setting = std::fs::read_to_string(BPF_STATS).unwrap_or_else(|_| "0".into());
+        let _ = std::fs::write(BPF_STATS, "1");
+        let before = self.program_counters();
+        let (load, _) = self.run(cell, Duration::ZERO, duration);
+        let after = self.program_counters();
+        let _ = std::fs::write(BPF_STATS, before_setting.trim());
+        let costs = after
+            .into_iter()
+            .map(|(program, (runs, ns))| {
+                let (runs0, ns0) = before.get(&program).copied().unwrap_or_default();
+                let (runs, ns) = (runs.saturating_sub(runs0), ns.saturating_sub(ns0));
+                ProgramCost {
+                    program,
+                    runs,
+                    ns_per_run: if runs == 0 {
+                        0.0
+                    } else {
+                        ns as f64 / runs as f64
+                    },
+                }
+            })
+            .filter(|c| c.runs > 0)
+            .collect();
+        (costs, load.ops)
     }
 
     fn conntrack_entries(&self) -> u64 {
@@ -404,11 +428,7 @@ pub fn run(opts: &Options) -> Results {
         })
         .collect();
     let mut conntrack = Vec::new();
-    let mut program_costs = Vec::new();
-    // Per-program run counts and times, for the profile of the ebpf path; restored afterwards.
-    const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    let bpf_stats_before = std::fs::read_to_string(BPF_STATS).unwrap_or_else(|_| "0".into());
-    let _ = std::fs::write(BPF_STATS, "1");
+    let mut profile = (Vec::new(), 0);
     for proxy in [Proxy::Echo, Proxy::Forward] {
         eprintln!("bench: setting up the {proxy:?} proxy in three pods (none, iptables, ebpf)");
         let beds: Vec<Bed> = Mode::ALL.iter().map(|m| Bed::new(*m, proxy)).collect();
@@ -440,11 +460,14 @@ pub fn run(opts: &Options) -> Results {
                 .iter()
                 .map(|b| (b.mode, b.conntrack_entries()))
                 .collect();
-            program_costs = beds
+            let profiled = cells
                 .iter()
-                .find(|b| b.mode == Mode::Ebpf)
-                .map(|b| b.program_costs())
-                .unwrap_or_default();
+                .find(|c| c.proxy == proxy && c.workload == Workload::Crr && !c.inbound);
+            if let (Some(bed), Some(cell)) = (beds.iter().find(|b| b.mode == Mode::Ebpf), profiled)
+            {
+                eprintln!("bench: profiling the ebpf programs on {}", cell.label());
+                profile = bed.profile(cell, duration);
+            }
         }
     }
     eprintln!("bench: attaching {pods} pods per backend");
@@ -461,25 +484,6 @@ pub fn run(opts: &Options) -> Results {
             )
         })
         .collect();
-    let _ = std::fs::write(BPF_STATS, bpf_stats_before.trim());
-    // Connections in the ebpf echo runs: every connect+rr+close op, one per rr/stream worker.
-    let ebpf_echo_connections = results
-        .iter()
-        .filter(|c| c.cell.proxy == Proxy::Echo)
-        .flat_map(|c| {
-            c.samples
-                .iter()
-                .filter(|s| s.mode == Mode::Ebpf)
-                .map(move |s| (c.cell, s))
-        })
-        .map(|(cell, s)| {
-            if cell.workload == Workload::Crr {
-                s.load.ops
-            } else {
-                cell.concurrency as u64
-            }
-        })
-        .sum();
     let kernel = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -492,8 +496,8 @@ pub fn run(opts: &Options) -> Results {
         cells: results,
         conntrack_entries: conntrack,
         attach,
-        program_costs,
-        ebpf_echo_connections,
+        program_costs: profile.0,
+        profiled_connections: profile.1,
     };
     report::write(&results, &opts.out);
     results

@@ -141,14 +141,14 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(o, "## Where the ebpf path spends its time\n");
     let _ = writeln!(
         o,
-        "In-kernel run time of the capture programs over all ebpf runs with the echo proxy (kernel.bpf_stats_enabled), for {} connections (warm-ups included in the runs, not in the count, so per-connection figures are upper bounds):\n",
-        r.ebpf_echo_connections
+        "In-kernel run time of the capture programs in a separate pass of {} connections (outbound connect+rr+close, one client, echo proxy, kernel.bpf_stats_enabled on for that pass only). The kernel's accounting adds two clock reads to every run, so these are upper bounds. Programs that did not run are left out.\n",
+        r.profiled_connections
     );
     let _ = writeln!(o, "| program | runs | ns per run | runs per connection |");
     let _ = writeln!(o, "|---|---|---|---|");
     let mut per_conn_ns = 0.0;
     for p in &r.program_costs {
-        let per = ratio(p.runs as f64, r.ebpf_echo_connections as f64);
+        let per = ratio(p.runs as f64, r.profiled_connections as f64);
         per_conn_ns += per * p.ns_per_run;
         let _ = writeln!(
             o,
@@ -374,7 +374,7 @@ mod tests {
                 runs: 6000,
                 ns_per_run: 500.0,
             }],
-            ebpf_echo_connections: 6000,
+            profiled_connections: 6000,
             attach: vec![AttachScale {
                 mode: "ebpf".into(),
                 pods: 100,
