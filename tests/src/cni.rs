@@ -22,6 +22,12 @@ use crate::{
 };
 
 pub const POD_SUBNET: &str = "10.88.0.0/24";
+
+/// The annotation the sidecar injector leaves on a pod with a proxy: what makes capture-cni act.
+pub const MESHED: &[(&str, &str)] = &[(
+    "sidecar.istio.io/status",
+    "{\"containers\":[\"istio-proxy\"]}",
+)];
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 
 /// kubelet's two pod cgroup layouts.

@@ -2,16 +2,11 @@
 //! then capture-cni) run as a runtime runs it, real traffic, fail-closed behaviour, restarts.
 
 use capture_tests::{
-    cni::{CgroupDriver, Node, Pod},
+    cni::{CgroupDriver, Node, Pod, MESHED},
     probe::{connect_with, Outcome},
     topology::{cgroup_programs, pinned_map_len},
 };
 use serde_json::json;
-
-const MESHED: &[(&str, &str)] = &[(
-    "sidecar.istio.io/status",
-    "{\"containers\":[\"istio-proxy\"]}",
-)];
 
 fn code(err: &serde_json::Value) -> Option<u64> {
     err["error"]["code"].as_u64()

@@ -5,6 +5,7 @@
 //! same load generator run in every mode. The limit (`none`) has no capture: the client dials
 //! the proxy's listener directly.
 
+pub mod cni_add;
 pub mod report;
 pub mod roles;
 
@@ -121,6 +122,8 @@ pub struct Results {
     /// Conntrack entries in each mode's pod netns after the runs.
     pub conntrack_entries: Vec<(Mode, u64)>,
     pub attach: Vec<AttachScale>,
+    /// capture-cni ADD through the agent, per backend.
+    pub cni_add: Vec<cni_add::CniAdd>,
     /// Where the ebpf backend's kernel time goes: a separate connect+rr+close pass (echo proxy).
     pub program_costs: Vec<ProgramCost>,
     /// Connections made in that pass.
@@ -495,6 +498,12 @@ pub fn run(opts: &Options) -> Results {
             )
         })
         .collect();
+    let cni_pods = if opts.quick { 10 } else { 100 };
+    eprintln!("bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent");
+    let cni_add = ["ebpf", "iptables"]
+        .iter()
+        .map(|m| cni_add::measure(m, cni_pods))
+        .collect();
     let kernel = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -507,6 +516,7 @@ pub fn run(opts: &Options) -> Results {
         cells: results,
         conntrack_entries: conntrack,
         attach,
+        cni_add,
         program_costs: profile.0,
         profiled_connections: profile.1,
     };

@@ -5,6 +5,16 @@ use std::{fmt::Write as _, path::Path};
 
 use super::{roles::Workload, CellResult, Mode, Results};
 
+/// The value at quantile `q` (nearest rank) of `v`.
+fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -138,6 +148,26 @@ pub fn markdown(r: &Results) -> String {
         );
     }
     let _ = writeln!(o, "\nAttach latency is `capture attach` end to end (a process per pod: parse, open the netns and cgroup, load-or-adopt, link, record), as the CNI path pays it. Kernel memory per pod is the growth of unreclaimable kernel memory (SUnreclaim + Percpu + VmallocUsed in /proc/meminfo) from the first pod to the last, divided by the pods after the first: the first pays the node's one-time program load. It is machine-wide, so other activity on the node shows up in it.\n");
+    let _ = writeln!(o, "## CNI ADD\n");
+    let _ = writeln!(
+        o,
+        "| agent mode | pods | p50 ms | p99 ms | pod 10 ms | last pods ms |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|");
+    for c in &r.cni_add {
+        let (p10, last) = scale_points(&c.latencies_ms);
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            c.mode,
+            c.pods,
+            median(c.latencies_ms.clone()),
+            percentile(c.latencies_ms.clone(), 0.99),
+            p10,
+            last
+        );
+    }
+    let _ = writeln!(o, "\nThe capture-cni step of a chained ADD, from the runtime's exec to the plugin's result: plugin start, the pod's cgroup found from its UID, the request to the agent and the agent's attach. The network plugin's own ADD runs first and is not counted.\n");
     let _ = writeln!(o, "## Where the ebpf path spends its time\n");
     let _ = writeln!(
         o,
@@ -257,6 +287,13 @@ pub fn targets(r: &Results) -> Vec<(String, bool)> {
     if let Some(a) = r.attach.iter().find(|a| a.mode == "ebpf") {
         let p50 = median(a.latencies_ms.clone());
         t.push((format!("ebpf attach p50 ≤ 5 ms: {p50:.2} ms"), p50 <= 5.0));
+        if let Some(c) = r.cni_add.iter().find(|c| c.mode == "ebpf") {
+            let p50 = median(c.latencies_ms.clone());
+            t.push((
+                format!("ebpf CNI ADD p50 ≤ 5 ms (capture-cni through the agent): {p50:.2} ms"),
+                p50 <= 5.0,
+            ));
+        }
         let (p10, last) = scale_points(&a.latencies_ms);
         t.push((
             format!(
@@ -381,6 +418,11 @@ mod tests {
                 latencies_ms: (0..100).map(|i| 1.0 + f64::from(i) / 1000.0).collect(),
                 kib_per_pod: 10.0,
             }],
+            cni_add: vec![crate::bench::cni_add::CniAdd {
+                mode: "ebpf".into(),
+                pods: 100,
+                latencies_ms: (1..=100).map(f64::from).collect(),
+            }],
         }
     }
 
@@ -412,6 +454,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("iptables 42"));
+        assert!(
+            md.contains("| ebpf | 100 | 50.50 | 99.00 | 10.50 | 95.50 |"),
+            "{md}"
+        );
         assert!(
             md.contains("| capture_connect4 | 6000 | 500 | 1.00 |") && md.contains("about 0.50 µs"),
             "{md}"
