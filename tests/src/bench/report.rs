@@ -147,7 +147,7 @@ pub fn markdown(r: &Results) -> String {
             a.kib_per_pod
         );
     }
-    let _ = writeln!(o, "\nAttach latency is `capture attach` end to end (a process per pod: parse, open the netns and cgroup, load-or-adopt, link, record), as the CNI path pays it. Kernel memory per pod is the growth of unreclaimable kernel memory (SUnreclaim + Percpu + VmallocUsed in /proc/meminfo) from the first pod to the last, divided by the pods after the first: the first pays the node's one-time program load. It is machine-wide, so other activity on the node shows up in it.\n");
+    let _ = writeln!(o, "\nAttach latency is `capture attach` end to end (a process per pod: parse, open the netns and cgroup, load-or-adopt, link, record), without the agent; the agent's path is the CNI ADD table below. Kernel memory per pod is the growth of unreclaimable kernel memory (SUnreclaim + Percpu + VmallocUsed in /proc/meminfo) from the first pod to the last, divided by the pods after the first: the first pays the node's one-time program load. It is machine-wide, so other activity on the node shows up in it.\n");
     let _ = writeln!(o, "## CNI ADD\n");
     let _ = writeln!(
         o,
