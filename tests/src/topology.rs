@@ -384,6 +384,16 @@ pub fn cgroup_programs(cgroup: &std::path::Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether any pod's link pins are left under a node's bpffs directory.
+#[must_use]
+pub fn pod_pins_left(bpffs: &std::path::Path) -> bool {
+    bpffs
+        .join("pods")
+        .read_dir()
+        .expect("the node's pods pin directory")
+        .any(|_| true)
+}
+
 /// The number of entries in one of a node's pinned maps.
 #[must_use]
 pub fn pinned_map_len(bpffs: &std::path::Path, map: &str) -> usize {

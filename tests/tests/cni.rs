@@ -4,7 +4,7 @@
 use capture_tests::{
     cni::{CgroupDriver, Node, Pod, MESHED},
     probe::{connect_with, Outcome},
-    topology::{cgroup_programs, pinned_map_len},
+    topology::{cgroup_programs, pinned_map_len, pod_pins_left},
 };
 use serde_json::json;
 
@@ -63,16 +63,7 @@ fn add_captures_pods_and_del_leaves_nothing() {
             "{map} keeps entries after DEL"
         );
     }
-    assert!(
-        !node
-            .dirs
-            .bpffs
-            .join("pods")
-            .read_dir()
-            .unwrap()
-            .any(|_| true),
-        "link pins left"
-    );
+    assert!(!pod_pins_left(&node.dirs.bpffs), "link pins left");
     // DEL is idempotent.
     node.del(&a).expect("second DEL a");
 }

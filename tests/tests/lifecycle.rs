@@ -6,7 +6,7 @@ use std::time::Duration;
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
     probe::{ConnectOpts, Outcome, Who},
-    topology::{cgroup_programs, pinned_map_len, Topology},
+    topology::{cgroup_programs, pinned_map_len, pod_pins_left, Topology},
 };
 
 #[test]
@@ -69,16 +69,7 @@ fn detach_restores_direct_traffic_and_leaves_nothing() {
             "{map} still has entries"
         );
     }
-    assert!(
-        !topo
-            .dirs
-            .bpffs
-            .join("pods")
-            .read_dir()
-            .unwrap()
-            .any(|_| true),
-        "pod link pins left"
-    );
+    assert!(!pod_pins_left(&topo.dirs.bpffs), "pod link pins left");
     assert_eq!(topo.status()["pods"].as_array().unwrap().len(), 0);
 
     // Capture can come back on the same pod.

@@ -7,13 +7,21 @@ use crate::config::{
 };
 
 fn with_mesh(annotations: &[(&str, &str)], mesh: crate::config::MeshDefaults) -> CaptureConfig {
+    pod_config(annotations, &[], mesh)
+}
+
+fn pod_config(
+    annotations: &[(&str, &str)],
+    uids: &[u32],
+    mesh: crate::config::MeshDefaults,
+) -> CaptureConfig {
     CaptureConfig::from_pod(&PodSpec {
         pod_ips: vec!["10.1.0.10".parse().unwrap(), "fd00:1::10".parse().unwrap()],
         annotations: annotations
             .iter()
             .map(|(k, v)| ((*k).into(), (*v).into()))
             .collect::<BTreeMap<_, _>>(),
-        proxy_uids: Vec::new(),
+        proxy_uids: uids.to_vec(),
         proxy_gids: Vec::new(),
         mesh,
     })
@@ -30,17 +38,7 @@ fn dns(nameservers: &[&str], capture_all: bool) -> crate::config::MeshDefaults {
 }
 
 fn config(annotations: &[(&str, &str)], uids: &[u32]) -> CaptureConfig {
-    CaptureConfig::from_pod(&PodSpec {
-        pod_ips: vec!["10.1.0.10".parse().unwrap(), "fd00:1::10".parse().unwrap()],
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
-        proxy_uids: uids.to_vec(),
-        proxy_gids: Vec::new(),
-        mesh: crate::config::MeshDefaults::default(),
-    })
-    .unwrap()
+    pod_config(annotations, uids, crate::config::MeshDefaults::default())
 }
 
 #[test]
