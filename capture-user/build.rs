@@ -1,4 +1,4 @@
-//! Builds the kernel programs (capture-ebpf, nightly, bpfel-unknown-none) and leaves the object in
+//! Builds the kernel programs (capture-ebpf, nightly, bpfel-unknown-none) and leaves the objects in
 //! OUT_DIR for `include_bytes!`. `CAPTURE_SKIP_EBPF_BUILD=1` writes an empty object instead, so that
 //! `cargo check`/clippy work on a machine without bpf-linker; such a binary refuses to load.
 
@@ -13,6 +13,7 @@ fn main() {
         PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     let object = out_dir.join("capture.bpf.o");
+    let netns_cookie_object = out_dir.join("netns-cookie.bpf.o");
     let workspace = manifest_dir.parent().expect("workspace root");
     for dir in ["capture-ebpf/src", "capture-common/src"] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
@@ -29,29 +30,23 @@ fn main() {
     if env::var_os("CAPTURE_SKIP_EBPF_BUILD").is_some_and(|v| v == "1") {
         println!("cargo:warning=CAPTURE_SKIP_EBPF_BUILD=1: the binary carries no kernel programs");
         fs::write(&object, []).expect("write empty object");
+        fs::write(&netns_cookie_object, []).expect("write empty object");
         return;
     }
     build_ebpf(
         &workspace.join("capture-ebpf"),
         &out_dir.join("ebpf-target"),
         &object,
+        &netns_cookie_object,
     );
 }
 
-fn build_ebpf(crate_dir: &Path, target_dir: &Path, object: &Path) {
+fn build_ebpf(crate_dir: &Path, target_dir: &Path, object: &Path, netns_cookie_object: &Path) {
     let mut cmd = Command::new("rustup");
-    cmd.args([
-        "run",
-        "nightly",
-        "cargo",
-        "build",
-        "--release",
-        "--bin",
-        "capture",
-    ])
-    .arg("--target-dir")
-    .arg(target_dir)
-    .current_dir(crate_dir);
+    cmd.args(["run", "nightly", "cargo", "build", "--release", "--bins"])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .current_dir(crate_dir);
     // The outer cargo's toolchain and flags must not leak into the nightly BPF build.
     for key in [
         "RUSTC",
@@ -72,7 +67,9 @@ fn build_ebpf(crate_dir: &Path, target_dir: &Path, object: &Path) {
         status.success(),
         "building capture-ebpf failed ({status}); `cargo xtask setup` installs rust-src and bpf-linker"
     );
-    let built = target_dir.join("bpfel-unknown-none/release/capture");
-    fs::copy(&built, object)
-        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", built.display(), object.display()));
+    for (bin, object) in [("capture", object), ("netns-cookie", netns_cookie_object)] {
+        let built = target_dir.join("bpfel-unknown-none/release").join(bin);
+        fs::copy(&built, object)
+            .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", built.display(), object.display()));
+    }
 }

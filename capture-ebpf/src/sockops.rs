@@ -83,14 +83,27 @@ fn sock(ctx: &SockOpsContext) -> Option<*mut core::ffi::c_void> {
     (!sk.is_null()).then_some(sk.cast())
 }
 
+/// Set by the loader to 0 where sock_ops may not call `bpf_get_netns_cookie` (before Linux
+/// 5.15). It lives in `.rodata`, so the verifier knows its value and never visits the call on
+/// such kernels; one object serves every kernel.
+#[no_mangle]
+static SOCK_OPS_NETNS_COOKIE: u8 = 1;
+
 /// The socket's netns: recorded at creation (or inherited from its listener); for a socket
-/// created before capture was attached, asked of the kernel (Linux 6.0+).
+/// created before capture was attached, asked of the kernel where it can tell. Where it cannot,
+/// 0: no pod has that cookie, so such a socket is left alone (a listener is then not registered
+/// and inbound connections to it are refused, never passed around the proxy).
 #[inline(always)]
 fn netns_of(ctx: &SockOpsContext, state: Option<&SockState>) -> u64 {
     match state {
         Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => s.netns_cookie,
-        // SAFETY: a plain helper call on the program's context.
-        _ => unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+        // SAFETY: a read of a constant the loader may have rewritten; volatile so that the
+        // compiler keeps the read rather than folding in the default.
+        _ if unsafe { core::ptr::read_volatile(&raw const SOCK_OPS_NETNS_COOKIE) } != 0 => {
+            // SAFETY: a plain helper call on the program's context.
+            unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
+        }
+        _ => 0,
     }
 }
 

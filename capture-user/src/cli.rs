@@ -388,6 +388,19 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
             c.detail
         );
     }
+    if let Some(features) = probe.features {
+        let _ = writeln!(
+            out,
+            "  [info] {:<34} {}",
+            "sock_ops netns cookie",
+            if features.sock_ops_netns_cookie {
+                "yes"
+            } else {
+                "no (before Linux 5.15): a listener opened before capture attached is not \
+                 registered, so inbound connections to it are refused"
+            }
+        );
+    }
     let pick = crate::probe::choose(ModeChoice::Auto, probe);
     let _ = writeln!(
         out,

@@ -19,7 +19,7 @@ pub enum NetnsError {
     NotNetns { path: PathBuf },
     #[error("netns {path}: cannot enter it: {source}")]
     Enter { path: PathBuf, source: nix::Error },
-    #[error("netns {path}: the kernel cannot report the netns cookie (SO_NETNS_COOKIE needs Linux 5.14+): {source}")]
+    #[error("netns {path}: cannot learn its netns cookie: {source}")]
     Cookie { path: PathBuf, source: io::Error },
 }
 
@@ -79,13 +79,19 @@ impl Netns {
         })
     }
 
-    /// The kernel's cookie for this netns: what the kernel programs key the pod by.
+    /// The kernel's cookie for this netns: what the kernel programs key the pod by. Asked with
+    /// `SO_NETNS_COOKIE`, or, on kernels without it (before Linux 5.14), of a BPF program.
     pub fn cookie(&self) -> Result<u64, NetnsError> {
-        self.run_in(netns_cookie_here)?
-            .map_err(|source| NetnsError::Cookie {
-                path: self.path.clone(),
-                source,
-            })
+        let cookie = match self.run_in(netns_cookie_here)? {
+            Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
+                crate::ebpf::netns_cookie::netns_cookie(&self.file)
+            }
+            asked => asked,
+        };
+        cookie.map_err(|source| NetnsError::Cookie {
+            path: self.path.clone(),
+            source,
+        })
     }
 }
 
@@ -112,6 +118,19 @@ pub fn add_inbound_passthrough_v6(netns: &Path) -> Result<(), NetnsError> {
             String::from_utf8_lossy(&out.stderr).trim()
         )),
     })
+}
+
+/// How this process learns netns cookies here, for `capture doctor`.
+pub fn describe_cookie_source() -> Result<String, String> {
+    if netns_cookie_here().is_ok() {
+        return Ok("SO_NETNS_COOKIE".into());
+    }
+    let own = Netns::open(Path::new("/proc/self/ns/net")).map_err(|e| e.to_string())?;
+    own.cookie()
+        .map(|_| {
+            "through a cgroup/sock_create program (no SO_NETNS_COOKIE before Linux 5.14)".into()
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// The cookie of the calling thread's netns.

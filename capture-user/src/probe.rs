@@ -18,6 +18,8 @@ pub struct Check {
 pub struct Probe {
     pub kernel: String,
     pub checks: Vec<Check>,
+    /// How the programs were adapted to this kernel (absent if they do not load at all).
+    pub features: Option<programs::KernelFeatures>,
     /// Every check the ebpf backend needs passed.
     pub ebpf_usable: bool,
     /// iptables-restore, ip6tables-restore and nsenter are installed.
@@ -71,23 +73,15 @@ pub fn probe() -> Probe {
                 Err("/sys/kernel/btf/vmlinux is missing".into())
             },
         ),
-        check(
-            "netns cookie (SO_NETNS_COOKIE)",
-            crate::netns::netns_cookie_here()
-                .map(|c| format!("this netns is {c}"))
-                .map_err(|e| e.to_string()),
-        ),
+        check("netns cookie", crate::netns::describe_cookie_source()),
     ];
-    ebpf.extend(
-        programs::probe_programs()
-            .into_iter()
-            .map(|(hook, result)| {
-                check(
-                    format!("program {}", hook.hook),
-                    result.map(|()| "loads and verifies".to_string()),
-                )
-            }),
-    );
+    let (programs, features) = programs::probe_programs();
+    ebpf.extend(programs.into_iter().map(|(hook, result)| {
+        check(
+            format!("program {}", hook.hook),
+            result.map(|()| "loads and verifies".to_string()),
+        )
+    }));
     let ebpf_usable = ebpf.iter().all(|c| c.ok);
     let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "nsenter"]
         .into_iter()
@@ -97,6 +91,7 @@ pub fn probe() -> Probe {
     Probe {
         kernel,
         checks: ebpf.into_iter().chain(tools).collect(),
+        features,
         ebpf_usable,
         iptables_usable,
     }

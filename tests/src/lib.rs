@@ -3,6 +3,7 @@
 //! it when the guards drop. Traffic only ever goes to loopback or to these namespaces.
 
 pub mod guards;
+pub mod kernel;
 pub mod probe;
 pub mod topology;
 

@@ -365,23 +365,31 @@ impl Default for Topology {
     }
 }
 
-/// The programs attached to a cgroup, as bpftool lists them (names), empty when none.
+/// The names of the programs attached to a cgroup (as the kernel keeps them: 15 bytes at most),
+/// empty when none.
 #[must_use]
 pub fn cgroup_programs(cgroup: &std::path::Path) -> Vec<String> {
-    let out = crate::guards::run(
-        Command::new("bpftool")
-            .args(["-j", "cgroup", "show"])
-            .arg(cgroup),
-    );
-    let v: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or(serde_json::Value::Array(vec![]));
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p["name"].as_str().map(String::from))
-                .collect()
+    use capture_user::ebpf::{
+        programs::{Target, HOOKS},
+        sys,
+    };
+    use std::os::fd::AsFd as _;
+    let dir = std::fs::File::open(cgroup)
+        .unwrap_or_else(|e| panic!("opening cgroup {}: {e}", cgroup.display()));
+    let mut attach_types: Vec<u32> = HOOKS
+        .iter()
+        .filter(|h| h.target == Target::Cgroup)
+        .map(|h| h.attach_type)
+        .collect();
+    attach_types.dedup();
+    attach_types
+        .into_iter()
+        .flat_map(|t| {
+            sys::prog_query(dir.as_fd(), t)
+                .unwrap_or_else(|e| panic!("querying {} (type {t}): {e}", cgroup.display()))
         })
-        .unwrap_or_default()
+        .map(|id| sys::prog_name(id).unwrap_or_else(|e| panic!("program {id}: {e}")))
+        .collect()
 }
 
 /// Whether any pod's link pins are left under a node's bpffs directory.

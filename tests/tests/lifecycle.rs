@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
+    kernel::{has_or_skip, Feature},
     probe::{ConnectOpts, Outcome, Who},
     topology::{cgroup_programs, pinned_map_len, pod_pins_left, Topology},
 };
@@ -88,14 +89,38 @@ fn detach_restores_direct_traffic_and_leaves_nothing() {
 #[test]
 fn a_process_that_joins_the_cgroup_after_attach_is_captured() {
     let mut topo = Topology::new();
-    topo.start_all();
     // Started in the pod netns but outside its cgroup, before capture exists.
     let client = topo.spawn_waiting_client(&Who::app(), "10.0.0.5:80");
     topo.attach(&[]);
+    topo.start_all();
     topo.pod.cgroup.add(client.pid());
     let got = Outcome::parse(&client.release_and_wait("go\n"));
     assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
     assert_eq!(got.orig().as_deref(), Some("10.0.0.5:80"));
+}
+
+/// Capture attached under a running proxy: its listeners were opened before any capture
+/// program saw them, so sock_ops must ask the kernel which netns they are in.
+#[test]
+fn a_proxy_started_before_attach_still_learns_the_original_destination() {
+    if !has_or_skip(
+        Feature::SockOpsNetnsCookie,
+        "the proxy's listener predates capture, and only sock_ops' netns cookie tells its pod",
+    ) {
+        return;
+    }
+    let mut topo = Topology::new();
+    topo.start_all();
+    topo.attach(&[]);
+    run_cases(
+        &topo,
+        &[Case::new(
+            "proxy older than capture",
+            Who::app(),
+            "10.0.0.5:80",
+            Outbound("10.0.0.5:80"),
+        )],
+    );
 }
 
 #[test]

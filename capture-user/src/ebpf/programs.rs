@@ -10,7 +10,7 @@ use std::{
 use aya::{
     maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SockHash},
     programs::{Program, ProgramError},
-    EbpfLoader,
+    Ebpf, EbpfLoader,
 };
 use capture_common::{
     config::{PodConfig, PodCounters},
@@ -201,7 +201,60 @@ pub struct NodePrograms {
     pub maps: Maps,
 }
 
+/// How the object was adapted to this kernel: found by loading, not from its version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KernelFeatures {
+    /// sock_ops may ask for the netns cookie (Linux 5.15+). Without it, a listener the proxy
+    /// opened before capture was attached is not registered for inbound capture.
+    pub sock_ops_netns_cookie: bool,
+}
+
+/// The object's `.rodata` switches take their values from here (the loader borrows them).
+static ON: u8 = 1;
+static OFF: u8 = 0;
+
+fn parse_object(features: KernelFeatures) -> Result<Ebpf, LoadError> {
+    if OBJECT.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    let sock_ops_netns_cookie = if features.sock_ops_netns_cookie {
+        &ON
+    } else {
+        &OFF
+    };
+    EbpfLoader::new()
+        .override_global("SOCK_OPS_NETNS_COOKIE", sock_ops_netns_cookie, true)
+        .load(OBJECT)
+        .map_err(LoadError::Parse)
+}
+
+/// The object, with sock_ops already loaded: as built where the kernel takes it, else without
+/// the calls it refuses.
+fn adapted_object() -> Result<(Ebpf, KernelFeatures), LoadError> {
+    let mut features = KernelFeatures {
+        sock_ops_netns_cookie: true,
+    };
+    let mut ebpf = parse_object(features)?;
+    let hook = HOOKS
+        .iter()
+        .find(|h| h.program == "capture_sock_ops")
+        .expect("sock_ops is a hook");
+    let program = ebpf
+        .program_mut(hook.program)
+        .ok_or(LoadError::MissingProgram(hook.program))?;
+    if let Err(e) = load_program(hook, program) {
+        tracing::debug!("sock_ops with the netns cookie call: {}", summarize(&e));
+        features.sock_ops_netns_cookie = false;
+        ebpf = parse_object(features)?;
+    }
+    Ok((ebpf, features))
+}
+
+/// Loads a program unless it is loaded already.
 fn load_program(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> {
+    if program.fd().is_ok() {
+        return Ok(());
+    }
     match program {
         Program::CgroupSockAddr(p) => p.load(),
         Program::CgroupSock(p) => p.load(),
@@ -235,26 +288,21 @@ fn summarize(e: &ProgramError) -> String {
     }
 }
 
+/// One hook's load-and-verify result.
+pub type HookProbe = (Hook, Result<(), String>);
+
 /// Loads every program of the embedded object into the kernel (and drops it again): the
-/// load-and-verify probe, one result per hook.
+/// load-and-verify probe, one result per hook, and how the object had to be adapted.
 #[must_use]
-pub fn probe_programs() -> Vec<(Hook, Result<(), String>)> {
-    if OBJECT.is_empty() {
-        return HOOKS
-            .iter()
-            .map(|h| (*h, Err(LoadError::NoObject.to_string())))
-            .collect();
-    }
-    let mut ebpf = match EbpfLoader::new().load(OBJECT) {
-        Ok(e) => e,
+pub fn probe_programs() -> (Vec<HookProbe>, Option<KernelFeatures>) {
+    let (mut ebpf, features) = match adapted_object() {
+        Ok(loaded) => loaded,
         Err(e) => {
-            return HOOKS
-                .iter()
-                .map(|h| (*h, Err(format!("the object does not load: {e}"))))
-                .collect()
+            let results = HOOKS.iter().map(|h| (*h, Err(e.to_string()))).collect();
+            return (results, None);
         }
     };
-    HOOKS
+    let results = HOOKS
         .iter()
         .map(|hook| {
             let result = match ebpf.program_mut(hook.program) {
@@ -263,15 +311,14 @@ pub fn probe_programs() -> Vec<(Hook, Result<(), String>)> {
             };
             (*hook, result)
         })
-        .collect()
+        .collect();
+    (results, Some(features))
 }
 
 /// Loads the embedded object into the kernel and pins every program and map.
 fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
-    if OBJECT.is_empty() {
-        return Err(LoadError::NoObject);
-    }
-    let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(LoadError::Parse)?;
+    let (mut ebpf, features) = adapted_object()?;
+    tracing::info!(?features, "loading the node's programs");
     for hook in &HOOKS {
         let program = ebpf
             .program_mut(hook.program)

@@ -1,6 +1,7 @@
 //! The few bpf(2) commands capture issues itself: aya 0.14 cannot turn every cgroup link into a
 //! pinnable fd link (getsockopt links among them), so links are created and pinned here, the
-//! same way for every hook.
+//! same way for every hook; and the attachment query, which bpftool cannot do on every kernel
+//! (its `cgroup show` fails where the kernel predates one of the attach types it asks about).
 
 use std::{
     ffi::CString,
@@ -14,6 +15,9 @@ use std::{
 
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_LINK_CREATE: libc::c_long = 28;
 
 /// `union bpf_attr` is larger; the kernel zero-checks the tail, so a zeroed 128-byte buffer with
@@ -80,4 +84,41 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let fd = bpf(BPF_OBJ_GET, &mut attr)?;
     // SAFETY: a new fd owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_PROG_QUERY`: the ids of the programs attached to `target` (a cgroup) at `attach_type`.
+/// An attach type this kernel does not know has nothing attached.
+pub fn prog_query(target: BorrowedFd<'_>, attach_type: u32) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
+    let mut attr = Attr::new();
+    attr.put_u32(0, target.as_raw_fd() as u32);
+    attr.put_u32(4, attach_type);
+    attr.put_u64(16, ids.as_mut_ptr() as u64);
+    attr.put_u32(24, ids.len() as u32);
+    match bpf(BPF_PROG_QUERY, &mut attr) {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    }
+    let count = u32::from_ne_bytes(attr.0[24..28].try_into().expect("4 bytes")) as usize;
+    Ok(ids[..count.min(ids.len())].to_vec())
+}
+
+/// The name of a loaded program (as the kernel keeps it: at most 15 bytes).
+pub fn prog_name(id: u32) -> io::Result<String> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, id);
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: a new fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // `struct bpf_prog_info` up to its `name` field (bytes 64..80).
+    let mut info = [0u8; 80];
+    let mut attr = Attr::new();
+    attr.put_u32(0, fd.as_raw_fd() as u32);
+    attr.put_u32(4, info.len() as u32);
+    attr.put_u64(8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let name = &info[64..80];
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..len]).into_owned())
 }

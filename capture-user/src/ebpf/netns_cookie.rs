@@ -1,0 +1,131 @@
+//! A netns's cookie on kernels without `SO_NETNS_COOKIE` (before Linux 5.14), where only a BPF
+//! program can ask for it: a cgroup/sock_create program (allowed to since Linux 5.7) on a scratch
+//! cgroup, and a child process that joins that cgroup, enters the netns and creates one socket.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io,
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::{
+    maps::HashMap,
+    programs::{CgroupAttachMode, CgroupSock},
+    EbpfLoader,
+};
+
+/// The reporter program, built by build.rs from capture-ebpf's `netns-cookie` binary.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns-cookie.bpf.o"));
+
+/// A cgroup that lives for one lookup.
+struct ScratchCgroup(PathBuf);
+
+impl ScratchCgroup {
+    fn create() -> io::Result<Self> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let root = crate::cgroup::cgroup2_mount().map_err(io::Error::other)?;
+        let dir = root.join(format!(
+            "capture-netns-cookie-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for ScratchCgroup {
+    fn drop(&mut self) {
+        // Empty by now: the child has been reaped.
+        let _ = fs::remove_dir(&self.0);
+    }
+}
+
+fn other(what: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{what}: {e}"))
+}
+
+/// The cookie of `netns`, as the kernel programs see it.
+pub fn netns_cookie(netns: &File) -> io::Result<u64> {
+    if OBJECT.is_empty() {
+        return Err(io::Error::other(
+            "this binary was built without kernel programs (CAPTURE_SKIP_EBPF_BUILD=1)",
+        ));
+    }
+    let mut ebpf = EbpfLoader::new()
+        .load(OBJECT)
+        .map_err(|e| other("loading the netns-cookie reporter", e))?;
+    let program: &mut CgroupSock = ebpf
+        .program_mut("report_netns_cookie")
+        .ok_or_else(|| io::Error::other("the reporter object has no program"))?
+        .try_into()
+        .map_err(|e| other("the reporter program", e))?;
+    program
+        .load()
+        .map_err(|e| other("the kernel refused the netns-cookie reporter", e))?;
+    let scratch = ScratchCgroup::create()?;
+    program
+        .attach(File::open(&scratch.0)?, CgroupAttachMode::Single)
+        .map_err(|e| other("attaching the netns-cookie reporter", e))?;
+    let procs = OpenOptions::new()
+        .write(true)
+        .open(scratch.0.join("cgroup.procs"))?;
+    let pid = create_socket_in(&procs, netns)?;
+    let cookies: HashMap<_, u32, u64> = HashMap::try_from(
+        ebpf.map("NETNS_COOKIES")
+            .ok_or_else(|| io::Error::other("the reporter object has no map"))?,
+    )
+    .map_err(|e| other("the reporter map", e))?;
+    cookies
+        .get(&pid, 0)
+        .map_err(|e| other("the reporter saw no socket", e))
+}
+
+/// Forks a child that moves into the cgroup behind `procs`, enters `netns`, creates an IPv4
+/// socket and exits; returns its pid once it has been reaped.
+fn create_socket_in(procs: &File, netns: &File) -> io::Result<u32> {
+    let (procs_fd, netns_fd) = (procs.as_raw_fd(), netns.as_raw_fd());
+    // SAFETY: between fork and _exit the child makes only raw system calls, which are
+    // async-signal-safe, on fds the parent keeps open.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            let code = if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+                1
+            } else if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+                2
+            } else if libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) < 0 {
+                3
+            } else {
+                0
+            };
+            libc::_exit(code);
+        }
+    }
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child.
+        if unsafe { libc::waitpid(pid, &raw mut status, 0) } == pid {
+            break;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+        (true, 0) => Ok(pid.unsigned_abs()),
+        (true, 1) => Err(io::Error::other(
+            "the child could not join the scratch cgroup",
+        )),
+        (true, 2) => Err(io::Error::other("the child could not enter the netns")),
+        (true, _) => Err(io::Error::other("the child could not create a socket")),
+        _ => Err(io::Error::other("the child was killed")),
+    }
+}
