@@ -383,7 +383,11 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
         let _ = writeln!(
             out,
             "  [{}] {:<34} {}",
-            if c.ok { " ok " } else { "FAIL" },
+            match (c.ok, c.optional) {
+                (true, _) => " ok ",
+                (false, true) => "miss",
+                (false, false) => "FAIL",
+            },
             c.name,
             c.detail
         );

@@ -13,7 +13,7 @@ use crate::{
     backend::{self, BackendError, PodTarget},
     cgroup::{self, CgroupError},
     config::{CaptureConfig, ConfigError, PodSpec},
-    ebpf::EbpfBackend,
+    ebpf::{EbpfBackend, EbpfError},
     lock::NodeLock,
     netns::{Netns, NetnsError},
     paths::{Paths, PathsError},
@@ -85,7 +85,10 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let netns_cookie = netns.cookie()?;
     // One record read, not all of them: attach must not slow down as the node fills up.
     if let Some(existing) = record::load(paths, netns_cookie)? {
-        if existing.config == config && existing.cgroup == req.cgroup && existing.mode == mode {
+        // A pod that fell back stays where it fell: asking again is the same request.
+        let same_mode =
+            existing.mode == mode || (req.allow_fallback && existing.fallback_reason.is_some());
+        if existing.config == config && existing.cgroup == req.cgroup && same_mode {
             return Ok(existing);
         }
         return Err(Error::AlreadyAttached {
@@ -95,7 +98,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         });
     }
 
-    let record = PodRecord {
+    let mut record = PodRecord {
         netns_cookie,
         netns: req.netns.clone(),
         cgroup: req.cgroup.clone(),
@@ -117,7 +120,18 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         cgroup_path: &req.cgroup,
         cgroup: &cgroup,
     };
-    backend.attach(&target, &record.config)?;
+    match backend.attach(&target, &record.config) {
+        Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if req.allow_fallback => {
+            record.mode = Mode::Iptables;
+            record.fallback_reason = Some(format!(
+                "this kernel refused {}, which the pod needs: {}",
+                missing.hook, missing.reason
+            ));
+            backend = backend::for_attach(paths, Mode::Iptables)?;
+            backend.attach(&target, &record.config)?;
+        }
+        result => result?,
+    }
     if let Err(e) = record::save(paths, &record) {
         let _ = backend.detach(&record);
         return Err(e.into());

@@ -12,6 +12,9 @@ pub struct Check {
     pub name: String,
     pub ok: bool,
     pub detail: String,
+    /// Only some pods need it: without it those pods fall back (auto) or are refused (ebpf),
+    /// and the rest still use ebpf.
+    pub optional: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -20,7 +23,7 @@ pub struct Probe {
     pub checks: Vec<Check>,
     /// How the programs were adapted to this kernel (absent if they do not load at all).
     pub features: Option<programs::KernelFeatures>,
-    /// Every check the ebpf backend needs passed.
+    /// Every check the ebpf backend needs for every pod passed (optional ones may have failed).
     pub ebpf_usable: bool,
     /// iptables-restore, ip6tables-restore and nsenter are installed.
     pub iptables_usable: bool,
@@ -32,11 +35,13 @@ fn check(name: impl Into<String>, result: Result<String, String>) -> Check {
             name: name.into(),
             ok: true,
             detail,
+            optional: false,
         },
         Err(detail) => Check {
             name: name.into(),
             ok: false,
             detail,
+            optional: false,
         },
     }
 }
@@ -76,13 +81,14 @@ pub fn probe() -> Probe {
         check("netns cookie", crate::netns::describe_cookie_source()),
     ];
     let (programs, features) = programs::probe_programs();
-    ebpf.extend(programs.into_iter().map(|(hook, result)| {
-        check(
+    ebpf.extend(programs.into_iter().map(|(hook, result)| Check {
+        optional: hook.dns_only,
+        ..check(
             format!("program {}", hook.hook),
             result.map(|()| "loads and verifies".to_string()),
         )
     }));
-    let ebpf_usable = ebpf.iter().all(|c| c.ok);
+    let ebpf_usable = ebpf.iter().all(|c| c.ok || c.optional);
     let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "nsenter"]
         .into_iter()
         .map(|t| check(t, on_path(t)))
@@ -115,6 +121,12 @@ pub fn choose(choice: ModeChoice, probe: &Probe) -> Result<(Mode, String), Strin
         .filter(|c| !c.ok)
         .map(|c| format!("{}: {}", c.name, c.detail))
         .collect();
+    let lacking: Vec<String> = probe
+        .checks
+        .iter()
+        .filter(|c| !c.ok && c.optional)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
     match choice {
         ModeChoice::Ebpf if probe.ebpf_usable => Ok((
             Mode::Ebpf,
@@ -123,9 +135,17 @@ pub fn choose(choice: ModeChoice, probe: &Probe) -> Result<(Mode, String), Strin
         ModeChoice::Ebpf => Err(format!("--mode ebpf, but {}", failed.join("; "))),
         ModeChoice::Iptables if probe.iptables_usable => Ok((Mode::Iptables, "requested".into())),
         ModeChoice::Iptables => Err(format!("--mode iptables, but {}", failed.join("; "))),
-        ModeChoice::Auto if probe.ebpf_usable => Ok((
+        ModeChoice::Auto if probe.ebpf_usable && lacking.is_empty() => Ok((
             Mode::Ebpf,
             format!("auto: kernel {} supports every hook", probe.kernel),
+        )),
+        ModeChoice::Auto if probe.ebpf_usable => Ok((
+            Mode::Ebpf,
+            format!(
+                "auto: ebpf, but pods that need what kernel {} lacks fall back to iptables ({})",
+                probe.kernel,
+                lacking.join("; ")
+            ),
         )),
         ModeChoice::Auto if probe.iptables_usable => Ok((
             Mode::Iptables,

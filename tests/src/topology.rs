@@ -42,6 +42,8 @@ pub struct Topology {
     /// A virtual machine behind the pod (KubeVirt style), once `add_vm` made one.
     pub vm: Option<NetnsGuard>,
     pub dirs: CaptureDirs,
+    /// Environment for every `capture` run (e.g. `CAPTURE_REFUSE_HOOKS`).
+    pub capture_env: Vec<(&'static str, String)>,
 }
 
 /// The pod's address on the VM link, and the VM's.
@@ -96,6 +98,7 @@ impl Topology {
             remote,
             vm: None,
             dirs,
+            capture_env: Vec::new(),
         }
     }
 
@@ -166,7 +169,8 @@ impl Topology {
             .arg(&self.dirs.bpffs)
             .arg("--state-dir")
             .arg(&self.dirs.state)
-            .args(args);
+            .args(args)
+            .envs(self.capture_env.iter().map(|(k, v)| (k, v)));
         cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
     }
 

@@ -3,7 +3,12 @@
 
 use std::path::Path;
 
-use capture_tests::guards::NetnsGuard;
+use capture_tests::{
+    cases::{run_cases, Case, Expect::*},
+    guards::NetnsGuard,
+    probe::{ConnectOpts, Who},
+    topology::{cgroup_programs, Topology},
+};
 use capture_user::{ebpf::netns_cookie::netns_cookie, netns::Netns};
 
 fn scratch_cgroups_left() -> Vec<String> {
@@ -44,5 +49,72 @@ fn the_bpf_netns_cookie_reporter_agrees_with_the_kernel() {
         scratch_cgroups_left().is_empty(),
         "{:?}",
         scratch_cgroups_left()
+    );
+}
+
+/// A kernel without a hook only some pods need (here the DNS hooks, refused on purpose, since
+/// every kernel in the matrix has them): in auto mode those pods fall back to iptables and say
+/// which hook was missing, and their traffic is still captured; the other pods keep ebpf.
+#[test]
+fn a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which() {
+    let refuse = (
+        "CAPTURE_REFUSE_HOOKS",
+        "cgroup/recvmsg4,cgroup/recvmsg6".to_string(),
+    );
+    let mut dns_pod = Topology::new();
+    dns_pod.capture_env.push(refuse.clone());
+    dns_pod.start_all();
+    dns_pod.start_dns_proxy();
+    dns_pod.attach(&["--mode", "auto", "--redirect-dns", "--capture-all-dns"]);
+    let mut plain = Topology::with_dirs(dns_pod.dirs.shared());
+    plain.capture_env.push(refuse);
+    plain.start_all();
+    plain.attach(&["--mode", "auto"]);
+
+    let pods = dns_pod.status()["pods"].as_array().cloned().unwrap();
+    let mode_of = |topo: &Topology| {
+        let netns = topo.pod.netns.path().display().to_string();
+        pods.iter()
+            .find(|p| p["netns"] == netns.as_str())
+            .unwrap_or_else(|| panic!("{netns} in {pods:?}"))
+            .clone()
+    };
+    let dns_record = mode_of(&dns_pod);
+    assert_eq!(dns_record["mode"], "iptables", "{dns_record}");
+    let reason = dns_record["fallback_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("cgroup/recvmsg4"), "{reason}");
+    assert_eq!(mode_of(&plain)["mode"], "ebpf");
+    assert_eq!(cgroup_programs(&plain.pod.cgroup.path).len(), 7);
+    assert!(cgroup_programs(&dns_pod.pod.cgroup.path).is_empty());
+
+    run_cases(
+        &dns_pod,
+        &[
+            Case::new(
+                "dns on iptables",
+                Who::app(),
+                "10.0.0.5:53",
+                Dns("10.0.0.5:53"),
+            )
+            .opts(ConnectOpts {
+                udp: true,
+                ..ConnectOpts::default()
+            }),
+            Case::new(
+                "tcp on iptables",
+                Who::app(),
+                "10.0.0.5:80",
+                Outbound("10.0.0.5:80"),
+            ),
+        ],
+    );
+    run_cases(
+        &plain,
+        &[Case::new(
+            "ebpf",
+            Who::app(),
+            "10.0.0.5:80",
+            Outbound("10.0.0.5:80"),
+        )],
     );
 }

@@ -31,6 +31,8 @@ pub enum EbpfError {
         source: io::Error,
         hint: &'static str,
     },
+    #[error("this kernel refused {}, which the pod needs ({}); capture it with --mode iptables, or run the agent in --mode auto", .0.hook, .0.reason)]
+    MissingHook(programs::UnavailableHook),
     #[error("pinning the {hook} link at {path}: {source}")]
     PinLink {
         hook: &'static str,
@@ -65,6 +67,9 @@ impl EbpfBackend {
 
     /// Captures one pod. On any failure everything done so far is undone.
     pub fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
+        if let Some(missing) = self.node.missing_for(cfg) {
+            return Err(EbpfError::MissingHook(missing.clone()));
+        }
         // Leftovers of an attach that died half-way (no record survived it) go first. Only then:
         // the purge walks the node's maps, and attach must not slow down as the node fills up.
         if self.has_leftovers(pod.netns_cookie) {
@@ -85,12 +90,7 @@ impl EbpfBackend {
             path: dir.clone(),
             source,
         })?;
-        for (hook, prog) in self
-            .node
-            .programs
-            .iter()
-            .filter(|(h, _)| !h.dns_only || cfg.dns.is_some())
-        {
+        for (hook, prog) in self.node.programs.iter().filter(|(h, _)| h.needed_by(cfg)) {
             let (target, target_name) = match hook.target {
                 Target::Cgroup => (
                     pod.cgroup.as_fd(),

@@ -19,7 +19,7 @@ use capture_common::{
 };
 
 use super::sys;
-use crate::paths::Paths;
+use crate::{config::CaptureConfig, paths::Paths};
 
 /// The kernel programs, built by build.rs from capture-ebpf.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
@@ -45,6 +45,23 @@ pub struct Hook {
     pub target: Target,
     /// Only pods with DNS capture need it (UDP hooks run on every datagram).
     pub dns_only: bool,
+}
+
+impl Hook {
+    /// Whether a pod with `cfg` needs this hook. A kernel without a hook only some pods need
+    /// still serves the others with ebpf.
+    #[must_use]
+    pub fn needed_by(&self, cfg: &CaptureConfig) -> bool {
+        !self.dns_only || cfg.dns.is_some()
+    }
+}
+
+/// A hook the node's kernel refused. Only hooks that some pods can do without may be missing;
+/// the others make the whole ebpf backend unusable.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UnavailableHook {
+    pub hook: String,
+    pub reason: String,
 }
 
 /// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers,
@@ -199,6 +216,39 @@ pub struct Maps {
 pub struct NodePrograms {
     pub programs: Vec<(Hook, OwnedFd)>,
     pub maps: Maps,
+    /// Hooks this kernel refused (none of them needed by every pod).
+    pub unavailable: Vec<UnavailableHook>,
+}
+
+impl NodePrograms {
+    /// The first hook a pod with `cfg` needs that this kernel refused.
+    #[must_use]
+    pub fn missing_for(&self, cfg: &CaptureConfig) -> Option<&UnavailableHook> {
+        self.unavailable
+            .iter()
+            .find(|u| HOOKS.iter().any(|h| h.hook == u.hook && h.needed_by(cfg)))
+    }
+}
+
+/// `CAPTURE_REFUSE_HOOKS=cgroup/recvmsg4,…` has capture treat those hooks as refused by the
+/// kernel. Every kernel in the matrix has every hook, so this is how the tests reach the
+/// per-pod fallback for a missing one.
+fn refused_for_testing(hook: &Hook) -> Option<String> {
+    let list = std::env::var("CAPTURE_REFUSE_HOOKS").ok()?;
+    list.split(',')
+        .any(|h| h.trim() == hook.hook)
+        .then(|| "refused through CAPTURE_REFUSE_HOOKS".to_string())
+}
+
+/// Loads one hook's program, with the refusal summarised in one line.
+fn load_hook(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
+    if let Some(reason) = refused_for_testing(hook) {
+        return Err(reason);
+    }
+    let program = ebpf
+        .program_mut(hook.program)
+        .ok_or_else(|| LoadError::MissingProgram(hook.program).to_string())?;
+    load_program(hook, program).map_err(|e| summarize(&e))
 }
 
 /// How the object was adapted to this kernel: found by loading, not from its version.
@@ -304,30 +354,39 @@ pub fn probe_programs() -> (Vec<HookProbe>, Option<KernelFeatures>) {
     };
     let results = HOOKS
         .iter()
-        .map(|hook| {
-            let result = match ebpf.program_mut(hook.program) {
-                Some(p) => load_program(hook, p).map_err(|e| summarize(&e)),
-                None => Err(LoadError::MissingProgram(hook.program).to_string()),
-            };
-            (*hook, result)
-        })
+        .map(|hook| (*hook, load_hook(&mut ebpf, hook)))
         .collect();
     (results, Some(features))
 }
 
-/// Loads the embedded object into the kernel and pins every program and map.
-fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
+/// Loads the embedded object into the kernel and pins every program and map; returns the hooks
+/// the kernel refused that not every pod needs.
+fn load_and_pin(paths: &Paths) -> Result<Vec<UnavailableHook>, LoadError> {
     let (mut ebpf, features) = adapted_object()?;
     tracing::info!(?features, "loading the node's programs");
+    let mut unavailable = Vec::new();
     for hook in &HOOKS {
+        match load_hook(&mut ebpf, hook) {
+            Ok(()) => {}
+            Err(reason) if hook.dns_only => {
+                tracing::warn!(hook = hook.hook, %reason, "the kernel refused a hook; pods that need it fall back");
+                unavailable.push(UnavailableHook {
+                    hook: hook.hook.into(),
+                    reason,
+                });
+                continue;
+            }
+            Err(reason) => {
+                return Err(LoadError::Rejected {
+                    hook: hook.hook,
+                    program: hook.program,
+                    reason,
+                })
+            }
+        }
         let program = ebpf
             .program_mut(hook.program)
             .ok_or(LoadError::MissingProgram(hook.program))?;
-        load_program(hook, program).map_err(|e| LoadError::Rejected {
-            hook: hook.hook,
-            program: hook.program,
-            reason: summarize(&e),
-        })?;
         let path = paths.programs_dir().join(hook.program);
         program.pin(&path).map_err(|e| LoadError::Pin {
             path,
@@ -342,12 +401,17 @@ fn load_and_pin(paths: &Paths) -> Result<(), LoadError> {
             reason: e.to_string(),
         })?;
     }
-    Ok(())
+    Ok(unavailable)
 }
 
-fn all_pinned(paths: &Paths) -> bool {
+fn is_unavailable(unavailable: &[UnavailableHook], hook: &Hook) -> bool {
+    unavailable.iter().any(|u| u.hook == hook.hook)
+}
+
+fn all_pinned(paths: &Paths, unavailable: &[UnavailableHook]) -> bool {
     HOOKS
         .iter()
+        .filter(|h| !is_unavailable(unavailable, h))
         .all(|h| paths.programs_dir().join(h.program).exists())
         && MAP_NAMES.iter().all(|m| paths.maps_dir().join(m).exists())
 }
@@ -379,8 +443,12 @@ where
 }
 
 pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
+    let unavailable = read_node_record(paths)
+        .map(|r| r.unavailable)
+        .unwrap_or_default();
     let programs = HOOKS
         .iter()
+        .filter(|hook| !is_unavailable(&unavailable, hook))
         .map(|hook| {
             let path = paths.programs_dir().join(hook.program);
             sys::obj_get(&path)
@@ -401,12 +469,24 @@ pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
         inbound_listeners: open_map(paths, "INBOUND_LISTENERS")?,
         handoff: open_map(paths, "HANDOFF")?,
     };
-    Ok(NodePrograms { programs, maps })
+    Ok(NodePrograms {
+        programs,
+        maps,
+        unavailable,
+    })
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct NodeRecord {
     object_id: String,
+    #[serde(default)]
+    unavailable: Vec<UnavailableHook>,
+}
+
+fn read_node_record(paths: &Paths) -> Option<NodeRecord> {
+    fs::read_to_string(paths.node_record_path())
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
 }
 
 /// Opens the node's programs, loading and pinning them first if this node has none (or only
@@ -414,13 +494,13 @@ struct NodeRecord {
 pub fn open_or_load(paths: &Paths) -> Result<NodePrograms, LoadError> {
     let id = object_id();
     let record_path = paths.node_record_path();
-    let pinned_id = fs::read_to_string(&record_path)
-        .ok()
-        .and_then(|s| serde_json::from_str::<NodeRecord>(&s).ok())
-        .map(|r| r.object_id);
-    let current = all_pinned(paths) && pinned_id.as_deref() == Some(id.as_str());
+    let pinned = read_node_record(paths);
+    let current = pinned
+        .as_ref()
+        .is_some_and(|r| r.object_id == id && all_pinned(paths, &r.unavailable));
     if !current {
-        if all_pinned(paths) {
+        let refused_then = pinned.as_ref().map_or(&[][..], |r| &r.unavailable[..]);
+        if all_pinned(paths, refused_then) {
             let pods = crate::record::count_mode(paths, crate::record::Mode::Ebpf).unwrap_or(0);
             if pods > 0 {
                 return Err(LoadError::StaleBuild {
@@ -430,11 +510,18 @@ pub fn open_or_load(paths: &Paths) -> Result<NodePrograms, LoadError> {
             }
         }
         unpin_node(paths);
-        if let Err(e) = load_and_pin(paths) {
-            unpin_node(paths);
-            return Err(e);
-        }
-        let record = serde_json::to_string(&NodeRecord { object_id: id }).expect("serialisable");
+        let unavailable = match load_and_pin(paths) {
+            Ok(unavailable) => unavailable,
+            Err(e) => {
+                unpin_node(paths);
+                return Err(e);
+            }
+        };
+        let record = serde_json::to_string(&NodeRecord {
+            object_id: id,
+            unavailable,
+        })
+        .expect("serialisable");
         write_atomic(&record_path, record.as_bytes()).map_err(|e| LoadError::Pin {
             path: record_path.clone(),
             reason: e.to_string(),
