@@ -1,9 +1,10 @@
-//! capture's developer tasks: `cargo xtask setup|build|test|lint|demo`.
+//! capture's developer tasks: `cargo xtask setup|build|test|lint|demo|bench|vm`.
 //!
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
 
 mod setup;
+mod vm;
 
 use std::process::Command;
 
@@ -43,6 +44,32 @@ enum Task {
         /// Where to write the results.
         #[arg(long, default_value = "docs")]
         out: String,
+    },
+    /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
+    /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
+    /// table (needs root).
+    Vm {
+        /// Kernels to test, in this order: `5.10`, `6.1`, `6.12` boot in a VM (fetched once and
+        /// cached under target/vm), `host` runs natively.
+        #[arg(long, value_delimiter = ',', default_value = "5.10,6.1,6.12,host")]
+        kernels: Vec<String>,
+        /// Time limit per kernel: one that panics or hangs fails with its log after this long,
+        /// and the run goes on with the next.
+        #[arg(long, default_value_t = 1500)]
+        timeout_secs: u64,
+        /// Only these test binaries (the names of tests/tests/*.rs), for a quick run.
+        #[arg(long, value_delimiter = ',')]
+        tests: Vec<String>,
+        /// Arguments for every test binary, split at whitespace (a name filter, `--exact`, ...).
+        #[arg(long, allow_hyphen_values = true)]
+        filter: Option<String>,
+        /// Where to write the kernel support table. Without it, the table goes to
+        /// docs/kernel-support.md only when all four kernels ran with neither --tests nor --filter.
+        #[arg(long)]
+        report: Option<std::path::PathBuf>,
+        /// VMs running at once (each emulates on one host thread).
+        #[arg(long, default_value_t = 3)]
+        jobs: usize,
     },
 }
 
@@ -166,6 +193,32 @@ fn run_task(task: Task) -> Result<()> {
                 cmd.arg("--quick");
             }
             run(&mut cmd)
+        }
+        Task::Vm {
+            kernels,
+            timeout_secs,
+            tests,
+            filter,
+            report,
+            jobs,
+        } => {
+            require_root("cargo xtask vm")?;
+            setup::setup()?;
+            setup::debian_packages(&setup::VM_PACKAGES)?;
+            build()?;
+            vm::run(vm::Options {
+                kernels,
+                timeout_secs,
+                tests,
+                filter: filter
+                    .as_deref()
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect(),
+                report,
+                jobs,
+            })
         }
         Task::Demo => {
             require_root("cargo xtask demo")?;

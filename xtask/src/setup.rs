@@ -20,6 +20,10 @@ const PACKAGES: [&str; 4] = [
     "iptables",
     "containernetworking-plugins",
 ];
+/// Debian packages `cargo xtask vm` needs on the host: qemu to boot the kernels (TCG), kmod for
+/// `depmod`/`modprobe` against an unpacked kernel tree, a static busybox for the initramfs (it must
+/// run before any library is reachable), and xz to unpack the `.ko.xz` modules of newer kernels.
+pub const VM_PACKAGES: [&str; 4] = ["qemu-system-x86", "kmod", "busybox-static", "xz-utils"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where the nightly's libLLVM is linked for bpf-linker (its runpath points here).
 const LLVM_PREFIX: &str = "/opt/capture-llvm";
@@ -31,7 +35,8 @@ fn quiet_ok(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+/// Runs a command and returns its trimmed stdout, failing with its stderr.
+pub fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!(
@@ -118,9 +123,11 @@ fn bpf_linker() -> Result<()> {
         .env("LLVM_PREFIX", LLVM_PREFIX))
 }
 
-fn debian_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
-        .into_iter()
+/// Installs those of `packages` that dpkg does not list as installed.
+pub fn debian_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
         .filter(|p| {
             output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
                 .map_or(true, |s| !s.ends_with("installed"))
@@ -156,6 +163,6 @@ fn python_tools() -> Result<()> {
 pub fn setup() -> Result<()> {
     nightly()?;
     bpf_linker()?;
-    debian_packages()?;
+    debian_packages(&PACKAGES)?;
     python_tools()
 }

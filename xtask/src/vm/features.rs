@@ -1,0 +1,65 @@
+//! Skips: a test that cannot check something on an old kernel says so on a line
+//! `capture-skip: TEST<TAB>FEATURE<TAB>REASON`. That is fine on a kernel without FEATURE, and a
+//! failure on one that has it (or for a feature nobody listed here), so a skip never hides a
+//! regression.
+
+use super::results::{KernelResult, Outcome, TestResult};
+
+/// Kernel features tests may skip for, and the first kernel that has each: skipping on that kernel
+/// or newer is a failure. A feature missing here is a failure too (add it with its version).
+const FEATURES: [(&str, (u32, u32)); 2] = [
+    // bpf_get_netns_cookie() callable from sock_ops programs.
+    ("sock_ops_netns_cookie", (5, 15)),
+    // The SO_NETNS_COOKIE socket option.
+    ("so_netns_cookie", (5, 14)),
+];
+
+/// Whether a kernel `release` (`5.10.0-32-amd64`) should have `feature`; `None` for a feature the
+/// table does not know.
+pub fn kernel_has(feature: &str, release: Option<&str>) -> Option<bool> {
+    let (_, since) = FEATURES.iter().find(|(name, _)| *name == feature)?;
+    let mut numbers = release?
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let version = (numbers.next()?, numbers.next()?);
+    Some(version >= *since)
+}
+
+/// Turns the skip lines ([binary, test, feature, reason]) into skips or failures of their tests.
+pub fn apply_skips(result: &mut KernelResult, skips: &[[String; 4]]) {
+    for [binary, test, feature, reason] in skips {
+        let verdict = match kernel_has(feature, result.release.as_deref()) {
+            Some(false) => (Outcome::Skip, format!("{feature}: {reason}")),
+            Some(true) => (
+                Outcome::Fail,
+                format!("skipped for {feature}, which this kernel has: {reason}"),
+            ),
+            None => (
+                Outcome::Fail,
+                format!("skipped for unknown feature {feature}: {reason}"),
+            ),
+        };
+        // The test is named as libtest names it, or binary::name.
+        let found = result
+            .tests
+            .iter()
+            .position(|t| {
+                (t.binary == *binary && t.name == *test)
+                    || *test == format!("{}::{}", t.binary, t.name)
+            })
+            .or_else(|| result.tests.iter().position(|t| t.name == *test));
+        match found.map(|i| &mut result.tests[i]) {
+            Some(t) if t.outcome == Outcome::Fail => {
+                let also = format!("; also skipped {}", verdict.1);
+                t.reason = Some(t.reason.take().unwrap_or_default() + &also);
+            }
+            Some(t) => (t.outcome, t.reason) = (verdict.0, Some(verdict.1)),
+            None => result.tests.push(TestResult {
+                binary: if binary.is_empty() { "?" } else { binary }.to_string(),
+                name: test.clone(),
+                outcome: verdict.0,
+                reason: Some(verdict.1),
+            }),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Debian kernels for the VM matrix. Each is fetched once with a private apt configuration (the
+//! system's sources and package lists are never read or written), unpacked, depmod'ed and cached
+//! under target/vm/kernels/<label>/; later runs reuse the unpacked tree without the network.
+//!
+//! The generic `-amd64` flavour is used, not `-cloud-amd64`: the cloud kernels have no 9p, and the
+//! guest reaches the host's root over 9p.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{run, setup::output};
+
+/// The Debian archive the kernels come from; the only place its address appears.
+const MIRROR: &str = "http://deb.debian.org/debian";
+
+/// Written last into a kernel's cache directory: the release whose tree is complete and depmod'ed.
+const STAMP: &str = "ready";
+
+/// A kernel line of the matrix and the Debian release that ships it.
+pub struct Line {
+    /// What `--kernels` calls it: the upstream major.minor.
+    pub label: &'static str,
+    pub suite: &'static str,
+}
+
+pub const LINES: [Line; 3] = [
+    // Debian 11: the oldest long-term kernel still in service on nodes.
+    Line {
+        label: "5.10",
+        suite: "bullseye",
+    },
+    // Debian 12.
+    Line {
+        label: "6.1",
+        suite: "bookworm",
+    },
+    // Debian 13.
+    Line {
+        label: "6.12",
+        suite: "trixie",
+    },
+];
+
+/// An unpacked kernel package, ready to boot.
+pub struct Kernel {
+    /// `uname -r` of the kernel, e.g. `5.10.0-32-amd64`.
+    pub release: String,
+    pub vmlinuz: PathBuf,
+    /// The unpacked package: `lib/modules/<release>` with modules.dep inside. The guest mounts
+    /// it to load modules from (the host's own /lib/modules belongs to another kernel).
+    pub root: PathBuf,
+}
+
+/// The cached kernel of `line`, fetching and unpacking it first if the cache does not hold it.
+pub fn prepare(cache: &Path, line: &Line) -> Result<Kernel> {
+    let dir = cache.join(line.label);
+    if let Some(kernel) = cached(&dir)? {
+        return Ok(kernel);
+    }
+    println!(
+        "vm {}: fetching the newest Debian {} kernel",
+        line.label, line.suite
+    );
+    fs::create_dir_all(&dir)?;
+    let apt_dir = dir.join("apt");
+    let name = newest_image(&apt_dir, line)?;
+    let release = name
+        .strip_prefix("linux-image-")
+        .context("package name without linux-image- prefix")?
+        .to_string();
+    for old in fs::read_dir(&dir)?.filter_map(Result::ok) {
+        if old.file_name().to_string_lossy().ends_with(".deb") {
+            fs::remove_file(old.path())?;
+        }
+    }
+    run(apt(&apt_dir, "apt-get")
+        .args(["-q", "download", &name])
+        .current_dir(&dir))?;
+    let deb = fs::read_dir(&dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with(&format!("{name}_")) && n.ends_with(".deb")
+            })
+        })
+        .with_context(|| format!("apt-get download {name} left no .deb in {}", dir.display()))?;
+    let root = dir.join("root");
+    if root.exists() {
+        fs::remove_dir_all(&root)?;
+    }
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+    // Newer packages ship their modules under usr/lib only (merged /usr); modprobe -d wants lib/.
+    if !root.join("lib").exists() {
+        std::os::unix::fs::symlink("usr/lib", root.join("lib"))?;
+    }
+    run(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
+    fs::remove_file(&deb)?;
+    fs::write(dir.join(STAMP), format!("{release}\n"))?;
+    cached(&dir)?.context("the unpacked kernel is incomplete")
+}
+
+/// The kernel in `dir` if an earlier run finished unpacking it.
+fn cached(dir: &Path) -> Result<Option<Kernel>> {
+    let Ok(stamp) = fs::read_to_string(dir.join(STAMP)) else {
+        return Ok(None);
+    };
+    let release = stamp.trim().to_string();
+    let root = dir.join("root");
+    let vmlinuz = root.join(format!("boot/vmlinuz-{release}"));
+    let complete = vmlinuz.exists()
+        && root
+            .join(format!("lib/modules/{release}/modules.dep"))
+            .exists();
+    Ok(complete.then_some(Kernel {
+        release,
+        vmlinuz,
+        root,
+    }))
+}
+
+/// Refreshes the private package lists for `line`'s suite and names its newest generic kernel
+/// image package.
+fn newest_image(apt_dir: &Path, line: &Line) -> Result<String> {
+    for sub in ["lists/partial", "cache/archives/partial"] {
+        fs::create_dir_all(apt_dir.join(sub))?;
+    }
+    fs::write(
+        apt_dir.join("sources.list"),
+        format!("deb {MIRROR} {} main\n", line.suite),
+    )?;
+    run(apt(apt_dir, "apt-get").args(["-q", "update"]))?;
+    let prefix = format!("linux-image-{}.", line.label);
+    let found = output(apt(apt_dir, "apt-cache").args([
+        "search",
+        "--names-only",
+        &format!("^{}", prefix.replace('.', "\\.")),
+    ]))?;
+    found
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| is_generic_image(name, line.label))
+        .max_by_key(|name| version_key(name))
+        .map(str::to_string)
+        .with_context(|| format!("no linux-image-{}.*-amd64 in {}", line.label, line.suite))
+}
+
+/// `apt-get`/`apt-cache` reading only the private configuration in `apt_dir`.
+fn apt(apt_dir: &Path, tool: &str) -> Command {
+    let mut cmd = Command::new(tool);
+    let dir = |sub: &str| apt_dir.join(sub).display().to_string();
+    for (key, value) in [
+        ("Dir::Etc::sourcelist", dir("sources.list")),
+        ("Dir::Etc::sourceparts", "-".to_string()),
+        ("Dir::State::Lists", dir("lists")),
+        ("Dir::Cache", dir("cache")),
+        // The unprivileged _apt user cannot write into target/; downloading as root is expected.
+        ("APT::Sandbox::User", "root".to_string()),
+    ] {
+        cmd.arg("-o").arg(format!("{key}={value}"));
+    }
+    cmd
+}
+
+/// `linux-image-5.10.0-32-amd64` or `linux-image-6.12.117+deb13-amd64`; not the cloud, rt, dbg
+/// or unsigned variants, nor the metapackages.
+fn is_generic_image(name: &str, label: &str) -> bool {
+    let Some(stem) = name
+        .strip_prefix("linux-image-")
+        .and_then(|n| n.strip_suffix("-amd64"))
+    else {
+        return false;
+    };
+    stem.starts_with(&format!("{label}."))
+        && stem
+            .replace("deb", "")
+            .chars()
+            .all(|c| c.is_ascii_digit() || ".-+".contains(c))
+}
+
+/// The numbers of a package name in order, which sort its versions: 5.10.0-32 before 5.10.0-33.
+fn version_key(name: &str) -> Vec<u64> {
+    name.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_generic_images_only() {
+        assert!(is_generic_image("linux-image-5.10.0-32-amd64", "5.10"));
+        assert!(is_generic_image("linux-image-6.12.117+deb13-amd64", "6.12"));
+        assert!(!is_generic_image(
+            "linux-image-5.10.0-32-cloud-amd64",
+            "5.10"
+        ));
+        assert!(!is_generic_image("linux-image-5.10.0-32-rt-amd64", "5.10"));
+        assert!(!is_generic_image("linux-image-5.10.0-32-amd64-dbg", "5.10"));
+        assert!(!is_generic_image("linux-image-6.1.0-50-amd64", "6.12"));
+        assert!(
+            version_key("linux-image-5.10.0-33-amd64") > version_key("linux-image-5.10.0-9-amd64")
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! `cargo xtask vm`: the privileged end-to-end suite on several kernels.
+//!
+//! Each Debian kernel boots in qemu with the host's root shared read-only, so the test binaries
+//! built here run unchanged inside; `host` runs them natively. Every kernel's console goes to
+//! target/vm/logs/<kernel>.log and its parsed results to target/vm/results/<kernel>.json. Each
+//! kernel runs under its own time limit. qemu emulates with one host thread per VM (multi-threaded
+//! TCG races the guest kernel's live code patching and panics it now and then), so the VMs run
+//! side by side (`--jobs`); the host's own run comes last, alone.
+
+mod console;
+mod features;
+mod host;
+mod initramfs;
+mod kernels;
+mod qemu;
+mod report;
+mod results;
+mod stage2;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use self::{console::Console, results::KernelResult};
+
+/// What `--kernels` accepts besides the Debian lines: this machine's kernel, without a VM.
+const HOST: &str = "host";
+/// Where the report goes when the whole matrix ran unfiltered.
+const DEFAULT_REPORT: &str = "docs/kernel-support.md";
+
+pub struct Options {
+    pub kernels: Vec<String>,
+    pub timeout_secs: u64,
+    /// Test binaries to run; all when empty.
+    pub tests: Vec<String>,
+    /// Arguments for every test binary.
+    pub filter: Vec<String>,
+    pub report: Option<PathBuf>,
+    /// VMs booted at the same time.
+    pub jobs: usize,
+}
+
+/// An integration-test binary of capture-tests and the tests it holds (after the filter).
+pub struct TestBinary {
+    /// Its target name, e.g. `outbound`.
+    pub name: String,
+    pub path: PathBuf,
+    pub tests: Vec<String>,
+}
+
+/// The workspace root (xtask sits one level below it).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+        .to_path_buf()
+}
+
+pub fn run(opts: Options) -> Result<()> {
+    let all: Vec<&str> = kernels::LINES
+        .iter()
+        .map(|l| l.label)
+        .chain([HOST])
+        .collect();
+    for kernel in &opts.kernels {
+        if !all.contains(&kernel.as_str()) {
+            bail!("unknown kernel {kernel}: choose from {}", all.join(","));
+        }
+    }
+    let root = workspace_root();
+    let vm_dir = root.join("target/vm");
+    for sub in ["kernels", "logs", "results"] {
+        fs::create_dir_all(vm_dir.join(sub))?;
+    }
+    let binaries = test_binaries(&opts.tests, &opts.filter)?;
+    let tests_dir = root.join("tests");
+    let stage2 = vm_dir.join("stage2.sh");
+    stage2::write(&stage2, &tests_dir, &binaries, &opts.filter)?;
+    let timeout = Duration::from_secs(opts.timeout_secs);
+
+    let one = |kernel: &str| -> Result<KernelResult> {
+        let log = vm_dir.join(format!("logs/{kernel}.log"));
+        let mut result = run_kernel(
+            kernel,
+            &vm_dir,
+            &log,
+            &stage2,
+            &binaries,
+            &opts.filter,
+            timeout,
+        )
+        .unwrap_or_else(|e| not_run(kernel, &binaries, &format!("{e:#}")));
+        result.log = log
+            .strip_prefix(&root)
+            .unwrap_or(&log)
+            .display()
+            .to_string();
+        results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
+        Ok(result)
+    };
+    let (host, vms): (Vec<&String>, Vec<&String>) =
+        opts.kernels.iter().partition(|k| k.as_str() == HOST);
+    let mut finished = in_parallel(&vms, opts.jobs.max(1), |k| one(k))?;
+    for kernel in host {
+        finished.push(one(kernel)?);
+    }
+    // In the order asked for, whatever order they finished in.
+    let mut all_results = Vec::new();
+    for kernel in &opts.kernels {
+        let i = finished
+            .iter()
+            .position(|r| &r.kernel == kernel)
+            .expect("every kernel has a result");
+        let result = finished.swap_remove(i);
+        results::print_summary(&result);
+        if result.error.is_some() {
+            print_tail(&root.join(&result.log));
+        }
+        all_results.push(result);
+    }
+
+    let full_matrix = all.iter().all(|k| opts.kernels.iter().any(|o| o == k))
+        && opts.tests.is_empty()
+        && opts.filter.is_empty();
+    let report = opts
+        .report
+        .or_else(|| full_matrix.then(|| root.join(DEFAULT_REPORT)));
+    if let Some(path) = report {
+        report::write(&path, &all_results)?;
+        println!("report: {}", path.display());
+    }
+    let failed: Vec<&str> = all_results
+        .iter()
+        .filter(|r| r.failed())
+        .map(|r| r.kernel.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("failures on {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs `work` on every item, at most `jobs` at a time.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    jobs: usize,
+    work: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(items.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = work(item);
+                results.lock().expect("no worker panicked").push(r);
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("no worker panicked")
+        .into_iter()
+        .collect()
+}
+
+/// Boots (or, for `host`, runs on) one kernel and reads its log. Errors are set-up failures
+/// (the kernel could not be fetched, qemu could not start), which fail only this kernel.
+fn run_kernel(
+    kernel: &str,
+    vm_dir: &Path,
+    log: &Path,
+    stage2: &Path,
+    binaries: &[TestBinary],
+    filter: &[String],
+    timeout: Duration,
+) -> Result<KernelResult> {
+    let prepared = match kernels::LINES.iter().find(|l| l.label == kernel) {
+        Some(line) => {
+            let k = kernels::prepare(&vm_dir.join("kernels"), line)?;
+            let initrd = vm_dir.join(format!("kernels/{kernel}/initrd.cpio"));
+            initramfs::build(&k, &initrd)?;
+            Some((k, initrd))
+        }
+        None => None,
+    };
+    let mut console = Console::create(log, kernel)?;
+    let deadline = Instant::now() + timeout;
+    let timed_out = match &prepared {
+        Some((k, initrd)) => {
+            println!("vm {kernel}: booting {} (log {})", k.release, log.display());
+            qemu::boot(k, initrd, stage2, deadline, &mut console)?
+        }
+        None => {
+            let tests_dir = workspace_root().join("tests");
+            host::run(binaries, filter, &tests_dir, deadline, &mut console)?
+        }
+    };
+    let finished = console.finish()?;
+    let mut result = results::parse(kernel, &finished.text, binaries);
+    result.timed_out = timed_out;
+    result.seconds = finished.seconds;
+    // Only a VM boots; on the host the `kernel` line is printed at once.
+    result.boot_seconds = finished.boot_seconds.filter(|_| prepared.is_some());
+    if timed_out {
+        let error = format!("timed out after {} s", timeout.as_secs());
+        result.error = Some(match result.error.take() {
+            Some(e) => format!("{error}; {e}"),
+            None => error,
+        });
+    }
+    for run in &mut result.binaries {
+        run.seconds = finished
+            .binary_seconds
+            .iter()
+            .find(|(name, _)| *name == run.name)
+            .map(|(_, s)| *s);
+    }
+    Ok(result)
+}
+
+/// The last lines of a failed kernel's log, where a panic or a set-up error shows.
+fn print_tail(log: &Path) {
+    const LINES: usize = 15;
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<String> = text
+        .lines()
+        .map(results::clean)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    println!("   last lines of the log:");
+    for line in &lines[lines.len().saturating_sub(LINES)..] {
+        println!("   | {line}");
+    }
+}
+
+/// The result of a kernel whose run could not start: every test fails with `error`.
+fn not_run(kernel: &str, binaries: &[TestBinary], error: &str) -> KernelResult {
+    println!("vm {kernel}: {error}");
+    let mut result = results::parse(kernel, "", binaries);
+    result.error = Some(error.to_string());
+    result
+}
+
+/// Builds capture-tests' integration tests and lists their tests (with the filter applied).
+/// `cargo build --bins` must have run: the tests start capture and capture-cni from there.
+fn test_binaries(only: &[String], filter: &[String]) -> Result<Vec<TestBinary>> {
+    let out = crate::cargo()
+        .args(["test", "--no-run", "--locked", "--message-format=json"])
+        .args(["-p", "capture-tests"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        // With JSON output, the compiler's errors and warnings come on stdout, inside messages.
+        if let Some(rendered) = msg["message"]["rendered"].as_str() {
+            eprint!("{rendered}");
+        }
+        let is_test = msg["reason"] == "compiler-artifact"
+            && msg["profile"]["test"] == true
+            && msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        if let (true, Some(name), Some(exe)) = (
+            is_test,
+            msg["target"]["name"].as_str(),
+            msg["executable"].as_str(),
+        ) {
+            found.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    if !out.status.success() {
+        bail!("building the test binaries failed ({})", out.status);
+    }
+    found.sort();
+    for name in only {
+        if !found.iter().any(|(n, _)| n == name) {
+            let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
+            bail!("no test binary {name}: there are {}", names.join(","));
+        }
+    }
+    let mut binaries = Vec::new();
+    for (name, path) in found {
+        if !only.is_empty() && !only.contains(&name) {
+            continue;
+        }
+        let listed = crate::setup::output(Command::new(&path).arg("--list").args(filter))?;
+        let tests: Vec<String> = listed
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(str::to_string)
+            .collect();
+        if !tests.is_empty() {
+            binaries.push(TestBinary { name, path, tests });
+        }
+    }
+    if binaries.is_empty() {
+        bail!("no test matches the --tests and --filter given");
+    }
+    // `--tests` also orders the run.
+    binaries.sort_by_key(|b| only.iter().position(|n| *n == b.name));
+    Ok(binaries)
+}

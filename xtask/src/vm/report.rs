@@ -1,0 +1,351 @@
+//! docs/kernel-support.md: which capability works on which kernel, from the results of a run.
+//!
+//! Capabilities are named by the tests that exercise them; a test may count for several.
+
+use std::{fmt::Write as _, fs, path::Path};
+
+use anyhow::{Context as _, Result};
+
+use super::results::{KernelResult, Outcome, TestResult};
+
+/// A row of the table: the tests that show it works, as (binary, test) patterns, where a pattern
+/// ending in `*` matches names starting with what precedes it; `except` takes tests out again.
+pub struct Capability {
+    pub name: &'static str,
+    pub tests: &'static [(&'static str, &'static str)],
+    pub except: &'static [(&'static str, &'static str)],
+}
+
+/// Lifecycle tests that belong to more specific rows.
+const LIFECYCLE_ELSEWHERE: &[(&str, &str)] = &[
+    (
+        "lifecycle",
+        "a_process_that_joins_the_cgroup_after_attach_is_captured",
+    ),
+    (
+        "lifecycle",
+        "pods_with_colliding_loopback_tuples_keep_their_own_destinations",
+    ),
+    (
+        "lifecycle",
+        "a_proxy_started_before_attach_still_learns_the_original_destination",
+    ),
+];
+
+pub const CAPABILITIES: &[Capability] = &[
+    Capability {
+        name: "outbound capture (connect → 15001)",
+        tests: &[
+            ("outbound", "*"),
+            (
+                "lifecycle",
+                "a_process_that_joins_the_cgroup_after_attach_is_captured",
+            ),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "inbound capture (→ 15006)",
+        tests: &[
+            ("parity", "default_sidecar_inbound"),
+            ("parity", "no_listeners_means_refused_never_bypassed"),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "original destination (SO_ORIGINAL_DST, local address, getpeername)",
+        tests: &[
+            ("outbound", "default_sidecar"),
+            ("parity", "default_sidecar_inbound"),
+            (
+                "lifecycle",
+                "pods_with_colliding_loopback_tuples_keep_their_own_destinations",
+            ),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "original destination for a proxy started before attach",
+        tests: &[(
+            "lifecycle",
+            "a_proxy_started_before_attach_still_learns_the_original_destination",
+        )],
+        except: &[],
+    },
+    Capability {
+        name: "netns cookie without SO_NETNS_COOKIE (BPF reporter)",
+        tests: &[(
+            "kernel_compat",
+            "the_bpf_netns_cookie_reporter_agrees_with_the_kernel",
+        )],
+        except: &[],
+    },
+    Capability {
+        name: "port annotations (include/exclude ports, status port)",
+        tests: &[
+            ("outbound", "exclude_outbound_ports_rank_first"),
+            ("outbound", "cni_default_port_exclusion"),
+            ("parity", "inbound_exclude_list_and_disabled_inbound"),
+            ("parity", "explicit_inbound_include_list_ignores_excludes"),
+            (
+                "parity",
+                "status_port_annotation_moves_the_inbound_exclusion",
+            ),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "CIDR annotations",
+        tests: &[
+            ("outbound", "include_outbound_cidrs"),
+            ("outbound", "exclude_cidrs_rank_above_include_ports"),
+            ("outbound", "loopback_include_cidr_is_captured"),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "owner uids/gids",
+        tests: &[
+            ("outbound", "several_proxy_uids_in_order"),
+            ("dns_and_groups", "owner_groups_*"),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "DNS capture",
+        tests: &[
+            ("dns_and_groups", "dns_*"),
+            ("dns_and_groups", "a_pod_can_turn_dns_capture_off"),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "interfaces (kube-virt, excludeInterfaces)",
+        tests: &[("interfaces", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "TPROXY inbound",
+        tests: &[("tproxy", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "iptables backend",
+        tests: &[
+            (
+                "parity",
+                "iptables_mode_writes_and_removes_exactly_its_rules",
+            ),
+            ("parity", "drop_invalid_is_a_mangle_rule_in_iptables_mode"),
+            ("cni", "the_agent_in_iptables_mode"),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "fallback (auto mode, refusals)",
+        tests: &[
+            ("cni", "auto_mode_falls_back_per_pod_and_says_so"),
+            (
+                "kernel_compat",
+                "a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which",
+            ),
+            ("interfaces", "ebpf_mode_refuses_what_it_cannot_capture"),
+            ("tproxy", "ebpf_mode_refuses_tproxy"),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "lifecycle (attach, detach, idempotence, rollback)",
+        tests: &[("lifecycle", "*")],
+        except: LIFECYCLE_ELSEWHERE,
+    },
+    Capability {
+        name: "CNI plugin and agent",
+        tests: &[("cni", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "validate",
+        tests: &[("validate", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "bad input",
+        tests: &[("bad_input", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "IPv4-only pods (dual stack)",
+        tests: &[("outbound", "ipv4_only_pod_leaves_ipv6_alone")],
+        except: &[],
+    },
+];
+
+fn matches(patterns: &[(&str, &str)], test: &TestResult) -> bool {
+    patterns.iter().any(|(binary, pattern)| {
+        *binary == test.binary
+            && match pattern.strip_suffix('*') {
+                Some(prefix) => test.name.starts_with(prefix),
+                None => test.name == *pattern,
+            }
+    })
+}
+
+impl Capability {
+    fn covers(&self, test: &TestResult) -> bool {
+        matches(self.tests, test) && !matches(self.except, test)
+    }
+}
+
+/// One cell: `FAIL` if any of its tests failed, `pass` if the others passed (noting skips),
+/// `skip: reason` if all were skipped, `—` if none ran.
+pub fn cell(capability: &Capability, result: &KernelResult) -> String {
+    let tests: Vec<&TestResult> = result
+        .tests
+        .iter()
+        .filter(|t| capability.covers(t))
+        .collect();
+    let count = |o: Outcome| tests.iter().filter(|t| t.outcome == o).count();
+    let skip_reason = || {
+        tests
+            .iter()
+            .find(|t| t.outcome == Outcome::Skip)
+            .and_then(|t| t.reason.clone())
+            .unwrap_or_default()
+    };
+    match (
+        count(Outcome::Fail),
+        count(Outcome::Pass),
+        count(Outcome::Skip),
+    ) {
+        (0, 0, 0) => "—".to_string(),
+        (0, 0, _) => format!("skip: {}", escape(&skip_reason())),
+        (0, _, 0) => "pass".to_string(),
+        (0, _, skipped) => format!("pass ({skipped} skipped)"),
+        _ => "FAIL".to_string(),
+    }
+}
+
+/// `text` safe inside a table cell.
+fn escape(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+/// The whole page, dated `date` (YYYY-MM-DD).
+pub fn render(results: &[KernelResult], date: &str) -> String {
+    let mut page = String::new();
+    let releases: Vec<String> = results
+        .iter()
+        .map(|r| {
+            format!(
+                "{} = `{}`",
+                r.kernel,
+                r.release.as_deref().unwrap_or("did not boot")
+            )
+        })
+        .collect();
+    let _ = writeln!(page, "# Kernel support\n");
+    let _ = writeln!(
+        page,
+        "Generated by `cargo xtask vm` on {date}. Do not edit: run it again.\n"
+    );
+    let _ = writeln!(page, "Kernels: {}.\n", releases.join(", "));
+    let _ = writeln!(
+        page,
+        "Each cell sums the end-to-end tests of that capability on that kernel: `pass`, `FAIL` \
+         (a test failed), `skip: reason` (every test skipped a check the kernel lacks) or `—` \
+         (no test ran).\n"
+    );
+    let header: Vec<&str> = results.iter().map(|r| r.kernel.as_str()).collect();
+    let _ = writeln!(page, "| capability | {} |", header.join(" | "));
+    let _ = writeln!(page, "|---|{}", "---|".repeat(results.len()));
+    for capability in CAPABILITIES {
+        let cells: Vec<String> = results.iter().map(|r| cell(capability, r)).collect();
+        let _ = writeln!(page, "| {} | {} |", capability.name, cells.join(" | "));
+    }
+    let _ = writeln!(page, "\n## Totals\n");
+    for r in results {
+        let _ = writeln!(
+            page,
+            "- **{}** ({}): {} passed, {} failed, {} skipped, {} ignored in {:.0} s{}",
+            r.kernel,
+            r.release.as_deref().unwrap_or("release unknown"),
+            r.count(Outcome::Pass),
+            r.count(Outcome::Fail),
+            r.count(Outcome::Skip),
+            r.count(Outcome::Ignored),
+            r.seconds,
+            r.error
+                .as_deref()
+                .map_or(String::new(), |e| format!("; {e}")),
+        );
+    }
+    let _ = writeln!(page, "\n## Skips and failures\n");
+    let mut any = false;
+    for r in results {
+        let listed: Vec<&TestResult> = r
+            .tests
+            .iter()
+            .filter(|t| matches!(t.outcome, Outcome::Fail | Outcome::Skip))
+            .collect();
+        if listed.is_empty() && r.error.is_none() {
+            continue;
+        }
+        any = true;
+        let _ = writeln!(page, "### {}\n", r.kernel);
+        if let Some(error) = &r.error {
+            let _ = writeln!(page, "- the kernel failed: {error}");
+        }
+        for t in listed {
+            let what = if t.outcome == Outcome::Fail {
+                "FAIL"
+            } else {
+                "skip"
+            };
+            let reason = t.reason.as_deref().unwrap_or("no reason given");
+            let _ = writeln!(
+                page,
+                "- `{}::{}` {what}: {}",
+                t.binary,
+                t.name,
+                reason.trim()
+            );
+        }
+        let _ = writeln!(page);
+    }
+    if !any {
+        let _ = writeln!(page, "None.\n");
+    }
+    page.truncate(page.trim_end().len());
+    page.push('\n');
+    page
+}
+
+pub fn write(path: &Path, results: &[KernelResult]) -> Result<()> {
+    fs::write(path, render(results, &today()))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Today's UTC date as YYYY-MM-DD, from the system clock (days since 1970 to a civil date).
+fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (eras of 400 years, March-based years).
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
+    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}

@@ -1,0 +1,102 @@
+//! The guest's second stage: a bash script run as PID 1 on the host's root (shared read-only). It
+//! prepares what the tests expect of a node, runs each test binary with its output on the serial
+//! console, and frames it with `capture-vm:` lines that results.rs parses.
+//!
+//! It lives under target/vm, not /tmp: the guest mounts a fresh tmpfs on /tmp.
+
+use std::{fs, path::Path};
+
+use anyhow::{Context as _, Result};
+
+use super::TestBinary;
+
+/// Node set-up before the tests. /tmp/kroot is the guest kernel's own module tree (mounted by
+/// /init); pointing the kernel's modprobe helper at it lets netfilter and friends autoload.
+const PRELUDE: &str = r#"#!/bin/bash
+# Stage 2 of `cargo xtask vm` (generated; rewritten on every run).
+set -u
+say() { echo "capture-vm: $*"; }
+say "kernel $(uname -r)"
+export PATH=__PATH__ HOME=/tmp
+mount -t tmpfs run /run || say "cannot mount /run"
+mkdir -p /run/lock
+mount -t bpf bpf /sys/fs/bpf || say "cannot mount bpffs"
+mount -t cgroup2 cgroup2 /sys/fs/cgroup || say "cannot mount cgroup2"
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
+printf '#!/bin/sh\nexec /usr/sbin/modprobe -d /tmp/kroot "$@"\n' > /tmp/modprobe
+chmod +x /tmp/modprobe
+echo /tmp/modprobe > /proc/sys/kernel/modprobe
+for m in veth bridge; do /tmp/modprobe "$m" || say "modprobe $m failed"; done
+ip link set lo up
+export CAPTURE_SKIP_LOG=/tmp/capture-skips
+: > "$CAPTURE_SKIP_LOG"
+run_binary() {
+    local name=$1
+    shift
+    say "begin $name"
+    "$@" 2>&1
+    local rc=$?
+    say "end $name rc=$rc"
+    report_skips
+}
+# The skips of the binary that just ended, right after its end line (results.rs attributes them
+# to it), then a fresh log for the next.
+report_skips() {
+    while IFS= read -r line; do printf 'capture-skip: %s\n' "$line"; done < "$CAPTURE_SKIP_LOG"
+    : > "$CAPTURE_SKIP_LOG"
+}
+"#;
+
+/// Powers off (sysrq works whatever the sysrq mask says when written
+/// from /proc; should it not, bash exiting as PID 1 panics and `panic=-1` reboots, which qemu's
+/// `-no-reboot` turns into an exit).
+const EPILOGUE: &str = r#"say done
+echo o > /proc/sysrq-trigger
+sleep 30
+"#;
+
+/// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter` appended.
+pub fn write(
+    path: &Path,
+    tests_dir: &Path,
+    binaries: &[TestBinary],
+    filter: &[String],
+) -> Result<()> {
+    // The host's PATH, so the guest finds the same tools (python3 with its modules among them).
+    let host_path = std::env::var("PATH").unwrap_or_default();
+    let guest_path =
+        format!("{host_path}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let mut script = PRELUDE.replace("__PATH__", &quote(&guest_path));
+    script.push_str(&format!("cd {}\n", quote(&tests_dir.to_string_lossy())));
+    for binary in binaries {
+        let mut line = format!(
+            "run_binary {} {} --test-threads=2",
+            quote(&binary.name),
+            quote(&binary.path.to_string_lossy())
+        );
+        for arg in filter {
+            line.push(' ');
+            line.push_str(&quote(arg));
+        }
+        script.push_str(&line);
+        script.push('\n');
+    }
+    script.push_str(EPILOGUE);
+    fs::write(path, script).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `s` as one single-quoted shell word.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_quotes_and_spaces() {
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+}
