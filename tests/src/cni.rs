@@ -104,6 +104,9 @@ impl Node {
                     "type": "capture-cni",
                     "agent_socket": self.socket,
                     "cgroup_root": self.cgroup_root,
+                    // Generous: the kernel matrix runs this under emulation, where an iptables
+                    // fallback's first module loads alone can take 10 s.
+                    "timeout_seconds": 60,
                     "capabilities": {"io.kubernetes.cri.pod-annotations": true},
                 },
             ],

@@ -63,13 +63,14 @@ fn a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which() {
     );
     let mut dns_pod = Topology::new();
     dns_pod.capture_env.push(refuse.clone());
+    // Attached before the proxies start, as in a real pod.
+    dns_pod.attach(&["--mode", "auto", "--redirect-dns", "--capture-all-dns"]);
     dns_pod.start_all();
     dns_pod.start_dns_proxy();
-    dns_pod.attach(&["--mode", "auto", "--redirect-dns", "--capture-all-dns"]);
     let mut plain = Topology::with_dirs(dns_pod.dirs.shared());
     plain.capture_env.push(refuse);
-    plain.start_all();
     plain.attach(&["--mode", "auto"]);
+    plain.start_all();
 
     let pods = dns_pod.status()["pods"].as_array().cloned().unwrap();
     let mode_of = |topo: &Topology| {
