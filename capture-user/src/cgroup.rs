@@ -60,3 +60,31 @@ pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
         .next()
         .ok_or(CgroupError::NoCgroup2)
 }
+
+/// A private cgroup directly under the cgroup2 root, for capture's own short-lived probes;
+/// removed on drop (it must be empty by then).
+pub struct ScratchCgroup {
+    pub path: PathBuf,
+}
+
+impl ScratchCgroup {
+    /// `capture-PURPOSE-PID-N` under the cgroup2 mount.
+    pub fn create(purpose: &str) -> io::Result<Self> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let root = cgroup2_mount().map_err(io::Error::other)?;
+        let path = root.join(format!(
+            "capture-{purpose}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&path)?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for ScratchCgroup {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir(&self.path);
+    }
+}

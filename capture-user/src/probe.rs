@@ -85,7 +85,7 @@ pub fn probe() -> Probe {
         optional: hook.dns_only,
         ..check(
             format!("program {}", hook.hook),
-            result.map(|()| "loads and verifies".to_string()),
+            result.map(|()| "loads, verifies and attaches".to_string()),
         )
     }));
     let ebpf_usable = ebpf.iter().all(|c| c.ok || c.optional);

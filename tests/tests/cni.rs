@@ -419,6 +419,11 @@ fn auto_mode_falls_back_per_pod_and_says_so() {
         "the other pod stays on ebpf"
     );
     let (_, body) = agent.get("/metrics").expect("metrics");
+    // The probe behind the mode is on show: every hook was loaded, verified and attached.
+    for hook in ["sock_ops", "sk_lookup", "cgroup/connect4"] {
+        let line = format!("capture_kernel_check{{check=\"program {hook}\",optional=\"false\"}} 1");
+        assert!(body.contains(&line), "{line} missing from\n{body}");
+    }
     let fallback: Vec<&str> = body
         .lines()
         .filter(|l| l.starts_with("capture_pod_fallback{"))

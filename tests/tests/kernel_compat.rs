@@ -11,13 +11,14 @@ use capture_tests::{
 };
 use capture_user::{ebpf::netns_cookie::netns_cookie, netns::Netns};
 
-fn scratch_cgroups_left() -> Vec<String> {
+fn scratch_cgroups_left(purpose: &str) -> Vec<String> {
     let root = capture_user::cgroup::cgroup2_mount().expect("cgroup v2 is mounted");
+    let prefix = format!("capture-{purpose}-{}-", std::process::id());
     std::fs::read_dir(root)
         .expect("the cgroup v2 root")
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("capture-netns-cookie-{}-", std::process::id())))
+        .filter(|n| n.starts_with(&prefix))
         .collect()
 }
 
@@ -45,11 +46,8 @@ fn the_bpf_netns_cookie_reporter_agrees_with_the_kernel() {
     assert_eq!(na.cookie().expect("Netns::cookie"), reported_a);
     let own = Netns::open(Path::new("/proc/self/ns/net")).expect("own netns");
     assert_ne!(netns_cookie(own.file()).expect("own netns"), reported_a);
-    assert!(
-        scratch_cgroups_left().is_empty(),
-        "{:?}",
-        scratch_cgroups_left()
-    );
+    let left = scratch_cgroups_left("netns-cookie");
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// A kernel without a hook only some pods need (here the DNS hooks, refused on purpose, since
@@ -118,4 +116,29 @@ fn a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which() {
             Outbound("10.0.0.5:80"),
         )],
     );
+}
+
+/// The probe behind `auto` and `capture doctor` loads every program and links it to a scratch
+/// cgroup or netns; on every kernel of the matrix all of them must pass, and nothing stays.
+#[test]
+fn the_probe_loads_and_attaches_every_hook_and_leaves_nothing() {
+    capture_tests::require_root();
+    let probe = capture_user::probe::probe();
+    let programs: Vec<_> = probe
+        .checks
+        .iter()
+        .filter(|c| c.name.starts_with("program "))
+        .collect();
+    assert_eq!(programs.len(), capture_user::ebpf::programs::HOOKS.len());
+    for check in &programs {
+        assert!(check.ok, "{}: {}", check.name, check.detail);
+        assert_eq!(
+            check.detail, "loads, verifies and attaches",
+            "{}",
+            check.name
+        );
+    }
+    assert!(probe.ebpf_usable, "{:?}", probe.checks);
+    let left = scratch_cgroups_left("probe");
+    assert!(left.is_empty(), "{left:?}");
 }

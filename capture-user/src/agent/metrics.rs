@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, sync::Mutex, time::Duration};
 
-use crate::{ops::NodeStatus, record::Mode};
+use crate::{ops::NodeStatus, probe::Check, record::Mode};
 
 /// Upper bounds (seconds) of the attach latency histogram.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -55,8 +55,28 @@ impl Metrics {
 
     /// The exposition text for one scrape.
     #[must_use]
-    pub fn render(&self, mode: Mode, ready: bool, node: Option<&NodeStatus>) -> String {
+    pub fn render(
+        &self,
+        mode: Mode,
+        ready: bool,
+        kernel_checks: &[Check],
+        node: Option<&NodeStatus>,
+    ) -> String {
         let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "# HELP capture_kernel_check What the agent found the kernel and node offer at start (1 usable); optional checks are needed by some pods only."
+        );
+        let _ = writeln!(o, "# TYPE capture_kernel_check gauge");
+        for c in kernel_checks {
+            let _ = writeln!(
+                o,
+                "capture_kernel_check{{check=\"{}\",optional=\"{}\"}} {}",
+                label(&c.name),
+                c.optional,
+                u8::from(c.ok)
+            );
+        }
         let _ = writeln!(
             o,
             "# HELP capture_mode The capture backend this agent uses (1 for the active one)."

@@ -65,6 +65,8 @@ pub enum AgentError {
 pub struct Agent {
     cfg: AgentConfig,
     mode: Mode,
+    /// What the kernel offered when the agent started (the probe behind the mode).
+    kernel_checks: Vec<probe::Check>,
     ready: AtomicBool,
     metrics: metrics::Metrics,
 }
@@ -78,9 +80,12 @@ impl Agent {
         let agent = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
             let node = ops::status(&agent.cfg.paths).ok();
-            agent
-                .metrics
-                .render(agent.mode, agent.is_ready(), node.as_ref())
+            agent.metrics.render(
+                agent.mode,
+                agent.is_ready(),
+                &agent.kernel_checks,
+                node.as_ref(),
+            )
         })
         .await
         .unwrap_or_default()
@@ -273,6 +278,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let agent = Arc::new(Agent {
         cfg,
         mode,
+        kernel_checks: probe.checks,
         ready: AtomicBool::new(false),
         metrics: metrics::Metrics::default(),
     });

@@ -3,11 +3,9 @@
 //! cgroup, and a child process that joins that cgroup, enters the netns and creates one socket.
 
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::{File, OpenOptions},
     io,
     os::fd::AsRawFd as _,
-    path::PathBuf,
-    sync::atomic::{AtomicU32, Ordering},
 };
 
 use aya::{
@@ -16,32 +14,10 @@ use aya::{
     EbpfLoader,
 };
 
+use crate::cgroup::ScratchCgroup;
+
 /// The reporter program, built by build.rs from capture-ebpf's `netns-cookie` binary.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns-cookie.bpf.o"));
-
-/// A cgroup that lives for one lookup.
-struct ScratchCgroup(PathBuf);
-
-impl ScratchCgroup {
-    fn create() -> io::Result<Self> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let root = crate::cgroup::cgroup2_mount().map_err(io::Error::other)?;
-        let dir = root.join(format!(
-            "capture-netns-cookie-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        fs::create_dir(&dir)?;
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for ScratchCgroup {
-    fn drop(&mut self) {
-        // Empty by now: the child has been reaped.
-        let _ = fs::remove_dir(&self.0);
-    }
-}
 
 fn other(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{what}: {e}"))
@@ -65,13 +41,14 @@ pub fn netns_cookie(netns: &File) -> io::Result<u64> {
     program
         .load()
         .map_err(|e| other("the kernel refused the netns-cookie reporter", e))?;
-    let scratch = ScratchCgroup::create()?;
+    // Dropped (removed) after the child has been reaped, so it is empty by then.
+    let scratch = ScratchCgroup::create("netns-cookie")?;
     program
-        .attach(File::open(&scratch.0)?, CgroupAttachMode::Single)
+        .attach(File::open(&scratch.path)?, CgroupAttachMode::Single)
         .map_err(|e| other("attaching the netns-cookie reporter", e))?;
     let procs = OpenOptions::new()
         .write(true)
-        .open(scratch.0.join("cgroup.procs"))?;
+        .open(scratch.path.join("cgroup.procs"))?;
     let pid = create_socket_in(&procs, netns)?;
     let cookies: HashMap<_, u32, u64> = HashMap::try_from(
         ebpf.map("NETNS_COOKIES")

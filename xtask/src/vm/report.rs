@@ -73,6 +73,14 @@ pub const CAPABILITIES: &[Capability] = &[
         except: &[],
     },
     Capability {
+        name: "kernel probe: every hook loads, verifies and attaches",
+        tests: &[(
+            "kernel_compat",
+            "the_probe_loads_and_attaches_every_hook_and_leaves_nothing",
+        )],
+        except: &[],
+    },
+    Capability {
         name: "netns cookie without SO_NETNS_COOKIE (BPF reporter)",
         tests: &[(
             "kernel_compat",
