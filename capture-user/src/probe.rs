@@ -5,7 +5,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::{ebpf::programs, record::Mode};
+use crate::{
+    ebpf::{hook_probe, programs},
+    record::Mode,
+};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
@@ -80,7 +83,7 @@ pub fn probe() -> Probe {
         ),
         check("netns cookie", crate::netns::describe_cookie_source()),
     ];
-    let (programs, features) = programs::probe_programs();
+    let (programs, features) = hook_probe::probe_programs();
     ebpf.extend(programs.into_iter().map(|(hook, result)| Check {
         optional: hook.dns_only,
         ..check(

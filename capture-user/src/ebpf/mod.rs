@@ -1,5 +1,6 @@
 //! The ebpf backend: the node's programs attached to a pod's cgroup, its config in the maps.
 
+pub mod hook_probe;
 pub mod netns_cookie;
 mod pod_maps;
 pub mod programs;
