@@ -32,18 +32,33 @@ while read -r m; do
 done < /mods.list
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroot /newroot \
     || fail "cannot mount the host root over 9p"
+workspace=
+stage2=
+for word in $(cat /proc/cmdline); do
+    case "$word" in
+        capture.stage2=*) stage2="${word#capture.stage2=}" ;;
+        capture.workspace=*) workspace="${word#capture.workspace=}" ;;
+    esac
+done
+[ -n "$stage2" ] || fail "no capture.stage2= on the kernel command line"
+# The guest's /tmp is its own; a workspace under the host's /tmp (a CI clone) stays visible.
+case "$workspace" in
+    /tmp/*)
+        mkdir -p /workspace
+        mount --bind "/newroot$workspace" /workspace || fail "cannot keep $workspace"
+        ;;
+esac
 mount -t tmpfs tmp /newroot/tmp || fail "cannot mount a tmpfs on /tmp"
+if [ -d /workspace ]; then
+    mkdir -p "/newroot$workspace"
+    mount --move /workspace "/newroot$workspace" || fail "cannot move $workspace back"
+fi
 mkdir -p /newroot/tmp/kroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 kroot /newroot/tmp/kroot \
     || fail "cannot mount the guest kernel's module tree"
 mount -t proc proc /newroot/proc || fail "cannot mount /proc in the new root"
 mount --move /sys /newroot/sys || fail "cannot move /sys"
 mount --move /dev /newroot/dev || fail "cannot move /dev"
-stage2=
-for word in $(cat /proc/cmdline); do
-    case "$word" in capture.stage2=*) stage2="${word#capture.stage2=}" ;; esac
-done
-[ -n "$stage2" ] || fail "no capture.stage2= on the kernel command line"
 exec switch_root /newroot /bin/bash "$stage2"
 fail "switch_root failed"
 "#;

@@ -44,7 +44,8 @@ pub fn boot(
             .arg(initrd)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 panic=-1 quiet capture.stage2={stage2}"
+                "console=ttyS0 panic=-1 quiet capture.stage2={stage2} capture.workspace={}",
+                super::workspace_root().display()
             ))
             .arg("-virtfs")
             .arg(virtfs("/", "hostroot"))

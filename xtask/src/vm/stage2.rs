@@ -2,7 +2,8 @@
 //! prepares what the tests expect of a node, runs each test binary with its output on the serial
 //! console, and frames it with `capture-vm:` lines that results.rs parses.
 //!
-//! It lives under target/vm, not /tmp: the guest mounts a fresh tmpfs on /tmp.
+//! It lives under target/vm. The guest mounts a fresh tmpfs on /tmp; /init keeps a workspace
+//! that is under the host's /tmp (a CI clone) visible at its path.
 
 use std::{fs, path::Path};
 
