@@ -275,14 +275,10 @@ pub fn render(results: &[KernelResult], date: &str) -> String {
     for r in results {
         let _ = writeln!(
             page,
-            "- **{}** ({}): {} passed, {} failed, {} skipped, {} ignored in {:.0} s{}",
+            "- **{}** ({}): {}{}",
             r.kernel,
             r.release.as_deref().unwrap_or("release unknown"),
-            r.count(Outcome::Pass),
-            r.count(Outcome::Fail),
-            r.count(Outcome::Skip),
-            r.count(Outcome::Ignored),
-            r.seconds,
+            r.totals(),
             r.error
                 .as_deref()
                 .map_or(String::new(), |e| format!("; {e}")),

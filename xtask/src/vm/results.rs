@@ -61,6 +61,18 @@ impl KernelResult {
         self.tests.iter().filter(|t| t.outcome == outcome).count()
     }
 
+    /// `N passed, N failed, N skipped, N ignored in N s`.
+    pub fn totals(&self) -> String {
+        format!(
+            "{} passed, {} failed, {} skipped, {} ignored in {:.0} s",
+            self.count(Outcome::Pass),
+            self.count(Outcome::Fail),
+            self.count(Outcome::Skip),
+            self.count(Outcome::Ignored),
+            self.seconds
+        )
+    }
+
     pub fn failed(&self) -> bool {
         self.error.is_some() || self.count(Outcome::Fail) > 0
     }
@@ -344,14 +356,10 @@ pub fn write_json(path: &Path, result: &KernelResult) -> Result<()> {
 pub fn print_summary(result: &KernelResult) {
     let verdict = if result.failed() { "FAILED" } else { "ok" };
     println!(
-        "== {} ({}): {verdict}: {} passed, {} failed, {} skipped, {} ignored in {:.0} s{}",
+        "== {} ({}): {verdict}: {}{}",
         result.kernel,
         result.release.as_deref().unwrap_or("release unknown"),
-        result.count(Outcome::Pass),
-        result.count(Outcome::Fail),
-        result.count(Outcome::Skip),
-        result.count(Outcome::Ignored),
-        result.seconds,
+        result.totals(),
         result
             .boot_seconds
             .map_or(String::new(), |b| format!(" (up after {b:.1} s)")),
