@@ -173,7 +173,9 @@ impl Node {
             child: Some(child),
             http: self.http,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // Generous: under emulation (the kernel matrix) the agent's start-up probe, which loads
+        // and attaches every program, alone can take half a minute.
+        let deadline = Instant::now() + Duration::from_secs(120);
         while agent.get("/readyz").is_none_or(|(code, _)| code != 200) {
             assert!(Instant::now() < deadline, "the agent did not become ready");
             std::thread::sleep(Duration::from_millis(50));
