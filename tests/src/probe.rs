@@ -127,6 +127,16 @@ impl Outcome {
     pub fn server(&self) -> Option<String> {
         self.str_at(&["reply", "server"])
     }
+    /// Asserts which listener accepted; `context` (the mode, the case) leads the failure message.
+    #[track_caller]
+    pub fn assert_served_by(&self, server: &str, context: &str) {
+        assert_eq!(
+            self.server().as_deref(),
+            Some(server),
+            "{context}: {:?}",
+            self.0
+        );
+    }
     /// `SO_ORIGINAL_DST` as the accepting listener read it.
     #[must_use]
     pub fn orig(&self) -> Option<String> {

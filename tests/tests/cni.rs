@@ -29,11 +29,11 @@ fn add_captures_pods_and_del_leaves_nothing() {
 
     // Inbound: a client outside the pod reaches the pod's inbound listener with the original port.
     let got = from_node(&node, a.ip(), 8080);
-    assert_eq!(got.server().as_deref(), Some("inbound"), "{:?}", got.0);
+    got.assert_served_by("inbound", "");
     assert_eq!(got.orig(), Some(format!("{}:8080", a.ip())));
     // Outbound: pod a's app calling pod b lands on a's own proxy.
     let got = connect_with(a.app_client(), &format!("{}:8080", b.ip()));
-    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    got.assert_served_by("outbound", "");
     assert_eq!(got.orig(), Some(format!("{}:8080", b.ip())));
 
     node.check(&a).expect("CHECK a");
@@ -180,7 +180,7 @@ fn pods_that_are_not_meshed_are_left_alone() {
     }
     let _servers = plain.start_servers();
     let got = from_node(&node, plain.ip(), 8080);
-    assert_eq!(got.server().as_deref(), Some("app"), "{:?}", got.0);
+    got.assert_served_by("app", "");
     for pod in [&plain, &opted_out, &system] {
         node.del(pod).expect("DEL");
     }
@@ -378,7 +378,7 @@ fn the_agent_in_iptables_mode() {
         "iptables mode attaches no programs"
     );
     let got = from_node(&node, pod.ip(), 8080);
-    assert_eq!(got.server().as_deref(), Some("inbound"), "{:?}", got.0);
+    got.assert_served_by("inbound", "");
     assert_eq!(
         got.server_local(),
         Some(format!("{}:15006", pod.ip())),

@@ -20,12 +20,7 @@ fn virtual_interface_traffic_is_outbound_traffic() {
         let topo = vm_pod(&["--mode", mode, "--annotation", KUBEVIRT]);
         // T64: a VM's connection out goes to the outbound listener, on eth1's address.
         let got = topo.connect_from_vm("10.0.0.5:80");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("outbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("outbound", mode);
         assert_eq!(got.orig().as_deref(), Some("10.0.0.5:80"), "{mode}");
         assert_eq!(
             got.server_local().as_deref(),
@@ -34,20 +29,10 @@ fn virtual_interface_traffic_is_outbound_traffic() {
         );
         // T65: even towards the pod itself, never inbound capture.
         let got = topo.connect_from_vm("10.3.0.1:8080");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("outbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("outbound", mode);
         // The pod's own traffic is captured as usual.
         let got = topo.tcp(&Who::app(), "10.0.0.5:80");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("outbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("outbound", mode);
         let pod = &topo.status()["pods"][0];
         assert_eq!(pod["mode"], "iptables", "{mode}");
         assert_eq!(pod["in_force"], true, "{mode}");
@@ -72,11 +57,11 @@ fn virtual_interface_with_an_include_list() {
         "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16",
     ]);
     let got = topo.connect_from_vm("10.0.0.5:80");
-    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    got.assert_served_by("outbound", "");
     let got = topo.connect_from_vm("1.1.0.5:80");
-    assert_eq!(got.server().as_deref(), Some("remote"), "{:?}", got.0);
+    got.assert_served_by("remote", "");
     let got = topo.connect_from_vm("10.3.0.1:8080");
-    assert_eq!(got.server().as_deref(), Some("app"), "{:?}", got.0);
+    got.assert_served_by("app", "");
 }
 
 #[test]
@@ -90,18 +75,13 @@ fn excluded_interfaces_are_left_alone_both_ways() {
         ]);
         // T68: inbound through eth1 reaches the app directly.
         let got = topo.connect_from_vm("10.3.0.1:8080");
-        assert_eq!(got.server().as_deref(), Some("app"), "{mode}: {:?}", got.0);
+        got.assert_served_by("app", mode);
         // T69/T70: the pod's traffic out through eth1 is not captured either.
         let got = topo.tcp(&Who::app(), "10.3.0.2:80");
-        assert_eq!(got.server().as_deref(), Some("vm"), "{mode}: {:?}", got.0);
+        got.assert_served_by("vm", mode);
         // Other interfaces are captured as usual.
         let got = topo.tcp(&Who::app(), "10.0.0.5:80");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("outbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("outbound", mode);
     }
 }
 

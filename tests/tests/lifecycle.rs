@@ -95,7 +95,7 @@ fn a_process_that_joins_the_cgroup_after_attach_is_captured() {
     topo.start_all();
     topo.pod.cgroup.add(client.pid());
     let got = Outcome::parse(&client.release_and_wait("go\n"));
-    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    got.assert_served_by("outbound", "");
     assert_eq!(got.orig().as_deref(), Some("10.0.0.5:80"));
 }
 
@@ -316,7 +316,7 @@ fn other_getsockopt_calls_keep_the_kernels_answer() {
     // Captured: the proxy's socket answers SO_ORIGINAL_DST, and IP_TTL (same level) is untouched.
     for to in ["10.0.0.5:80", "[fd00:2::5]:80"] {
         let got = topo.tcp(&Who::app(), to);
-        assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+        got.assert_served_by("outbound", "");
         assert_eq!(got.server_ttl(), Some(64), "{:?}", got.0);
     }
     // Not captured (app to its own IP): the app's listener gets the kernel's own SO_ORIGINAL_DST

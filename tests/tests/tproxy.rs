@@ -26,12 +26,7 @@ fn inbound_keeps_the_original_destination() {
         let topo = tproxy_pod(mode, true);
         // T54: on the inbound listener, with the original destination as local address.
         let got = topo.connect_from_remote("10.1.0.10:8080");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("inbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("inbound", mode);
         assert_eq!(
             got.server_local().as_deref(),
             Some("10.1.0.10:8080"),
@@ -44,31 +39,16 @@ fn inbound_keeps_the_original_destination() {
         );
         // T56: the tunnel port is captured too under TPROXY (the quirk).
         let got = topo.connect_from_remote("10.1.0.10:15008");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("inbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("inbound", mode);
         // Excluded ports still reach the app.
         let got = topo.connect_from_remote("10.1.0.10:15020");
-        assert_eq!(got.server().as_deref(), Some("app"), "{mode}: {:?}", got.0);
+        got.assert_served_by("app", mode);
         // Outbound is REDIRECT as before.
         let got = topo.tcp(&Who::app(), "10.0.0.5:80");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("outbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("outbound", mode);
         // T58: the proxy runs as uid 0; its gid makes its own-pod traffic go to 15006.
         let got = topo.tcp(&Who::new(0, 1337), "10.1.0.10:8080");
-        assert_eq!(
-            got.server().as_deref(),
-            Some("inbound"),
-            "{mode}: {:?}",
-            got.0
-        );
+        got.assert_served_by("inbound", mode);
         let pod = &topo.status()["pods"][0];
         assert_eq!(pod["mode"], "iptables", "{mode}");
         assert_eq!(pod["in_force"], true, "{mode}: {pod}");
@@ -97,7 +77,7 @@ fn original_source_connections_from_the_proxy_complete() {
     };
     let got = topo.connect(&Who::new(0, 1337), "10.1.0.10:8080", &opts);
     assert!(got.ok(), "{:?}", got.0);
-    assert_eq!(got.server().as_deref(), Some("app"), "{:?}", got.0);
+    got.assert_served_by("app", "");
     assert_eq!(
         got.peer_seen().map(|p| ip_of(&p)).as_deref(),
         Some("10.1.0.1"),
@@ -130,7 +110,7 @@ fn detach_removes_the_marks_and_routes() {
     assert!(topo.detach().status.success());
     assert!(!routes(&topo).contains("lookup 133"), "{}", routes(&topo));
     let got = topo.connect_from_remote("10.1.0.10:8080");
-    assert_eq!(got.server().as_deref(), Some("app"), "{:?}", got.0);
+    got.assert_served_by("app", "");
 }
 
 #[test]
