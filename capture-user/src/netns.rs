@@ -126,7 +126,7 @@ pub fn describe_cookie_source() -> Result<String, String> {
         return Ok("SO_NETNS_COOKIE".into());
     }
     let own = Netns::open(Path::new("/proc/self/ns/net")).map_err(|e| e.to_string())?;
-    own.cookie()
+    crate::ebpf::netns_cookie::netns_cookie(own.file())
         .map(|_| {
             "through a cgroup/sock_create program (no SO_NETNS_COOKIE before Linux 5.14)".into()
         })

@@ -6,7 +6,7 @@
 
 use std::{io::Write as _, sync::OnceLock};
 
-use capture_user::ebpf::{hook_probe::probe_programs, programs::KernelFeatures};
+use capture_user::ebpf::programs::{kernel_features, KernelFeatures};
 
 /// A kernel feature some tests depend on; the name is what the skip log and the matrix use.
 #[derive(Clone, Copy, Debug)]
@@ -27,9 +27,7 @@ impl Feature {
 fn features() -> KernelFeatures {
     static FEATURES: OnceLock<KernelFeatures> = OnceLock::new();
     *FEATURES.get_or_init(|| {
-        probe_programs()
-            .1
-            .expect("the kernel programs load on this kernel")
+        kernel_features().unwrap_or_else(|e| panic!("the kernel programs load on this kernel: {e}"))
     })
 }
 

@@ -278,6 +278,11 @@ fn parse_object(features: KernelFeatures) -> Result<Ebpf, LoadError> {
         .map_err(LoadError::Parse)
 }
 
+/// How the object must be adapted to this kernel (loads sock_ops once or twice, nothing else).
+pub fn kernel_features() -> Result<KernelFeatures, LoadError> {
+    adapted_object().map(|(_, features)| features)
+}
+
 /// The object, with sock_ops already loaded: as built where the kernel takes it, else without
 /// the calls it refuses.
 pub(super) fn adapted_object() -> Result<(Ebpf, KernelFeatures), LoadError> {
