@@ -1,4 +1,4 @@
-//! capture's developer tasks: `cargo xtask setup|build|test|lint|demo|bench|vm`.
+//! capture's developer tasks: `cargo xtask setup|setup-check|build|test|lint|demo|bench|vm`.
 //!
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
@@ -21,7 +21,19 @@ struct Args {
 #[derive(Subcommand)]
 enum Task {
     /// Install what building and testing need (idempotent; a fast no-op when all is present).
-    Setup,
+    Setup {
+        /// Also what `cargo xtask vm` needs (qemu, kmod, busybox-static, ...).
+        #[arg(long)]
+        vm: bool,
+        /// Only the Debian packages and the commands they provide: no Rust toolchain pieces, no
+        /// PyPI (what `setup-check` runs inside a clean root).
+        #[arg(long)]
+        debian_only: bool,
+    },
+    /// Run setup's Debian step in a clean root of this machine's Debian release (debootstrap,
+    /// then chroot) and fail if any command the tasks and tests run is missing afterwards
+    /// (needs root; a few minutes, most of it downloads).
+    SetupCheck,
     /// Build every binary of the default members (the kernel programs are built and embedded by
     /// capture-user's build.rs; capture-ebpf itself only builds for BPF).
     Build,
@@ -71,6 +83,18 @@ enum Task {
         #[arg(long, default_value_t = 3)]
         jobs: usize,
     },
+}
+
+/// Runs a command and returns its trimmed stdout, failing with its stderr.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Runs a command, failing with its name if it does not succeed.
@@ -148,7 +172,20 @@ fn main() -> std::process::ExitCode {
 
 fn run_task(task: Task) -> Result<()> {
     match task {
-        Task::Setup => setup::setup(),
+        Task::Setup { vm, debian_only } => {
+            if !debian_only {
+                setup::setup()?;
+            }
+            let mut tools = setup::tools::TEST_TOOLS.to_vec();
+            if vm {
+                tools.extend_from_slice(setup::tools::VM_TOOLS);
+            }
+            setup::install(&tools)
+        }
+        Task::SetupCheck => {
+            require_root("cargo xtask setup-check")?;
+            setup::check::run_check(std::path::Path::new("target/setup-check"))
+        }
         Task::Build => {
             setup::setup()?;
             build()
@@ -204,7 +241,7 @@ fn run_task(task: Task) -> Result<()> {
         } => {
             require_root("cargo xtask vm")?;
             setup::setup()?;
-            setup::debian_packages(&setup::VM_PACKAGES)?;
+            setup::install(setup::tools::VM_TOOLS)?;
             build()?;
             vm::run(vm::Options {
                 kernels,

@@ -9,7 +9,7 @@ use std::{fs, path::Path, process::Command};
 use anyhow::{bail, Context as _, Result};
 
 use super::kernels::Kernel;
-use crate::setup::output;
+use crate::output;
 
 /// Modules that reach the host's root: the virtio PCI transport, 9p over virtio, the 9p
 /// filesystem. modprobe resolves what they depend on; built-in ones need nothing.

@@ -1,6 +1,7 @@
 //! Debian kernels for the VM matrix. Each is fetched once with a private apt configuration (the
-//! system's sources and package lists are never read or written), unpacked, depmod'ed and cached
-//! under target/vm/kernels/<label>/; later runs reuse the unpacked tree without the network.
+//! system's package lists are never read or written; its sources only name the archive), unpacked,
+//! depmod'ed and cached under target/vm/kernels/<label>/; later runs reuse the unpacked tree
+//! without the network.
 //!
 //! The generic `-amd64` flavour is used, not `-cloud-amd64`: the cloud kernels have no 9p, and the
 //! guest reaches the host's root over 9p.
@@ -13,10 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{run, setup::output};
-
-/// The Debian archive the kernels come from; the only place its address appears.
-const MIRROR: &str = "http://deb.debian.org/debian";
+use crate::{output, run, setup::apt_sources};
 
 /// Written last into a kernel's cache directory: the release whose tree is complete and depmod'ed.
 const STAMP: &str = "ready";
@@ -131,9 +129,11 @@ fn newest_image(apt_dir: &Path, line: &Line) -> Result<String> {
     for sub in ["lists/partial", "cache/archives/partial"] {
         fs::create_dir_all(apt_dir.join(sub))?;
     }
+    // The archive this machine installs from serves every suite of the matrix.
+    let mirror = apt_sources::debian_mirror(&apt_sources::codename()?)?;
     fs::write(
         apt_dir.join("sources.list"),
-        format!("deb {MIRROR} {} main\n", line.suite),
+        format!("deb {mirror} {} main\n", line.suite),
     )?;
     run(apt(apt_dir, "apt-get").args(["-q", "update"]))?;
     let prefix = format!("linux-image-{}.", line.label);

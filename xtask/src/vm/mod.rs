@@ -296,7 +296,7 @@ fn test_binaries(only: &[String], filter: &[String]) -> Result<Vec<TestBinary>> 
         if !only.is_empty() && !only.contains(&name) {
             continue;
         }
-        let listed = crate::setup::output(Command::new(&path).arg("--list").args(filter))?;
+        let listed = crate::output(Command::new(&path).arg("--list").args(filter))?;
         let tests: Vec<String> = listed
             .lines()
             .filter_map(|l| l.strip_suffix(": test"))

@@ -1,6 +1,12 @@
 //! `cargo xtask setup`: the nightly's rust-src, bpf-linker 0.13 linked against the nightly's own
-//! libLLVM, and the Debian packages the tests use. Each step checks first and does nothing when
-//! its piece is already there.
+//! libLLVM, the Debian packages of every command the tasks and tests run, and kubernetes-validate.
+//! Each step checks first and does nothing when its piece is already there; what setup cannot
+//! install (rustup, python3 with pip, dpkg and apt) is checked before anything else starts.
+
+pub mod apt_sources;
+pub mod check;
+mod dpkg;
+pub mod tools;
 
 use std::{
     path::{Path, PathBuf},
@@ -9,21 +15,9 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::run;
+use crate::{output, run};
+use tools::Tool;
 
-/// Debian packages the tests and the demo call: `ip`, `bpftool`, iptables for the iptables
-/// backend and its parity tests, and the reference CNI plugins (bridge, host-local) that the CNI
-/// end-to-end tests chain capture-cni after.
-const PACKAGES: [&str; 4] = [
-    "iproute2",
-    "bpftool",
-    "iptables",
-    "containernetworking-plugins",
-];
-/// Debian packages `cargo xtask vm` needs on the host: qemu to boot the kernels (TCG), kmod for
-/// `depmod`/`modprobe` against an unpacked kernel tree, a static busybox for the initramfs (it must
-/// run before any library is reachable), and xz to unpack the `.ko.xz` modules of newer kernels.
-pub const VM_PACKAGES: [&str; 4] = ["qemu-system-x86", "kmod", "busybox-static", "xz-utils"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Where the nightly's libLLVM is linked for bpf-linker (its runpath points here).
 const LLVM_PREFIX: &str = "/opt/capture-llvm";
@@ -33,18 +27,6 @@ fn quiet_ok(cmd: &mut Command) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// Runs a command and returns its trimmed stdout, failing with its stderr.
-pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn nightly() -> Result<()> {
@@ -123,25 +105,53 @@ fn bpf_linker() -> Result<()> {
         .env("LLVM_PREFIX", LLVM_PREFIX))
 }
 
-/// Installs those of `packages` that dpkg does not list as installed.
-pub fn debian_packages(packages: &[&str]) -> Result<()> {
-    let missing: Vec<&str> = packages
-        .iter()
-        .copied()
-        .filter(|p| {
-            output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
-                .map_or(true, |s| !s.ends_with("installed"))
-        })
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
+/// Installs the packages of `tools` that dpkg does not list as installed (see dpkg.rs for what
+/// counts), then checks that every command is there, naming the package of any that is not.
+pub fn install(tools: &[Tool]) -> Result<()> {
+    let missing = dpkg::missing(&tools::packages(tools), None)?;
+    if !missing.is_empty() {
+        println!("setup: installing Debian packages {}", missing.join(" "));
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
-    println!("setup: installing Debian packages {}", missing.join(" "));
-    run(Command::new("apt-get").args(["update", "-q"]))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    let absent: Vec<String> = tools
+        .iter()
+        .filter(|t| tools::find(t.command).is_none())
+        .map(|t| format!("{} (from {})", t.command, t.package))
+        .collect();
+    if !absent.is_empty() {
+        bail!(
+            "installed, yet not found on PATH ({}): {}; reinstall them with apt-get install \
+             --reinstall, or put their directory on PATH",
+            std::env::var("PATH").unwrap_or_default(),
+            absent.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// What setup needs and cannot install itself; one error naming all that is missing.
+fn prerequisites() -> Result<()> {
+    let mut missing: Vec<String> = tools::PREREQUISITES
+        .iter()
+        .filter(|(command, _)| tools::find(command).is_none())
+        .map(|(command, fix)| format!("{command} is missing: {fix}"))
+        .collect();
+    if tools::find("python3").is_some()
+        && !quiet_ok(Command::new("python3").args(["-m", "pip", "--version"]))
+    {
+        missing.push(
+            "python3 has no pip: install pip for it (Debian: apt-get install python3-pip)"
+                .to_string(),
+        );
+    }
+    if !missing.is_empty() {
+        bail!("before setup can run:\n  {}", missing.join("\n  "));
+    }
+    Ok(())
 }
 
 /// kubernetes-validate (PyPI) checks deploy/ against the Kubernetes API schemas offline.
@@ -160,9 +170,11 @@ fn python_tools() -> Result<()> {
     ]))
 }
 
+/// Everything `build`, `test`, `demo`, `bench` and `lint` need.
 pub fn setup() -> Result<()> {
+    prerequisites()?;
     nightly()?;
     bpf_linker()?;
-    debian_packages(&PACKAGES)?;
+    install(tools::TEST_TOOLS)?;
     python_tools()
 }
