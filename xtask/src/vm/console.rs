@@ -14,7 +14,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::results::{after, before_printk, clean, test_line, Outcome, VM};
+use super::{
+    lines::{after, before_printk, clean, test_line, NOTE, VM},
+    model::Outcome,
+};
 
 /// How often the deadline and the child are checked while no output comes.
 const TICK: Duration = Duration::from_millis(200);
@@ -22,9 +25,6 @@ const TICK: Duration = Duration::from_millis(200);
 const DRAIN: Duration = Duration::from_secs(2);
 /// How long a guest that said `done` gets to power off before it is killed.
 const AFTER_DONE: Duration = Duration::from_secs(30);
-
-/// Prefix of the lines xtask itself adds to a log (results.rs keeps them as notes).
-pub const NOTE: &str = "capture-xtask: ";
 
 pub struct Finished {
     pub text: String,

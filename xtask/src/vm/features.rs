@@ -3,7 +3,7 @@
 //! failure on one that has it (or for a feature nobody listed here), so a skip never hides a
 //! regression.
 
-use super::results::{KernelResult, Outcome, TestResult};
+use super::model::{KernelResult, Outcome, TestResult};
 
 /// Kernel features tests may skip for, and the first kernel that has each: skipping on that kernel
 /// or newer is a failure. A feature missing here is a failure too (add it with its version).

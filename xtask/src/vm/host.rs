@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     console::{stream, Console, Ended, Guard},
-    TestBinary,
+    model::TestBinary,
 };
 
 /// Runs `binaries` in `tests_dir` until done or `deadline`. Returns whether it timed out.

@@ -12,6 +12,8 @@ mod features;
 mod host;
 mod initramfs;
 mod kernels;
+mod lines;
+mod model;
 mod qemu;
 mod report;
 mod results;
@@ -28,7 +30,10 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use self::{console::Console, results::KernelResult};
+use self::{
+    console::Console,
+    model::{KernelResult, TestBinary},
+};
 
 /// What `--kernels` accepts besides the Debian lines: this machine's kernel, without a VM.
 const HOST: &str = "host";
@@ -45,14 +50,6 @@ pub struct Options {
     pub report: Option<PathBuf>,
     /// VMs booted at the same time.
     pub jobs: usize,
-}
-
-/// An integration-test binary of capture-tests and the tests it holds (after the filter).
-pub struct TestBinary {
-    /// Its target name, e.g. `outbound`.
-    pub name: String,
-    pub path: PathBuf,
-    pub tests: Vec<String>,
 }
 
 /// The workspace root (xtask sits one level below it).
@@ -233,7 +230,7 @@ fn print_tail(log: &Path) {
     let text = fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<String> = text
         .lines()
-        .map(results::clean)
+        .map(lines::clean)
         .filter(|l| !l.trim().is_empty())
         .collect();
     println!("   last lines of the log:");
@@ -256,6 +253,7 @@ fn test_binaries(only: &[String], filter: &[String]) -> Result<Vec<TestBinary>> 
     let out = crate::cargo()
         .args(["test", "--no-run", "--locked", "--message-format=json"])
         .args(["-p", "capture-tests"])
+        .args(crate::TEST_FEATURES)
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo test --no-run")?;

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, fs, path::Path};
 
 use anyhow::{Context as _, Result};
 
-use super::results::{KernelResult, Outcome, TestResult};
+use super::model::{KernelResult, Outcome, TestResult};
 
 /// A row of the table: the tests that show it works, as (binary, test) patterns, where a pattern
 /// ending in `*` matches names starting with what precedes it; `except` takes tests out again.

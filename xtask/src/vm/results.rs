@@ -7,156 +7,12 @@
 use std::{fs, path::Path};
 
 use anyhow::Result;
-use serde::Serialize;
 
-use super::{console::NOTE, TestBinary};
-
-#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    Pass,
-    Fail,
-    Skip,
-    Ignored,
-}
-
-#[derive(Serialize, Clone, Debug)]
-pub struct TestResult {
-    pub binary: String,
-    pub name: String,
-    pub outcome: Outcome,
-    pub reason: Option<String>,
-}
-
-#[derive(Serialize, Debug)]
-pub struct BinaryRun {
-    pub name: String,
-    /// Its exit code, if stage 2 saw it end.
-    pub rc: Option<i32>,
-    pub seconds: Option<f64>,
-}
-
-#[derive(Serialize, Debug)]
-pub struct KernelResult {
-    pub kernel: String,
-    /// `uname -r` as the kernel printed it.
-    pub release: Option<String>,
-    /// Whether stage 2 started.
-    pub booted: bool,
-    pub timed_out: bool,
-    /// Wall-clock seconds from boot (or the first binary) to the end, set-up excluded.
-    pub seconds: f64,
-    pub boot_seconds: Option<f64>,
-    pub log: String,
-    /// Why the kernel as a whole failed (no boot, timeout, unfinished stage 2, set-up error).
-    pub error: Option<String>,
-    /// Other `capture-vm:` lines (set-up trouble), xtask's notes, kernel panics and oopses.
-    pub notes: Vec<String>,
-    pub binaries: Vec<BinaryRun>,
-    pub tests: Vec<TestResult>,
-}
-
-impl KernelResult {
-    pub fn count(&self, outcome: Outcome) -> usize {
-        self.tests.iter().filter(|t| t.outcome == outcome).count()
-    }
-
-    /// `N passed, N failed, N skipped, N ignored in N s`.
-    pub fn totals(&self) -> String {
-        format!(
-            "{} passed, {} failed, {} skipped, {} ignored in {:.0} s",
-            self.count(Outcome::Pass),
-            self.count(Outcome::Fail),
-            self.count(Outcome::Skip),
-            self.count(Outcome::Ignored),
-            self.seconds
-        )
-    }
-
-    pub fn failed(&self) -> bool {
-        self.error.is_some() || self.count(Outcome::Fail) > 0
-    }
-}
-
-/// Prefix of stage 2's framing lines.
-pub const VM: &str = "capture-vm: ";
-/// Prefix of a test's skip line.
-const SKIP: &str = "capture-skip: ";
-
-/// What follows `prefix` in `line`. Not only at the start: the firmware's last words (a screen
-/// reset without a newline) may precede the guest's first line.
-pub fn after<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
-    line.find(prefix).map(|at| &line[at + prefix.len()..])
-}
-
-/// `raw` without ANSI escape sequences and control characters other than tabs (terminals' reset
-/// sequences end in a shift-in, the serial console adds carriage returns).
-pub fn clean(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\u{1b}' => {
-                // CSI: ESC [ parameters final-byte; any other escape: ESC and one character.
-                if chars.next_if_eq(&'[').is_some() {
-                    while chars
-                        .next()
-                        .is_some_and(|c| !('\u{40}'..='\u{7e}').contains(&c))
-                    {}
-                } else {
-                    chars.next();
-                }
-            }
-            c if c.is_control() && c != '\t' => {}
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// The test name and its outcome of a libtest result line; `None` as outcome when the line ends
-/// after the `...` (a printk cut it off: the outcome may follow on a line of its own).
-pub fn test_line(line: &str) -> Option<(&str, Option<Outcome>)> {
-    let rest = line.strip_prefix("test ")?;
-    let (name, result) = rest.split_once(" ...")?;
-    let name = name.strip_suffix(" - should panic").unwrap_or(name);
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return None;
-    }
-    Some((name, outcome_word(result)))
-}
-
-fn outcome_word(text: &str) -> Option<Outcome> {
-    let text = text.trim();
-    if text.starts_with("ok") {
-        Some(Outcome::Pass)
-    } else if text.starts_with("FAILED") {
-        Some(Outcome::Fail)
-    } else if text.starts_with("ignored") {
-        Some(Outcome::Ignored)
-    } else {
-        None
-    }
-}
-
-/// `line` up to a printk timestamp (`[   12.345678]`); `None` if it starts with one.
-pub fn before_printk(line: &str) -> Option<&str> {
-    let at = line.match_indices('[').map(|(i, _)| i).find(|&i| {
-        let inner = line[i + 1..].split(']').next().unwrap_or("").trim_start();
-        line[i + 1..].contains(']')
-            && inner.split_once('.').is_some_and(|(s, us)| {
-                !s.is_empty()
-                    && s.bytes().all(|b| b.is_ascii_digit())
-                    && us.len() == 6
-                    && us.bytes().all(|b| b.is_ascii_digit())
-            })
-    });
-    match at {
-        Some(0) => None,
-        Some(i) => Some(line[..i].trim_end()),
-        None => Some(line),
-    }
-}
+use super::{
+    features,
+    lines::{after, before_printk, clean, outcome_word, test_line, NOTE, SKIP, VM},
+    model::{BinaryRun, KernelResult, Outcome, TestBinary, TestResult},
+};
 
 /// What the log says of one test.
 struct Seen {
@@ -266,7 +122,7 @@ pub fn parse(kernel: &str, text: &str, expected: &[TestBinary]) -> KernelResult 
         }
     }
     classify(&mut result, expected, &seen, done);
-    super::features::apply_skips(&mut result, &skips);
+    features::apply_skips(&mut result, &skips);
     result
 }
 

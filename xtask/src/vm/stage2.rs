@@ -9,7 +9,7 @@ use std::{fs, path::Path};
 
 use anyhow::{Context as _, Result};
 
-use super::TestBinary;
+use super::model::TestBinary;
 
 /// Node set-up before the tests. /tmp/kroot is the guest kernel's own module tree (mounted by
 /// /init); pointing the kernel's modprobe helper at it lets netfilter and friends autoload.

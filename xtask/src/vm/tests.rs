@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use super::{
     features::kernel_has,
+    lines::clean,
+    model::{KernelResult, Outcome, TestBinary},
     report::{cell, civil_from_days, render, CAPABILITIES},
-    results::{clean, parse, KernelResult, Outcome},
-    TestBinary,
+    results::parse,
 };
 
 fn binary(name: &str, tests: &[&str]) -> TestBinary {
