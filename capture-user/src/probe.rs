@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::{
-    ebpf::{hook_probe, programs},
+    ebpf::{hook_probe, loader},
     record::Mode,
 };
 
@@ -25,10 +25,10 @@ pub struct Probe {
     pub kernel: String,
     pub checks: Vec<Check>,
     /// How the programs were adapted to this kernel (absent if they do not load at all).
-    pub features: Option<programs::KernelFeatures>,
+    pub features: Option<loader::KernelFeatures>,
     /// Every check the ebpf backend needs for every pod passed (optional ones may have failed).
     pub ebpf_usable: bool,
-    /// iptables-restore, ip6tables-restore and nsenter are installed.
+    /// iptables-restore, ip6tables-restore and ip are installed.
     pub iptables_usable: bool,
 }
 
@@ -92,7 +92,7 @@ pub fn probe() -> Probe {
         )
     }));
     let ebpf_usable = ebpf.iter().all(|c| c.ok || c.optional);
-    let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "nsenter"]
+    let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "ip"]
         .into_iter()
         .map(|t| check(t, on_path(t)))
         .collect();

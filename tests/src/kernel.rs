@@ -6,7 +6,7 @@
 
 use std::{io::Write as _, sync::OnceLock};
 
-use capture_user::ebpf::programs::{kernel_features, KernelFeatures};
+use capture_user::ebpf::loader::{kernel_features, KernelFeatures};
 
 /// A kernel feature some tests depend on; the name is what the skip log and the matrix use.
 #[derive(Clone, Copy, Debug)]

@@ -374,7 +374,7 @@ impl Default for Topology {
 #[must_use]
 pub fn cgroup_programs(cgroup: &std::path::Path) -> Vec<String> {
     use capture_user::ebpf::{
-        programs::{Target, HOOKS},
+        hooks::{Target, HOOKS},
         sys,
     };
     use std::os::fd::AsFd as _;

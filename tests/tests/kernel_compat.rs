@@ -129,7 +129,7 @@ fn the_probe_loads_and_attaches_every_hook_and_leaves_nothing() {
         .iter()
         .filter(|c| c.name.starts_with("program "))
         .collect();
-    assert_eq!(programs.len(), capture_user::ebpf::programs::HOOKS.len());
+    assert_eq!(programs.len(), capture_user::ebpf::hooks::HOOKS.len());
     for check in &programs {
         assert!(check.ok, "{}: {}", check.name, check.detail);
         assert_eq!(

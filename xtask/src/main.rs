@@ -110,8 +110,14 @@ fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// The features the end-to-end tests need of the binaries they run: the test-only switches stay
+/// out of every other build (a release build at the workspace root among them).
+const TEST_FEATURES: [&str; 2] = ["--features", "capture-user/test-hooks"];
+
 fn build() -> Result<()> {
-    run(cargo().args(["build", "--bins", "--locked"]))
+    run(cargo()
+        .args(["build", "--bins", "--locked"])
+        .args(TEST_FEATURES))
 }
 
 /// `cargo test`, streaming its output, then one closing line that totals every test binary
@@ -120,6 +126,7 @@ fn test(args: &[String]) -> Result<()> {
     use std::io::{BufRead as _, BufReader};
     let mut child = cargo()
         .args(["test", "--locked", "--no-fail-fast"])
+        .args(TEST_FEATURES)
         .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -199,6 +206,10 @@ fn run_task(task: Task) -> Result<()> {
         Task::Lint => {
             setup::setup()?;
             run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+            run(cargo()
+                .args(["clippy", "--all-targets", "--locked"])
+                .args(TEST_FEATURES)
+                .args(["--", "-D", "warnings"]))?;
             run(cargo().args([
                 "clippy",
                 "--all-targets",
@@ -261,15 +272,10 @@ fn run_task(task: Task) -> Result<()> {
             require_root("cargo xtask demo")?;
             setup::setup()?;
             build()?;
-            run(cargo().args([
-                "run",
-                "--quiet",
-                "--locked",
-                "-p",
-                "capture-tests",
-                "--bin",
-                "capture-demo",
-            ]))
+            run(cargo()
+                .args(["run", "--quiet", "--locked", "-p", "capture-tests"])
+                .args(TEST_FEATURES)
+                .args(["--bin", "capture-demo"]))
         }
     }
 }

@@ -7,7 +7,8 @@ use std::{fs::File, os::fd::AsFd as _};
 use aya::Ebpf;
 
 use super::{
-    programs::{adapted_object, load_hook, Hook, KernelFeatures, LoadError, Target, HOOKS},
+    hooks::{Hook, Target, HOOKS},
+    loader::{adapted_object, load_hook, KernelFeatures, LoadError},
     sys,
 };
 

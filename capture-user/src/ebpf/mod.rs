@@ -1,9 +1,11 @@
 //! The ebpf backend: the node's programs attached to a pod's cgroup, its config in the maps.
 
 pub mod hook_probe;
+pub mod hooks;
+pub mod loader;
 pub mod netns_cookie;
+pub mod node;
 mod pod_maps;
-pub mod programs;
 pub mod sys;
 
 use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
@@ -11,9 +13,12 @@ use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
 use capture_common::config::{PodCounters, NODE_ERROR_KINDS};
 pub use pod_maps::kernel_config;
 
-use self::programs::{NodePrograms, Target, HOOKS};
+use self::{
+    hooks::{Target, HOOKS},
+    node::NodePrograms,
+};
 use crate::{
-    backend::{Backend, BackendError, PodTarget},
+    backend::{Backend, PodTarget},
     config::CaptureConfig,
     paths::Paths,
     record::PodRecord,
@@ -22,7 +27,7 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
     #[error(transparent)]
-    Load(#[from] programs::LoadError),
+    Load(#[from] loader::LoadError),
     #[error(transparent)]
     Maps(#[from] pod_maps::PodMapsError),
     #[error("attaching {hook} to {target}: {source}{hint}")]
@@ -33,7 +38,7 @@ pub enum EbpfError {
         hint: &'static str,
     },
     #[error("this kernel refused {}, which the pod needs ({}); capture it with --mode iptables, or run the agent in --mode auto", .0.hook, .0.reason)]
-    MissingHook(programs::UnavailableHook),
+    MissingHook(hooks::UnavailableHook),
     #[error("pinning the {hook} link at {path}: {source}")]
     PinLink {
         hook: &'static str,
@@ -50,7 +55,7 @@ pub struct EbpfBackend {
 impl EbpfBackend {
     /// Opens (or first loads) the node's programs. The caller holds the node lock.
     pub fn open(paths: &Paths) -> Result<Self, EbpfError> {
-        let node = programs::open_or_load(paths)?;
+        let node = node::open_or_load(paths)?;
         Ok(Self {
             paths: paths.clone(),
             node,
@@ -62,7 +67,7 @@ impl EbpfBackend {
     pub fn adopt(paths: &Paths) -> Result<Self, EbpfError> {
         Ok(Self {
             paths: paths.clone(),
-            node: programs::adopt(paths)?,
+            node: node::adopt(paths)?,
         })
     }
 
@@ -201,11 +206,13 @@ pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
 }
 
 impl Backend for EbpfBackend {
-    fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
-        Ok(EbpfBackend::attach(self, pod, cfg)?)
+    type Error = EbpfError;
+
+    fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
+        EbpfBackend::attach(self, pod, cfg)
     }
 
-    fn detach(&mut self, record: &PodRecord) -> Result<(), BackendError> {
+    fn detach(&mut self, record: &PodRecord) -> Result<(), EbpfError> {
         self.unlink(record.netns_cookie);
         pod_maps::remove_exact(&mut self.node.maps, record.netns_cookie, &record.config);
         Ok(())

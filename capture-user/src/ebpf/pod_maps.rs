@@ -15,7 +15,7 @@ use capture_common::{
 };
 use ipnet::IpNet;
 
-use super::programs::Maps;
+use super::node::Maps;
 use crate::config::{CaptureConfig, OwnerGroups, Selection};
 
 #[derive(Debug, thiserror::Error)]

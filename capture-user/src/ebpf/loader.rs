@@ -1,0 +1,167 @@
+//! The embedded BPF object: parsed, adapted to this kernel (found by loading, not from its
+//! version), and each hook's program loaded with its refusal summarised in one line.
+
+use std::path::PathBuf;
+
+use aya::{
+    programs::{Program, ProgramError},
+    Ebpf, EbpfLoader,
+};
+
+use super::hooks::{Hook, HOOKS};
+
+/// The kernel programs, built by build.rs from capture-ebpf.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("this capture binary was built without kernel programs (CAPTURE_SKIP_EBPF_BUILD=1); rebuild it")]
+    NoObject,
+    #[error("parsing the embedded BPF object: {0}")]
+    Parse(#[source] aya::EbpfError),
+    #[error("the object has no program {0}")]
+    MissingProgram(&'static str),
+    #[error("the kernel rejected {hook} (program {program}): {reason}; capture needs a kernel with BTF and this hook (see README, kernel requirements)")]
+    Rejected {
+        hook: &'static str,
+        program: &'static str,
+        reason: String,
+    },
+    #[error("pinning {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+    #[error("opening pinned {path}: {reason}; if the pins are damaged, run `capture detach` for every pod and remove the directory")]
+    Adopt { path: PathBuf, reason: String },
+    #[error("the programs pinned under {dir} come from another capture build and {pods} pod(s) still use them; detach those pods (or restart them) before upgrading")]
+    StaleBuild { dir: PathBuf, pods: usize },
+}
+
+/// Identifies the embedded object, so that pins from another build are recognised.
+#[must_use]
+pub fn object_id() -> String {
+    // FNV-1a: stable across runs and builds, and needs no dependency.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in OBJECT {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// `CAPTURE_REFUSE_HOOKS=cgroup/recvmsg4,…` has capture treat those hooks as refused by the
+/// kernel. Every kernel in the matrix has every hook, so this is how the tests reach the
+/// per-pod fallback for a missing one; only builds with the `test-hooks` feature read it.
+#[cfg(feature = "test-hooks")]
+fn refused_for_testing(hook: &Hook) -> Option<String> {
+    let list = std::env::var("CAPTURE_REFUSE_HOOKS").ok()?;
+    list.split(',')
+        .any(|h| h.trim() == hook.hook)
+        .then(|| "refused through CAPTURE_REFUSE_HOOKS".to_string())
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn refused_for_testing(_hook: &Hook) -> Option<String> {
+    None
+}
+
+/// Loads one hook's program, with the refusal summarised in one line.
+pub(super) fn load_hook(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
+    if let Some(reason) = refused_for_testing(hook) {
+        return Err(reason);
+    }
+    let program = ebpf
+        .program_mut(hook.program)
+        .ok_or_else(|| LoadError::MissingProgram(hook.program).to_string())?;
+    load_program(hook, program).map_err(|e| summarize(&e))
+}
+
+/// How the object was adapted to this kernel: found by loading, not from its version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KernelFeatures {
+    /// sock_ops may ask for the netns cookie (Linux 5.15+). Without it, a listener the proxy
+    /// opened before capture was attached is not registered for inbound capture.
+    pub sock_ops_netns_cookie: bool,
+}
+
+/// The object's `.rodata` switches take their values from here (the loader borrows them).
+static ON: u8 = 1;
+static OFF: u8 = 0;
+
+fn parse_object(features: KernelFeatures) -> Result<Ebpf, LoadError> {
+    if OBJECT.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    let sock_ops_netns_cookie = if features.sock_ops_netns_cookie {
+        &ON
+    } else {
+        &OFF
+    };
+    EbpfLoader::new()
+        .override_global("SOCK_OPS_NETNS_COOKIE", sock_ops_netns_cookie, true)
+        .load(OBJECT)
+        .map_err(LoadError::Parse)
+}
+
+/// How the object must be adapted to this kernel (loads sock_ops once or twice, nothing else).
+pub fn kernel_features() -> Result<KernelFeatures, LoadError> {
+    adapted_object().map(|(_, features)| features)
+}
+
+/// The object, with sock_ops already loaded: as built where the kernel takes it, else without
+/// the calls it refuses.
+pub(super) fn adapted_object() -> Result<(Ebpf, KernelFeatures), LoadError> {
+    let mut features = KernelFeatures {
+        sock_ops_netns_cookie: true,
+    };
+    let mut ebpf = parse_object(features)?;
+    let hook = HOOKS
+        .iter()
+        .find(|h| h.program == "capture_sock_ops")
+        .expect("sock_ops is a hook");
+    let program = ebpf
+        .program_mut(hook.program)
+        .ok_or(LoadError::MissingProgram(hook.program))?;
+    if let Err(e) = load_program(hook, program) {
+        tracing::debug!("sock_ops with the netns cookie call: {}", summarize(&e));
+        features.sock_ops_netns_cookie = false;
+        ebpf = parse_object(features)?;
+    }
+    Ok((ebpf, features))
+}
+
+/// Loads a program unless it is loaded already.
+fn load_program(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> {
+    if program.fd().is_ok() {
+        return Ok(());
+    }
+    match program {
+        Program::CgroupSockAddr(p) => p.load(),
+        Program::CgroupSock(p) => p.load(),
+        Program::SockOps(p) => p.load(),
+        Program::CgroupSockopt(p) => p.load(),
+        Program::SkLookup(p) => p.load(),
+        _ => unreachable!("{} has an unexpected program type", hook.program),
+    }
+}
+
+/// One line from a load failure: the errno, and the verifier's last complaint (the whole log goes
+/// to the debug log).
+fn summarize(e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            tracing::debug!("verifier log:\n{log}");
+            let complaint = log
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .take_while(|l| !l.starts_with("verification time") && !l.starts_with("processed "))
+                .last()
+                .unwrap_or("no verifier output");
+            format!("{io_error}; verifier: {complaint}")
+        }
+        other => other.to_string(),
+    }
+}
