@@ -2,6 +2,7 @@
 //! CLI (and later the node agent and CNI plugin) run.
 
 pub mod agent;
+pub mod any_backend;
 pub mod api;
 pub mod backend;
 pub mod cgroup;
@@ -9,6 +10,7 @@ pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod ebpf;
+pub mod fsutil;
 pub mod install;
 pub mod iptables;
 pub mod lock;

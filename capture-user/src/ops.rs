@@ -10,7 +10,8 @@ use capture_common::config::PodCounters;
 use serde::Serialize;
 
 use crate::{
-    backend::{self, BackendError, PodTarget},
+    any_backend::{AnyBackend, BackendError, ExistingBackends},
+    backend::PodTarget,
     cgroup::{self, CgroupError},
     config::{CaptureConfig, ConfigError, PodSpec},
     ebpf::{EbpfBackend, EbpfError},
@@ -112,7 +113,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     if record.config.pod_ip6.is_some() {
         crate::netns::add_inbound_passthrough_v6(&req.netns)?;
     }
-    let mut backend = backend::for_attach(paths, mode)?;
+    let mut backend = AnyBackend::for_attach(paths, mode)?;
     let target = PodTarget {
         netns_cookie,
         netns_path: &req.netns,
@@ -127,7 +128,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
                 "this kernel refused {}, which the pod needs: {}",
                 missing.hook, missing.reason
             ));
-            backend = backend::for_attach(paths, Mode::Iptables)?;
+            backend = AnyBackend::for_attach(paths, Mode::Iptables)?;
             backend.attach(&target, &record.config)?;
         }
         result => result?,
@@ -174,7 +175,7 @@ fn find_record(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, 
 }
 
 fn release(paths: &Paths, record: &PodRecord) -> Result<(), Error> {
-    match backend::existing(paths, record.mode) {
+    match AnyBackend::existing(paths, record.mode) {
         Ok(mut backend) => backend.detach(record)?,
         // No ebpf programs pinned on this node: nothing is left in the kernel but the pod's links.
         Err(_) => {
@@ -230,11 +231,11 @@ pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus
     let Some(record) = find_record(paths, which)? else {
         return Ok(None);
     };
-    let mut backends = backend::ExistingBackends::new(paths);
+    let mut backends = ExistingBackends::new(paths);
     Ok(Some(status_of(&mut backends, record)))
 }
 
-fn status_of(backends: &mut backend::ExistingBackends<'_>, record: PodRecord) -> PodStatus {
+fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatus {
     let (missing, counters) = match backends.get(record.mode) {
         Some(b) => (b.missing(&record), b.counters(&record)),
         None => (
@@ -275,7 +276,7 @@ pub struct NodeStatus {
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
     let records = record::load_all(paths)?;
     let ebpf = EbpfBackend::adopt(paths).ok();
-    let mut backends = backend::ExistingBackends::new(paths);
+    let mut backends = ExistingBackends::new(paths);
     let pods = records
         .into_iter()
         .map(|record| status_of(&mut backends, record))

@@ -10,7 +10,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{config::CaptureConfig, ebpf::programs::write_atomic, paths::Paths};
+use crate::{config::CaptureConfig, fsutil::write_atomic, paths::Paths};
 
 /// How a pod is captured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -78,7 +78,7 @@ pub fn now_unix() -> u64 {
 pub fn save(paths: &Paths, record: &PodRecord) -> Result<(), RecordError> {
     let path = paths.record_path(record.netns_cookie);
     let json = serde_json::to_vec_pretty(record).expect("records serialise");
-    write_atomic(&path, &json).map_err(|source| RecordError::Io { path, source })
+    write_atomic(&path, &json, None).map_err(|source| RecordError::Io { path, source })
 }
 
 pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {

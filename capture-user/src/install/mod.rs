@@ -168,17 +168,8 @@ pub fn active_config(conf_dir: &Path) -> Result<PathBuf, InstallError> {
         .ok_or_else(|| InstallError::NoConfig(conf_dir.into()))
 }
 
-/// Writes a file atomically under a name no runtime takes for a network configuration.
 fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), InstallError> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.capture-tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    fs::write(&tmp, data).map_err(io_err(&tmp))?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode)).map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))
+    crate::fsutil::write_atomic(path, data, Some(mode)).map_err(io_err(path))
 }
 
 pub struct InstallOptions {

@@ -8,7 +8,7 @@ pub mod rules;
 use capture_common::config::PodCounters;
 
 use crate::{
-    backend::{Backend, BackendError, PodTarget},
+    backend::{Backend, PodTarget},
     config::CaptureConfig,
     record::PodRecord,
 };
@@ -17,16 +17,18 @@ use crate::{
 pub struct IptablesBackend;
 
 impl Backend for IptablesBackend {
-    fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
-        Ok(apply::apply(pod.netns_path, cfg)?)
+    type Error = apply::IptablesError;
+
+    fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), Self::Error> {
+        apply::apply(pod.netns_path, cfg)
     }
 
-    fn detach(&mut self, record: &PodRecord) -> Result<(), BackendError> {
+    fn detach(&mut self, record: &PodRecord) -> Result<(), Self::Error> {
         // A netns that is gone took its rules with it.
         if !record.netns.exists() {
             return Ok(());
         }
-        Ok(apply::remove(&record.netns, &record.config)?)
+        apply::remove(&record.netns, &record.config)
     }
 
     fn missing(&self, record: &PodRecord) -> Vec<String> {

@@ -1,0 +1,102 @@
+//! The backend of a mode, chosen at run time. `ops` (and so the CLI, the agent and the CNI
+//! plugin) drive an `AnyBackend` and never branch on the mode themselves.
+
+use capture_common::config::PodCounters;
+
+use crate::{
+    backend::{Backend, PodTarget},
+    config::CaptureConfig,
+    ebpf::{EbpfBackend, EbpfError},
+    iptables::{apply::IptablesError, IptablesBackend},
+    paths::Paths,
+    record::{Mode, PodRecord},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Ebpf(#[from] EbpfError),
+    #[error(transparent)]
+    Iptables(#[from] IptablesError),
+}
+
+pub enum AnyBackend {
+    Ebpf(Box<EbpfBackend>),
+    Iptables(IptablesBackend),
+}
+
+impl AnyBackend {
+    /// The backend for `mode`, ready to attach: the ebpf one loads the node's programs if this
+    /// node has none yet.
+    pub fn for_attach(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
+        Ok(match mode {
+            Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::open(paths)?)),
+            Mode::Iptables => Self::Iptables(IptablesBackend),
+        })
+    }
+
+    /// The backend for `mode` as already present on the node, never loading anything.
+    pub fn existing(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
+        Ok(match mode {
+            Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::adopt(paths)?)),
+            Mode::Iptables => Self::Iptables(IptablesBackend),
+        })
+    }
+
+    pub fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
+        match self {
+            Self::Ebpf(b) => Ok(b.attach(pod, cfg)?),
+            Self::Iptables(b) => Ok(b.attach(pod, cfg)?),
+        }
+    }
+
+    pub fn detach(&mut self, record: &PodRecord) -> Result<(), BackendError> {
+        match self {
+            Self::Ebpf(b) => Ok(Backend::detach(b.as_mut(), record)?),
+            Self::Iptables(b) => Ok(b.detach(record)?),
+        }
+    }
+
+    pub fn missing(&self, record: &PodRecord) -> Vec<String> {
+        match self {
+            Self::Ebpf(b) => b.missing(record),
+            Self::Iptables(b) => b.missing(record),
+        }
+    }
+
+    pub fn counters(&self, record: &PodRecord) -> Option<PodCounters> {
+        match self {
+            Self::Ebpf(b) => Backend::counters(b.as_ref(), record),
+            Self::Iptables(b) => b.counters(record),
+        }
+    }
+}
+
+/// The node's existing backends, each opened at most once (for read-only passes over many pods).
+pub struct ExistingBackends<'p> {
+    paths: &'p Paths,
+    opened: Vec<(Mode, Option<AnyBackend>)>,
+}
+
+impl<'p> ExistingBackends<'p> {
+    #[must_use]
+    pub fn new(paths: &'p Paths) -> Self {
+        Self {
+            paths,
+            opened: Vec::new(),
+        }
+    }
+
+    /// The backend for `mode`, or `None` if it is not present on this node.
+    pub fn get(&mut self, mode: Mode) -> Option<&AnyBackend> {
+        let i = match self.opened.iter().position(|(m, _)| *m == mode) {
+            Some(i) => i,
+            None => {
+                self.opened
+                    .push((mode, AnyBackend::existing(self.paths, mode).ok()));
+                self.opened.len() - 1
+            }
+        };
+        self.opened[i].1.as_ref()
+    }
+}
