@@ -2,9 +2,10 @@
 
 use std::{
     fs::File,
-    io,
+    io::{self, Write as _},
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
 };
 
 use nix::sched::{setns, CloneFlags};
@@ -95,29 +96,39 @@ impl Netns {
     }
 }
 
+/// Runs `cmd` to completion inside the netns at `path`, with `stdin` as its input: it is spawned
+/// from a thread that entered the netns, so it starts there and nothing else moves.
+pub fn output_in(path: &Path, cmd: &mut Command, stdin: &[u8]) -> io::Result<Output> {
+    let netns = Netns::open(path).map_err(io::Error::other)?;
+    netns
+        .run_in(|| {
+            let mut child = cmd
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            child.stdin.take().expect("piped").write_all(stdin)?;
+            child.wait_with_output()
+        })
+        .map_err(io::Error::other)?
+}
+
 /// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address: the
 /// inbound-passthrough source (`127.0.0.6`'s IPv6 twin) must be a local address to bind.
 pub fn add_inbound_passthrough_v6(netns: &Path) -> Result<(), NetnsError> {
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .args([
-            "ip", "-6", "addr", "replace", "::6/128", "dev", "lo", "nodad",
-        ])
-        .output()
-        .map_err(|source| NetnsError::Open {
-            path: netns.into(),
-            source,
-        })?;
+    let mut ip = Command::new("ip");
+    ip.args(["-6", "addr", "replace", "::6/128", "dev", "lo", "nodad"]);
+    let failed = |reason: String| NetnsError::Open {
+        path: netns.into(),
+        source: io::Error::other(format!("adding ::6/128 to lo: {reason}")),
+    };
+    let out = output_in(netns, &mut ip, b"").map_err(|e| failed(e.to_string()))?;
     if out.status.success() {
         return Ok(());
     }
-    Err(NetnsError::Open {
-        path: netns.into(),
-        source: io::Error::other(format!(
-            "adding ::6/128 to lo: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-    })
+    Err(failed(
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    ))
 }
 
 /// How this process learns netns cookies here, for `capture doctor`.

@@ -1,17 +1,19 @@
-//! Writing and removing the rules inside a pod's netns with `iptables-restore`, run through
-//! `nsenter` so that nothing but that netns is touched.
+//! Writing and removing the rules inside a pod's netns with `iptables-restore`, started inside
+//! that netns (`netns::output_in`) so that nothing but that netns is touched.
 
 use std::{
-    io::Write as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Command, Output},
 };
 
 use super::rules::{
     mangle_rules, nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS,
     TPROXY_CHAINS, TPROXY_MARK, TPROXY_TABLE,
 };
-use crate::config::{CaptureConfig, InterceptionMode};
+use crate::{
+    config::{CaptureConfig, InterceptionMode},
+    netns::output_in,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
@@ -55,66 +57,52 @@ fn in_netns(
     args: &[&str],
     input: &str,
 ) -> Result<String, IptablesError> {
-    let spawn_err = |reason: String| IptablesError::Spawn {
-        tool,
-        netns: netns.into(),
-        reason,
-    };
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .arg(tool)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| spawn_err(e.to_string()))?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(input.as_bytes())
-        .map_err(|e| spawn_err(e.to_string()))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| spawn_err(e.to_string()))?;
+    let out = run_in_netns(netns, tool, args, input)?;
     if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr)
-            .trim()
-            .replace('\n', "; ");
-        return Err(IptablesError::Rejected {
+        return Err(rejected(
+            netns,
             tool,
-            netns: netns.into(),
-            stderr,
-        });
+            String::from_utf8_lossy(&out.stderr).trim(),
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs `ip ARGS` in the netns.
 fn ip_in_netns(netns: &Path, args: &[&str]) -> Result<(), IptablesError> {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .arg("ip")
-        .args(args)
-        .output()
-        .map_err(|e| IptablesError::Spawn {
-            tool: "ip",
-            netns: netns.into(),
-            reason: e.to_string(),
-        })?;
+    let out = run_in_netns(netns, "ip", args, "")?;
     if out.status.success() {
         return Ok(());
     }
-    Err(IptablesError::Rejected {
-        tool: "ip",
-        netns: netns.into(),
-        stderr: format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(rejected(
+        netns,
+        "ip",
+        &format!("ip {}: {}", args.join(" "), stderr.trim()),
+    ))
+}
+
+fn run_in_netns(
+    netns: &Path,
+    tool: &'static str,
+    args: &[&str],
+    input: &str,
+) -> Result<Output, IptablesError> {
+    output_in(netns, Command::new(tool).args(args), input.as_bytes()).map_err(|e| {
+        IptablesError::Spawn {
+            tool,
+            netns: netns.into(),
+            reason: e.to_string(),
+        }
     })
+}
+
+fn rejected(netns: &Path, tool: &'static str, stderr: &str) -> IptablesError {
+    IptablesError::Rejected {
+        tool,
+        netns: netns.into(),
+        stderr: stderr.replace('\n', "; "),
+    }
 }
 
 /// TPROXY's routing: packets marked 1337 are delivered locally (table 133), so that captured
