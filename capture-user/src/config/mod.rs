@@ -8,6 +8,19 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+mod owner_groups;
+mod proxy_config;
+pub(crate) mod values;
+
+use self::{
+    owner_groups::owner_groups,
+    proxy_config::dns_capture,
+    values::{
+        bad, host_loopback_cidr, parse_cidr_selection, parse_cidrs, parse_interfaces, parse_port,
+        parse_port_selection, parse_ports,
+    },
+};
+
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
@@ -168,93 +181,6 @@ pub struct PodSpec {
     /// Empty means "the same as the uids", as with `istio-iptables -g`.
     pub proxy_gids: Vec<u32>,
     pub mesh: MeshDefaults,
-}
-
-fn bad(key: &str, value: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Annotation {
-        key: key.into(),
-        value: value.into(),
-        reason: reason.into(),
-    }
-}
-
-/// Comma-separated items, empty ones dropped (Istio's list parsing).
-fn items(value: &str) -> impl Iterator<Item = &str> {
-    value.split(',').map(str::trim).filter(|s| !s.is_empty())
-}
-
-/// The items of an annotation list as Istio's injector validates them: an empty value is an empty
-/// list, but an empty item inside a list ("80,,443", a trailing comma) is an error.
-fn annotation_items<'a>(key: &str, value: &'a str) -> Result<Vec<&'a str>, ConfigError> {
-    if value.trim().is_empty() {
-        return Ok(Vec::new());
-    }
-    value
-        .split(',')
-        .map(|item| {
-            if item.trim().is_empty() {
-                Err(bad(key, value, "has an empty item; remove the extra comma"))
-            } else {
-                Ok(item)
-            }
-        })
-        .collect()
-}
-
-fn parse_port(key: &str, value: &str, item: &str) -> Result<u16, ConfigError> {
-    match item.parse::<u16>() {
-        Ok(p) if p != 0 => Ok(p),
-        _ => Err(bad(
-            key,
-            value,
-            format!("{item:?} is not a port; use numbers 1-65535, comma-separated"),
-        )),
-    }
-}
-
-fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>, ConfigError> {
-    let mut ports = Vec::new();
-    for item in annotation_items(key, value)? {
-        let p = parse_port(key, value, item.trim())?;
-        if !ports.contains(&p) {
-            ports.push(p);
-        }
-    }
-    Ok(ports)
-}
-
-fn parse_port_selection(key: &str, value: &str) -> Result<Selection<u16>, ConfigError> {
-    if value.trim() == "*" {
-        return Ok(Selection::All);
-    }
-    parse_ports(key, value).map(Selection::List)
-}
-
-fn parse_cidrs(key: &str, value: &str) -> Result<Vec<IpNet>, ConfigError> {
-    annotation_items(key, value)?
-        .into_iter()
-        .map(|item| {
-            item.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
-                let hint = if item.trim() != item {
-                    format!("{item:?} has spaces around it; Istio's validation rejects them, write the CIDRs without spaces")
-                } else if item.parse::<IpAddr>().is_ok() {
-                    format!("{item:?} has no prefix length; write {item}/32 (or /128 for IPv6)")
-                } else if item == "*" {
-                    "\"*\" is allowed only as the whole value of an include list".to_string()
-                } else {
-                    format!("{item:?} is not a CIDR such as 10.0.0.0/8 or fd00::/8")
-                };
-                bad(key, value, hint)
-            })
-        })
-        .collect()
-}
-
-fn parse_cidr_selection(key: &str, value: &str) -> Result<Selection<IpNet>, ConfigError> {
-    if value.trim() == "*" {
-        return Ok(Selection::All);
-    }
-    parse_cidrs(key, value).map(Selection::List)
 }
 
 impl CaptureConfig {
@@ -419,162 +345,5 @@ impl CaptureConfig {
     }
 }
 
-/// Is DNS capture on for this pod? The pod's `proxy.istio.io/config` proxyMetadata overrides the
-/// mesh default. On, without capture-all and without nameservers, it is off (as Istio's).
-fn dns_capture(
-    spec: &PodSpec,
-    proxy_config: Option<&str>,
-) -> Result<Option<DnsCapture>, ConfigError> {
-    let mut on = spec.mesh.redirect_dns;
-    if let Some(text) = proxy_config {
-        let bad_yaml = |reason: String| bad(ANN_PROXY_CONFIG, text, reason);
-        let doc: serde_yaml::Value =
-            serde_yaml::from_str(text).map_err(|e| bad_yaml(format!("not YAML or JSON: {e}")))?;
-        if let Some(v) = doc
-            .get("proxyMetadata")
-            .and_then(|m| m.get(DNS_CAPTURE_METADATA))
-        {
-            let s = match v {
-                serde_yaml::Value::String(s) => s.clone(),
-                serde_yaml::Value::Bool(b) => b.to_string(),
-                other => {
-                    return Err(bad_yaml(format!(
-                    "proxyMetadata.{DNS_CAPTURE_METADATA} is {other:?}, not \"true\" or \"false\""
-                )))
-                }
-            };
-            on = match s.trim().to_ascii_lowercase().as_str() {
-                "true" | "1" => true,
-                "false" | "0" | "" => false,
-                _ => {
-                    return Err(bad_yaml(format!(
-                        "proxyMetadata.{DNS_CAPTURE_METADATA}={s:?} is not true or false"
-                    )))
-                }
-            };
-        }
-    }
-    if !on || (!spec.mesh.capture_all_dns && spec.mesh.nameservers.is_empty()) {
-        return Ok(None);
-    }
-    Ok(Some(DnsCapture {
-        capture_all: spec.mesh.capture_all_dns,
-        nameservers: spec.mesh.nameservers.clone(),
-        port: DNS_PORT,
-    }))
-}
-
-/// Interface names (what `ip link` accepts: 1-15 characters, no '/', no whitespace).
-fn parse_interfaces(key: &str, value: &str) -> Result<Vec<String>, ConfigError> {
-    annotation_items(key, value)?
-        .into_iter()
-        .map(str::trim)
-        .map(|name| {
-            if name.len() > 15
-                || name.contains('/')
-                || name.contains(char::is_whitespace)
-                || name == "."
-                || name == ".."
-            {
-                Err(bad(
-                    key,
-                    value,
-                    format!("{name:?} is not an interface name"),
-                ))
-            } else {
-                Ok(name.to_string())
-            }
-        })
-        .collect()
-}
-
-/// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`: a prefix of 127.0.0.0/8, length 8 to 32.
-fn host_loopback_cidr(value: Option<&str>) -> Result<Ipv4Net, ConfigError> {
-    let Some(v) = value else {
-        return Ok(Ipv4Net::new(Ipv4Addr::LOCALHOST, 32).expect("valid prefix"));
-    };
-    let err = |reason: &str| ConfigError::Pod(format!("IPv4 loopback CIDR {v:?}: {reason}"));
-    let net: Ipv4Net = v
-        .trim()
-        .parse()
-        .map_err(|_| err("not a CIDR such as 127.0.0.1/32"))?;
-    if !net.network().is_loopback() || net.prefix_len() < 8 {
-        return Err(err(
-            "must be inside 127.0.0.0/8 with a prefix length of 8 to 32",
-        ));
-    }
-    Ok(net)
-}
-
-/// Numeric gids or group names (resolved through the node's group database).
-fn group_ids(value: &str) -> Result<Vec<u32>, ConfigError> {
-    let err = |reason: String| ConfigError::OwnerGroups {
-        value: value.into(),
-        reason,
-    };
-    items(value)
-        .map(|g| match g.parse::<u32>() {
-            Ok(id) => Ok(id),
-            Err(_) => nix::unistd::Group::from_name(g)
-                .ok()
-                .flatten()
-                .map(|gr| gr.gid.as_raw())
-                .ok_or_else(|| err(format!("{g:?} is neither a gid nor a known group name"))),
-        })
-        .collect()
-}
-
-fn owner_groups(mesh: &MeshDefaults) -> Result<OwnerGroups, ConfigError> {
-    let include = mesh.owner_groups.as_deref().unwrap_or("*");
-    let groups = if include.trim() == "*" {
-        let exclude = group_ids(mesh.owner_groups_exclude.as_deref().unwrap_or(""))?;
-        if exclude.is_empty() {
-            OwnerGroups::All
-        } else {
-            OwnerGroups::AllBut(exclude)
-        }
-    } else {
-        OwnerGroups::Only(group_ids(include)?)
-    };
-    match &groups {
-        OwnerGroups::Only(g) | OwnerGroups::AllBut(g) if g.len() > MAX_OWNER_GROUPS => {
-            Err(ConfigError::OwnerGroups {
-                value: include.into(),
-                reason: format!(
-                    "{} groups given; capture supports at most {MAX_OWNER_GROUPS}",
-                    g.len()
-                ),
-            })
-        }
-        _ => Ok(groups),
-    }
-}
-
-/// Parses `KEY=VALUE` (the CLI's `--annotation`).
-pub fn parse_annotation(arg: &str) -> Result<(String, String), String> {
-    let (k, v) = arg.split_once('=').ok_or_else(|| {
-        format!("{arg:?} is not KEY=VALUE (for example {ANN_EXCLUDE_OUTBOUND_PORTS}=5432)")
-    })?;
-    if k.trim().is_empty() {
-        return Err(format!("{arg:?} has an empty annotation key"));
-    }
-    Ok((k.trim().to_string(), v.to_string()))
-}
-
-/// A comma-separated id list (`--proxy-uid 1337,1338`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IdList(pub Vec<u32>);
-
-pub fn parse_id_list(arg: &str) -> Result<IdList, String> {
-    items(arg)
-        .map(|s| {
-            s.parse::<u32>()
-                .map_err(|_| format!("{s:?} is not a numeric uid/gid"))
-        })
-        .collect::<Result<_, _>>()
-        .map(IdList)
-}
-
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

@@ -120,20 +120,6 @@ fn pod_ips_and_ids_are_checked() {
 }
 
 #[test]
-fn annotation_and_id_arguments() {
-    assert_eq!(
-        parse_annotation("a/b=c=d").unwrap(),
-        ("a/b".into(), "c=d".into())
-    );
-    assert!(parse_annotation("novalue").is_err());
-    assert_eq!(
-        parse_id_list("1337, 1338").unwrap(),
-        IdList(vec![1337, 1338])
-    );
-    assert!(parse_id_list("istio").is_err());
-}
-
-#[test]
 fn interfaces_and_the_ebpf_fallback() {
     let c = CaptureConfig::from_pod(&spec(&[
         (ANN_KUBEVIRT_INTERFACES, "eth1"),

@@ -1,0 +1,196 @@
+//! The `capture` command line as clap reads it: the contract users and tests script against.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::{
+    cli::values::{parse_annotation, parse_id_list, IdList},
+    paths::{DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
+    probe::ModeChoice,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "capture",
+    version,
+    about = "eBPF traffic capture for service-mesh sidecars"
+)]
+pub struct Cli {
+    /// bpffs directory for pinned programs, maps and per-pod links.
+    #[arg(long, global = true, env = "CAPTURE_BPFFS", default_value = DEFAULT_BPFFS_DIR)]
+    pub bpffs: PathBuf,
+    /// Directory for pod records and the node lock.
+    #[arg(long, global = true, env = "CAPTURE_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Capture a pod: attach the programs to its cgroup and configure it.
+    Attach {
+        /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
+        #[arg(long)]
+        netns: PathBuf,
+        /// The pod's cgroup v2 directory.
+        #[arg(long)]
+        cgroup: PathBuf,
+        /// The pod's IP address; repeat for an IPv4 and an IPv6 address.
+        #[arg(long = "pod-ip", required = true)]
+        pod_ips: Vec<IpAddr>,
+        /// A pod annotation, KEY=VALUE (Istio's traffic.sidecar.istio.io/* and friends); repeatable.
+        #[arg(long = "annotation", value_parser = parse_annotation)]
+        annotations: Vec<(String, String)>,
+        /// The proxy's uid(s), comma-separated (default 1337).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_uid: Option<IdList>,
+        /// The proxy's gid(s), comma-separated (default: the uids).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_gid: Option<IdList>,
+        /// ebpf, iptables, or auto (ebpf where the kernel and the pod allow it, else iptables).
+        #[arg(long, value_enum, default_value_t = ModeChoice::Ebpf)]
+        mode: ModeChoice,
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+    /// Stop capturing a pod and remove everything attach created for it.
+    Detach {
+        #[arg(long)]
+        netns: PathBuf,
+    },
+    /// Prove, from inside a pod and as the proxy's uid, that capture is in force (like
+    /// istio-validation). Exits 0 when it is, 126 with the reason when it is not.
+    Validate {
+        /// How long to keep probing.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        timeout: std::time::Duration,
+        #[arg(long, default_value_t = crate::config::OUTBOUND_PORT)]
+        outbound_port: u16,
+        #[arg(long, default_value_t = crate::config::INBOUND_PORT)]
+        inbound_port: u16,
+    },
+    /// Run the node agent: owns the kernel side, serves the CNI plugin, exposes health and metrics.
+    Agent {
+        /// The Unix socket the CNI plugin talks to (root-only); default: <state-dir>/agent.sock.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Where /healthz, /readyz and /metrics are served (keep it on localhost).
+        #[arg(long, default_value = "127.0.0.1:15300")]
+        http: std::net::SocketAddr,
+        /// ebpf, iptables, or auto (ebpf where the kernel supports every hook).
+        #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
+        mode: ModeChoice,
+        /// The proxy's uid(s) for every pod this agent captures (default 1337).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_uid: Option<IdList>,
+        /// The proxy's gid(s) (default: the uids).
+        #[arg(long, value_parser = parse_id_list)]
+        proxy_gid: Option<IdList>,
+        /// As for attach. DNS capture through the agent captures every port-53 destination (the
+        /// CNI path's default), unless nameservers are given.
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+    /// Copy capture-cni into the CNI bin directory and chain it last in the node's active network
+    /// configuration (idempotent; other plugins, key order and indentation are kept).
+    InstallCni {
+        #[command(flatten)]
+        dirs: CniDirs,
+        /// Edit this configuration file instead of the active one (the first by name).
+        #[arg(long)]
+        conf_file: Option<PathBuf>,
+        /// The plugin binary to install; default: capture-cni next to this binary.
+        #[arg(long)]
+        plugin_binary: Option<PathBuf>,
+        /// The agent socket the plugin should use; default: <state-dir>/agent.sock.
+        #[arg(long)]
+        agent_socket: Option<PathBuf>,
+    },
+    /// Take capture-cni out of every network configuration and remove its binary (idempotent).
+    /// New pods then start uncaptured: run it only when removing capture from the node.
+    UninstallCni {
+        #[command(flatten)]
+        dirs: CniDirs,
+    },
+    /// Probe this kernel and node for what capture needs, and say which mode `auto` would pick.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show captured pods, their configuration, whether capture is in force, and counters.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `5s`, `500ms` or a plain number of seconds.
+fn parse_duration(arg: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{arg:?} is not a duration such as 5s or 500ms");
+    if let Some(ms) = arg.strip_suffix("ms") {
+        return ms
+            .parse::<u64>()
+            .map(std::time::Duration::from_millis)
+            .map_err(|_| bad());
+    }
+    let secs = arg.strip_suffix('s').unwrap_or(arg);
+    secs.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(bad)
+}
+
+/// Settings Istio takes from the mesh config and the proxy's environment, not from pod
+/// annotations (a pod's `proxy.istio.io/config` still turns DNS capture on or off).
+#[derive(Debug, Default, clap::Args)]
+pub struct MeshArgs {
+    /// Capture DNS (ISTIO_META_DNS_CAPTURE) for pods that do not say otherwise.
+    #[arg(long)]
+    pub redirect_dns: bool,
+    /// With DNS capture, capture every port-53 destination, not only the nameservers.
+    #[arg(long)]
+    pub capture_all_dns: bool,
+    /// A nameserver of the pod's resolv.conf whose DNS is captured; repeatable.
+    #[arg(long = "dns-nameserver")]
+    pub dns_nameservers: Vec<IpAddr>,
+    /// ISTIO_OUTBOUND_OWNER_GROUPS: only sockets of these primary groups (gids or names) are
+    /// captured; `*` (default) is every group.
+    #[arg(long)]
+    pub owner_groups: Option<String>,
+    /// ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: with `--owner-groups '*'`, groups never captured.
+    #[arg(long)]
+    pub owner_groups_exclude: Option<String>,
+    /// ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR: the loopback range that is never captured
+    /// (default 127.0.0.1/32).
+    #[arg(long)]
+    pub ipv4_loopback_cidr: Option<String>,
+    /// INVALID_DROP: drop packets conntrack deems invalid (iptables backend).
+    #[arg(long)]
+    pub drop_invalid: bool,
+}
+
+impl MeshArgs {
+    #[must_use]
+    pub fn into_defaults(self) -> crate::config::MeshDefaults {
+        crate::config::MeshDefaults {
+            redirect_dns: self.redirect_dns,
+            capture_all_dns: self.capture_all_dns,
+            nameservers: self.dns_nameservers,
+            owner_groups: self.owner_groups,
+            owner_groups_exclude: self.owner_groups_exclude,
+            ipv4_loopback_cidr: self.ipv4_loopback_cidr,
+            drop_invalid: self.drop_invalid,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CniDirs {
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+}

@@ -1,0 +1,193 @@
+//! Runs a parsed command: each subcommand calls into `ops`, the agent, the installer or the
+//! probe, and prints what it found.
+
+use std::path::PathBuf;
+
+use super::{
+    args::{Cli, Command},
+    render::{render_probe, render_status},
+};
+use crate::{
+    config::PodSpec,
+    ops::{self, AttachRequest},
+    paths::Paths,
+    probe::ModeChoice,
+    record::Mode,
+};
+
+/// What a command asks the process to exit with.
+pub enum Outcome {
+    Success,
+    /// `capture validate` found capture not in force.
+    NotCaptured(String),
+}
+
+/// Runs one command; the binary prints the error chain on one line.
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    let paths = Paths::new(&cli.bpffs, &cli.state_dir);
+    match cli.command {
+        Command::Attach {
+            netns,
+            cgroup,
+            pod_ips,
+            annotations,
+            proxy_uid,
+            proxy_gid,
+            mode,
+            mesh,
+        } => {
+            let (node_mode, allow_fallback) = match mode {
+                ModeChoice::Ebpf => (Mode::Ebpf, false),
+                ModeChoice::Iptables => (Mode::Iptables, false),
+                ModeChoice::Auto => {
+                    let (m, _why) = crate::probe::choose(mode, &crate::probe::probe())
+                        .map_err(anyhow::Error::msg)?;
+                    (m, true)
+                }
+            };
+            let req = AttachRequest {
+                netns,
+                cgroup,
+                spec: PodSpec {
+                    pod_ips,
+                    annotations: annotations.into_iter().collect(),
+                    proxy_uids: proxy_uid.unwrap_or_default().0,
+                    proxy_gids: proxy_gid.unwrap_or_default().0,
+                    mesh: mesh.into_defaults(),
+                },
+                mode: node_mode,
+                pod: None,
+                allow_fallback,
+            };
+            let record = ops::attach(&paths, &req)?;
+            println!(
+                "captured netns {} (cookie {}) cgroup {} mode {}{}",
+                record.netns.display(),
+                record.netns_cookie,
+                record.cgroup.display(),
+                record.mode,
+                record
+                    .fallback_reason
+                    .as_ref()
+                    .map(|r| format!(" (fallback: {r})"))
+                    .unwrap_or_default()
+            );
+        }
+        Command::Detach { netns } => {
+            let record = ops::detach(&paths, &netns)?;
+            println!(
+                "released netns {} (cookie {})",
+                record.netns.display(),
+                record.netns_cookie
+            );
+        }
+        Command::Validate {
+            timeout,
+            outbound_port,
+            inbound_port,
+        } => {
+            return Ok(
+                match crate::validate::validate(outbound_port, inbound_port, timeout) {
+                    Ok(v) => {
+                        println!(
+                        "capture is in force: the probe to {} arrived on {inbound_port} after {:.0?}",
+                        v.original_dst, v.elapsed
+                    );
+                        Outcome::Success
+                    }
+                    Err(e @ crate::validate::ValidateError::NotCaptured { .. }) => {
+                        Outcome::NotCaptured(e.to_string())
+                    }
+                    Err(e) => return Err(e.into()),
+                },
+            );
+        }
+        Command::Agent {
+            socket,
+            http,
+            mode,
+            proxy_uid,
+            proxy_gid,
+            mesh,
+        } => {
+            let mut mesh = mesh.into_defaults();
+            mesh.capture_all_dns |= mesh.nameservers.is_empty();
+            let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
+            crate::agent::run(crate::agent::AgentConfig {
+                paths,
+                socket,
+                http,
+                mode,
+                proxy_uids: proxy_uid.unwrap_or_default().0,
+                proxy_gids: proxy_gid.unwrap_or_default().0,
+                mesh,
+            })?;
+        }
+        Command::InstallCni {
+            dirs,
+            conf_file,
+            plugin_binary,
+            agent_socket,
+        } => {
+            let plugin_binary = match plugin_binary {
+                Some(p) => p,
+                None => std::env::current_exe()?.with_file_name("capture-cni"),
+            };
+            let opts = crate::install::InstallOptions {
+                cni_bin_dir: dirs.cni_bin_dir,
+                cni_conf_dir: dirs.cni_conf_dir,
+                conf_file,
+                plugin_binary,
+                agent_socket: agent_socket.unwrap_or_else(|| paths.state_dir.join("agent.sock")),
+            };
+            let done = crate::install::install(&opts)?;
+            println!(
+                "capture-cni {} in {}; {} {}",
+                if done.binary_changed {
+                    "installed"
+                } else {
+                    "already installed"
+                },
+                opts.cni_bin_dir.display(),
+                if done.config_changed {
+                    "chained into"
+                } else {
+                    "already chained in"
+                },
+                done.config.display()
+            );
+        }
+        Command::UninstallCni { dirs } => {
+            let opts = crate::install::InstallOptions {
+                cni_bin_dir: dirs.cni_bin_dir,
+                cni_conf_dir: dirs.cni_conf_dir,
+                conf_file: None,
+                plugin_binary: PathBuf::new(),
+                agent_socket: PathBuf::new(),
+            };
+            let changed = crate::install::uninstall(&opts)?;
+            println!(
+                "capture-cni removed from {} configuration(s) and {}",
+                changed.len(),
+                opts.cni_bin_dir.display()
+            );
+        }
+        Command::Doctor { json } => {
+            let probe = crate::probe::probe();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&probe)?);
+            } else {
+                print!("{}", render_probe(&probe));
+            }
+        }
+        Command::Status { json } => {
+            let status = ops::status(&paths)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", render_status(&status));
+            }
+        }
+    }
+    Ok(Outcome::Success)
+}

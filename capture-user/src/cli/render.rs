@@ -1,0 +1,121 @@
+//! The human-readable reports of `capture status` and `capture doctor`.
+
+use crate::{ops::NodeStatus, probe::ModeChoice};
+
+/// The human-readable probe report.
+#[must_use]
+pub fn render_probe(probe: &crate::probe::Probe) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("kernel {}\n", probe.kernel);
+    for c in &probe.checks {
+        let _ = writeln!(
+            out,
+            "  [{}] {:<34} {}",
+            match (c.ok, c.optional) {
+                (true, _) => " ok ",
+                (false, true) => "miss",
+                (false, false) => "FAIL",
+            },
+            c.name,
+            c.detail
+        );
+    }
+    if let Some(features) = probe.features {
+        let _ = writeln!(
+            out,
+            "  [info] {:<34} {}",
+            "sock_ops netns cookie",
+            if features.sock_ops_netns_cookie {
+                "yes"
+            } else {
+                "no (before Linux 5.15): a listener opened before capture attached is not \
+                 registered, so inbound connections to it are refused"
+            }
+        );
+    }
+    let pick = crate::probe::choose(ModeChoice::Auto, probe);
+    let _ = writeln!(
+        out,
+        "ebpf backend: {}; iptables backend: {}",
+        if probe.ebpf_usable {
+            "usable"
+        } else {
+            "NOT usable"
+        },
+        if probe.iptables_usable {
+            "usable"
+        } else {
+            "NOT usable"
+        }
+    );
+    let _ = match pick {
+        Ok((mode, why)) => writeln!(out, "--mode auto would use {mode} ({why})"),
+        Err(why) => writeln!(out, "--mode auto would fail: {why}"),
+    };
+    out
+}
+
+/// The human-readable status table.
+#[must_use]
+pub fn render_status(status: &NodeStatus) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node: programs {} (bpffs {}), {} pod(s), kernel errors {:?}",
+        if status.programs_loaded {
+            "loaded"
+        } else {
+            "not loaded"
+        },
+        status.bpffs.display(),
+        status.pods.len(),
+        status.node_errors
+    );
+    for pod in &status.pods {
+        let r = &pod.record;
+        let _ = writeln!(
+            out,
+            "pod netns {} cookie {} cgroup {} mode {}: {}",
+            r.netns.display(),
+            r.netns_cookie,
+            r.cgroup.display(),
+            match &r.fallback_reason {
+                Some(why) => format!("{} (fallback: {why})", r.mode),
+                None => r.mode.to_string(),
+            },
+            if pod.in_force {
+                "capture in force".to_string()
+            } else {
+                format!("NOT IN FORCE, missing {}", pod.missing.join(", "))
+            }
+        );
+        let ips: Vec<String> = r
+            .config
+            .pod_ip4
+            .map(|a| a.to_string())
+            .into_iter()
+            .chain(r.config.pod_ip6.map(|a| a.to_string()))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  ips {}  proxy uids {:?} gids {:?}  outbound -> {}  include {:?}  exclude cidrs {:?}  ports include {:?} exclude {:?}",
+            ips.join(","),
+            r.config.proxy_uids,
+            r.config.proxy_gids,
+            r.config.outbound_port,
+            r.config.include_outbound_cidrs,
+            r.config.exclude_outbound_cidrs,
+            r.config.include_outbound_ports,
+            r.config.exclude_outbound_ports
+        );
+        if let Some(c) = &pod.counters {
+            let _ = writeln!(
+                out,
+                "  redirected outbound {} inbound {}  passed owner {} excluded {} local {}  errors {}",
+                c.redirected_outbound, c.redirected_inbound, c.passed_owner, c.passed_excluded, c.passed_local, c.errors
+            );
+        }
+    }
+    out
+}
