@@ -11,12 +11,8 @@ use crate::config::{
     OWNER_GROUPS_INCLUDE,
 };
 
-/// An IPv4 address in network order, as `bpf_sock_addr::user_ip4` holds it.
-#[inline(always)]
-#[must_use]
-pub const fn ip4(a: u8, b: u8, c: u8, d: u8) -> u32 {
-    u32::from_ne_bytes([a, b, c, d])
-}
+pub use crate::addr::ip4;
+use crate::addr::{is_loopback4, same as same6};
 
 /// `127.0.0.6`: the source Envoy's inbound clusters bind, passed on `lo` for everyone (B8).
 pub const INBOUND_PASSTHROUGH_SRC4: u32 = ip4(127, 0, 0, 6);
@@ -82,16 +78,6 @@ pub enum Verdict {
 pub trait PodLists {
     fn port_listed(&self, list: ListKind, port: u16) -> bool;
     fn cidr_listed(&self, list: ListKind, ipv6: bool, addr: &[u32; 4]) -> bool;
-}
-
-#[inline(always)]
-const fn is_loopback4(addr: u32) -> bool {
-    u32::from_be(addr) >> 24 == 127
-}
-
-#[inline(always)]
-fn same6(a: &[u32; 4], b: &[u32; 4]) -> bool {
-    a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
 }
 
 /// Would the kernel route `dst` over `lo` (iptables' `-o lo`)? Inside a pod that is the loopback

@@ -6,6 +6,7 @@
 //! exercise on the host.
 #![no_std]
 
+pub mod addr;
 pub mod config;
 pub mod decision;
 pub mod keys;
@@ -15,6 +16,11 @@ pub mod state;
 pub const AF_INET: u16 = 2;
 /// `AF_INET6`.
 pub const AF_INET6: u16 = 10;
+
+/// `SOCK_STREAM`, as `bpf_sock::type_` holds it.
+pub const SOCK_STREAM: u32 = 1;
+/// `SOCK_DGRAM`.
+pub const SOCK_DGRAM: u32 = 2;
 
 /// `SO_ORIGINAL_DST` (`SOL_IP`) and `IP6T_SO_ORIGINAL_DST` (`SOL_IPV6`) share the number 80.
 pub const SO_ORIGINAL_DST: i32 = 80;

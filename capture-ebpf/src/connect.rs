@@ -12,10 +12,11 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use capture_common::{
+    addr::{unmap, v4_mapped},
     config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
-    decision::{decide_outbound, ip4, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6},
+    decision::{decide_outbound, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6},
     state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_DNS_SENT, SOCK_REDIRECTED},
-    AF_INET, AF_INET6,
+    AF_INET, AF_INET6, SOCK_DGRAM, SOCK_STREAM,
 };
 
 use crate::{
@@ -24,11 +25,6 @@ use crate::{
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
 };
-
-const SOCK_STREAM: u32 = 1;
-const SOCK_DGRAM: u32 = 2;
-/// Word 2 of a v4-mapped IPv6 address (`::ffff:a.b.c.d`).
-pub const V4_MAPPED_PREFIX: u32 = ip4(0, 0, 0xff, 0xff);
 
 /// Why a connection was refused.
 pub enum ConnectError {
@@ -276,17 +272,13 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
             (*sk).src_ip6[3],
         ]
     };
-    let mapped = dst[0] == 0 && dst[1] == 0 && dst[2] == V4_MAPPED_PREFIX;
+    let mapped = unmap(&dst);
     let dst_port = port_of(sa.user_port);
-    let conn = if mapped {
-        let src4 = if src[2] == V4_MAPPED_PREFIX {
-            src[3]
-        } else {
-            0
-        };
+    let conn = if let Some(dst4) = mapped {
+        let src4 = unmap(&src).unwrap_or(0);
         Connect {
             ipv6: false,
-            dst: [dst[3], 0, 0, 0],
+            dst: [dst4, 0, 0, 0],
             src: [src4, 0, 0, 0],
             dst_port,
             uid: 0,
@@ -307,9 +299,11 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
     let Some(redirect) = decide(ctx, sk, conn, call)? else {
         return Ok(());
     };
-    let (to, bind) = if mapped {
-        let map4 = |a: u32| [0, 0, V4_MAPPED_PREFIX, a];
-        (map4(LOCALHOST4), redirect.bind_to.map(|a| map4(a[0])))
+    let (to, bind) = if mapped.is_some() {
+        (
+            v4_mapped(LOCALHOST4),
+            redirect.bind_to.map(|a| v4_mapped(a[0])),
+        )
     } else {
         (LOOPBACK6, redirect.bind_to)
     };

@@ -8,6 +8,7 @@
 
 use aya_ebpf::programs::SkLookupContext;
 use capture_common::{
+    addr::{is_loopback4, same},
     config::{NodeError, PodCounter},
     decision::{decide_inbound, InboundVerdict, INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
     keys::{ListenerKey, PodAddrKey},
@@ -28,13 +29,11 @@ const IPPROTO_TCP: u32 = 6;
 /// traffic.
 #[inline(always)]
 fn from_the_pod(ipv6: bool, src: &[u32; 4], dst: &[u32; 4]) -> bool {
-    let eq =
-        |a: &[u32; 4], b: &[u32; 4]| a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
-    eq(src, dst)
+    same(src, dst)
         || if ipv6 {
-            eq(src, &LOOPBACK6) || eq(src, &INBOUND_PASSTHROUGH_SRC6)
+            same(src, &LOOPBACK6) || same(src, &INBOUND_PASSTHROUGH_SRC6)
         } else {
-            u32::from_be(src[0]) >> 24 == 127
+            is_loopback4(src[0])
         }
 }
 

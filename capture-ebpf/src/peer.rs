@@ -4,6 +4,7 @@
 
 use aya_ebpf::programs::SockAddrContext;
 use capture_common::{
+    addr::v4_mapped,
     decision::{LOCALHOST4, LOOPBACK6},
     state::{SOCK_DNS_SENT, SOCK_REDIRECTED},
     AF_INET,
@@ -40,7 +41,7 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
         return;
     };
     let addr = if orig.family == AF_INET {
-        [0, 0, crate::connect::V4_MAPPED_PREFIX, orig.addr[0]]
+        v4_mapped(orig.addr[0])
     } else {
         orig.addr
     };
@@ -94,14 +95,14 @@ pub fn on_recvmsg6(ctx: &SockAddrContext) {
         sa.user_ip6[2],
         sa.user_ip6[3],
     ];
-    let mapped_localhost = [0, 0, crate::connect::V4_MAPPED_PREFIX, LOCALHOST4];
+    let mapped_localhost = v4_mapped(LOCALHOST4);
     let from_proxy = from == LOOPBACK6 || from == mapped_localhost;
     let port = u16::from_be(sa.user_port as u16);
     let Some(orig) = dns_reply_origin(ctx, from_proxy, port) else {
         return;
     };
     let addr = if orig.family == AF_INET {
-        [0, 0, crate::connect::V4_MAPPED_PREFIX, orig.addr[0]]
+        v4_mapped(orig.addr[0])
     } else {
         orig.addr
     };

@@ -8,12 +8,11 @@ use aya_ebpf::{
     programs::SockContext,
     EbpfContext as _,
 };
-use capture_common::{config::NodeError, state::SOCK_CREATOR_KNOWN, AF_INET, AF_INET6};
+use capture_common::{
+    config::NodeError, state::SOCK_CREATOR_KNOWN, AF_INET, AF_INET6, SOCK_DGRAM, SOCK_STREAM,
+};
 
 use crate::{counters::bump_node, storage};
-
-const SOCK_STREAM: u32 = 1;
-const SOCK_DGRAM: u32 = 2;
 
 /// Fails open: a socket without a recorded creator is judged by its caller's credentials at
 /// `connect()`, which matches iptables except for sockets handed between users.

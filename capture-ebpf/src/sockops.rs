@@ -15,6 +15,7 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use capture_common::{
+    addr::{is_unspecified, same, unmap},
     config::{NodeError, PodCounter},
     keys::{HandoffKey, ListenerKey},
     state::{
@@ -25,7 +26,6 @@ use capture_common::{
 };
 
 use crate::{
-    connect::V4_MAPPED_PREFIX,
     counters::{bump_node, bump_pod},
     maps::{HANDOFF, INBOUND_LISTENERS, POD_CONFIGS},
     storage,
@@ -38,11 +38,6 @@ struct Tuple {
     remote: [u32; 4],
     local_port: u16,
     remote_port: u16,
-}
-
-#[inline(always)]
-fn unmap(addr: [u32; 4]) -> Option<[u32; 4]> {
-    (addr[0] == 0 && addr[1] == 0 && addr[2] == V4_MAPPED_PREFIX).then_some([addr[3], 0, 0, 0])
 }
 
 #[inline(always)]
@@ -60,8 +55,8 @@ fn tuple(ctx: &SockOpsContext) -> Option<Tuple> {
         }),
         AF_INET6 => {
             let (local, remote) = (ctx.local_ip6(), ctx.remote_ip6());
-            let t = match (unmap(local), unmap(remote)) {
-                (Some(l), Some(r)) => (AF_INET, l, r),
+            let t = match (unmap(&local), unmap(&remote)) {
+                (Some(l), Some(r)) => (AF_INET, [l, 0, 0, 0], [r, 0, 0, 0]),
                 _ => (AF_INET6, local, remote),
             };
             Some(Tuple {
@@ -119,16 +114,13 @@ fn on_listen(ctx: &SockOpsContext) -> Option<()> {
     if t.local_port != cfg.inbound_port {
         return None;
     }
-    let any = t.local[0] == 0 && t.local[1] == 0 && t.local[2] == 0 && t.local[3] == 0;
+    let any = is_unspecified(&t.local);
     let pod_addr = if t.family == AF_INET6 {
         cfg.pod_ip6
     } else {
         [cfg.pod_ip4, 0, 0, 0]
     };
-    let own = t.local[0] == pod_addr[0]
-        && t.local[1] == pod_addr[1]
-        && t.local[2] == pod_addr[2]
-        && t.local[3] == pod_addr[3];
+    let own = same(&t.local, &pod_addr);
     if !any && !own {
         return None;
     }
