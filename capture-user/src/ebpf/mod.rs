@@ -135,11 +135,20 @@ impl EbpfBackend {
         self.purge(netns_cookie);
     }
 
-    /// Removes the pod's links, in reverse attach order so that steering stops first.
+    /// Removes the pod's links, in reverse attach order so that steering stops first. Each link
+    /// is detached before its pin goes: removing a pin releases the link only once bpffs frees
+    /// the inode, after an RCU grace period on some kernels, and a pod must be released when
+    /// detach returns.
     fn unlink(&self, netns_cookie: u64) {
         let dir = self.paths.pod_links_dir(netns_cookie);
         for hook in HOOKS.iter().rev() {
-            let _ = fs::remove_file(dir.join(hook.program));
+            let pin = dir.join(hook.program);
+            if let Ok(link) = sys::obj_get(&pin) {
+                if let Err(e) = sys::link_detach(link.as_fd()) {
+                    tracing::debug!(hook = hook.hook, %e, "link detach failed; the pin's removal releases it");
+                }
+            }
+            let _ = fs::remove_file(pin);
         }
         let _ = fs::remove_dir_all(&dir);
     }

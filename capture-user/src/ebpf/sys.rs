@@ -19,6 +19,7 @@ const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_DETACH: libc::c_long = 34;
 
 /// `union bpf_attr` is larger; the kernel zero-checks the tail, so a zeroed 128-byte buffer with
 /// the command's leading fields filled in is a valid attr for each command used here.
@@ -65,6 +66,14 @@ pub fn link_create(
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_LINK_DETACH` (Linux 5.9+): take the link off its cgroup or netns now, whoever still holds
+/// a reference to it.
+pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_raw_fd() as u32);
+    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
 /// `BPF_OBJ_PIN`: pin a program, map or link at `path` (on bpffs).
