@@ -1,6 +1,6 @@
 //! The parity matrix, inbound half and the rest: every case runs against both backends in the
 //! same run and must give the same outcome (where they differ by design, `Expect` says so per
-//! case). Features of later issues stay in the table as expected failures, with the reason.
+//! case); then what only one backend does (the rules it writes, drop-invalid, the status port).
 
 use std::process::Command;
 
