@@ -160,19 +160,25 @@ impl EbpfBackend {
         pod_maps::remove(&mut self.node.maps, netns_cookie);
     }
 
-    /// Hooks whose link pin is missing for the pod (empty when capture is fully in place).
+    /// What capture of the pod lacks: hooks whose link pin is gone, its config, and node-wide
+    /// entries that no longer lead to it (empty when capture is fully in place).
     #[must_use]
-    pub fn missing_hooks(&self, netns_cookie: u64, cfg: &CaptureConfig) -> Vec<&'static str> {
+    pub fn missing_parts(&self, netns_cookie: u64, cfg: &CaptureConfig) -> Vec<String> {
         let dir = self.paths.pod_links_dir(netns_cookie);
-        let mut missing: Vec<_> = HOOKS
+        let mut missing: Vec<String> = HOOKS
             .iter()
-            .filter(|h| !h.dns_only || cfg.dns.is_some())
+            .filter(|h| h.needed_by(cfg))
             .filter(|h| sys::obj_get(&dir.join(h.program)).is_err())
-            .map(|h| h.hook)
+            .map(|h| h.hook.to_string())
             .collect();
         if self.node.maps.pod_configs.get(&netns_cookie, 0).is_err() {
-            missing.push("pod config");
+            missing.push("pod config".into());
         }
+        missing.extend(pod_maps::addresses_not_owned(
+            &self.node.maps,
+            netns_cookie,
+            cfg,
+        ));
         missing
     }
 
@@ -228,10 +234,7 @@ impl Backend for EbpfBackend {
     }
 
     fn missing(&self, record: &PodRecord) -> Vec<String> {
-        self.missing_hooks(record.netns_cookie, &record.config)
-            .into_iter()
-            .map(String::from)
-            .collect()
+        self.missing_parts(record.netns_cookie, &record.config)
     }
 
     fn counters(&self, record: &PodRecord) -> Option<PodCounters> {

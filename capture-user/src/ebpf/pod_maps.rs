@@ -1,5 +1,7 @@
 //! One pod's entries in the node's maps: its config, its lists, its counters.
 
+use std::net::IpAddr;
+
 use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use capture_common::{
     config::{
@@ -153,15 +155,40 @@ fn port_entries(cfg: &CaptureConfig) -> Vec<(ListKind, u16)> {
 
 /// The pod's addresses as inbound capture looks them up.
 fn pod_addr_keys(cfg: &CaptureConfig) -> Vec<PodAddrKey> {
-    let v4 = cfg.pod_ip4.map(|a| PodAddrKey {
-        family: u32::from(AF_INET),
-        addr: [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+    pod_addrs(cfg).into_iter().map(|(_, key)| key).collect()
+}
+
+fn pod_addrs(cfg: &CaptureConfig) -> Vec<(IpAddr, PodAddrKey)> {
+    let v4 = cfg.pod_ip4.map(|a| {
+        let key = PodAddrKey {
+            family: u32::from(AF_INET),
+            addr: [u32::from_ne_bytes(a.octets()), 0, 0, 0],
+        };
+        (IpAddr::V4(a), key)
     });
-    let v6 = cfg.pod_ip6.map(|a| PodAddrKey {
-        family: u32::from(AF_INET6),
-        addr: ip6_words(a.octets()),
+    let v6 = cfg.pod_ip6.map(|a| {
+        let key = PodAddrKey {
+            family: u32::from(AF_INET6),
+            addr: ip6_words(a.octets()),
+        };
+        (IpAddr::V6(a), key)
     });
     v4.into_iter().chain(v6).collect()
+}
+
+/// The pod's addresses whose inbound entry does not lead to the pod: never written, or taken
+/// over by a pod that got the address since (Kubernetes reuses pod IPs quickly).
+pub fn addresses_not_owned(maps: &Maps, netns_cookie: u64, cfg: &CaptureConfig) -> Vec<String> {
+    pod_addrs(cfg)
+        .into_iter()
+        .filter_map(|(addr, key)| match maps.inbound_pods.get(&key, 0) {
+            Ok(owner) if owner == netns_cookie => None,
+            Ok(owner) => Some(format!(
+                "inbound address {addr} (now held by the pod of netns cookie {owner})"
+            )),
+            Err(_) => Some(format!("inbound address {addr}")),
+        })
+        .collect()
 }
 
 fn cidr_entries(cfg: &CaptureConfig) -> Vec<(ListKind, IpNet)> {
@@ -231,8 +258,16 @@ pub fn install(
 /// node (detach of a recorded pod).
 pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
     let _ = maps.pod_configs.remove(&netns_cookie);
+    // Only the pod's own: another pod may hold the address by now. Every writer holds the node
+    // lock, so the entry cannot change hands between the read and the removal.
     for key in pod_addr_keys(cfg) {
-        let _ = maps.inbound_pods.remove(&key);
+        if maps
+            .inbound_pods
+            .get(&key, 0)
+            .is_ok_and(|owner| owner == netns_cookie)
+        {
+            let _ = maps.inbound_pods.remove(&key);
+        }
     }
     for family in [AF_INET, AF_INET6] {
         let key = capture_common::keys::ListenerKey {
