@@ -5,8 +5,11 @@
 //! Stopping the agent (or killing it) never releases a pod: capture lives in pinned kernel objects
 //! and netns rules, not in this process.
 
+mod cni_watch;
 mod http;
 mod metrics;
+
+pub use cni_watch::CniWatch;
 
 use std::{
     io,
@@ -14,7 +17,7 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::PathBuf,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
     time::Instant,
@@ -44,6 +47,8 @@ pub struct AgentConfig {
     pub proxy_uids: Vec<u32>,
     pub proxy_gids: Vec<u32>,
     pub mesh: crate::config::MeshDefaults,
+    /// Keep capture-cni chained in the node's CNI configuration.
+    pub cni_watch: Option<CniWatch>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +74,8 @@ pub struct Agent {
     kernel_checks: Vec<probe::Check>,
     ready: AtomicBool,
     metrics: metrics::Metrics,
+    /// How often the CNI watcher had to chain capture-cni again.
+    cni_rechained: Arc<AtomicU64>,
 }
 
 impl Agent {
@@ -281,6 +288,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         kernel_checks: probe.checks,
         ready: AtomicBool::new(false),
         metrics: metrics::Metrics::default(),
+        cni_rechained: Arc::default(),
     });
 
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
@@ -288,6 +296,11 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     tokio::task::spawn_blocking(move || prepare(&a))
         .await
         .map_err(|e| AgentError::Node(e.to_string()))??;
+    if let Some(watch) = agent.cfg.cni_watch.clone() {
+        watch
+            .spawn(Arc::clone(&agent.cni_rechained))
+            .map_err(AgentError::Runtime)?;
+    }
     agent.ready.store(true, Ordering::Release);
     info!(socket = %socket_path.display(), http = %agent.cfg.http, "ready");
 

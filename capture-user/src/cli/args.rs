@@ -92,6 +92,13 @@ pub enum Command {
         /// CNI path's default), unless nameservers are given.
         #[command(flatten)]
         mesh: MeshArgs,
+        /// Keep capture-cni chained in the active CNI configuration: chain it again within a
+        /// second when the network plugin rewrites or replaces its configuration (while
+        /// capture-cni is installed in --cni-bin-dir; `uninstall-cni` takes it out for good).
+        #[arg(long)]
+        watch_cni_config: bool,
+        #[command(flatten)]
+        cni: CniDirs,
     },
     /// Copy capture-cni into the CNI bin directory and chain it last in the node's active network
     /// configuration (idempotent; other plugins, key order and indentation are kept).

@@ -109,10 +109,17 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_uid,
             proxy_gid,
             mesh,
+            watch_cni_config,
+            cni,
         } => {
             let mut mesh = mesh.into_defaults();
             mesh.capture_all_dns |= mesh.nameservers.is_empty();
             let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
+            let cni_watch = watch_cni_config.then(|| crate::agent::CniWatch {
+                conf_dir: cni.cni_conf_dir,
+                bin_dir: cni.cni_bin_dir,
+                agent_socket: socket.clone(),
+            });
             crate::agent::run(crate::agent::AgentConfig {
                 paths,
                 socket,
@@ -121,6 +128,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 proxy_uids: proxy_uid.unwrap_or_default().0,
                 proxy_gids: proxy_gid.unwrap_or_default().0,
                 mesh,
+                cni_watch,
             })?;
         }
         Command::InstallCni {

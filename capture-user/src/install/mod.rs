@@ -197,30 +197,42 @@ pub fn install(opts: &InstallOptions) -> Result<Installed, InstallError> {
         fs::create_dir_all(&opts.cni_bin_dir).map_err(io_err(&opts.cni_bin_dir))?;
         write_atomic(&target, &binary, 0o755)?;
     }
+    let (config, config_changed) = chain(opts)?;
+    Ok(Installed {
+        config,
+        config_changed,
+        binary_changed,
+    })
+}
+
+/// Chains capture-cni last in the active configuration (or `conf_file`); returns the file and
+/// whether it had to change. A single-plugin .conf becomes a .conflist of the same name.
+pub fn chain(opts: &InstallOptions) -> Result<(PathBuf, bool), InstallError> {
     let source = match &opts.conf_file {
         Some(f) => f.clone(),
         None => active_config(&opts.cni_conf_dir)?,
     };
     let text = fs::read_to_string(&source).map_err(io_err(&source))?;
     let updated = insert_into(&source, &text, &opts.agent_socket)?;
-    // A single-plugin .conf becomes a .conflist of the same name.
     let config = if source.extension().is_some_and(|e| e == "conf") {
         source.with_extension("conflist")
     } else {
         source.clone()
     };
-    let config_changed = updated != text || config != source;
-    if config_changed {
+    let changed = updated != text || config != source;
+    if changed {
         write_atomic(&config, updated.as_bytes(), 0o644)?;
         if config != source {
             fs::remove_file(&source).map_err(io_err(&source))?;
         }
     }
-    Ok(Installed {
-        config,
-        config_changed,
-        binary_changed,
-    })
+    Ok((config, changed))
+}
+
+/// Whether capture-cni is installed in the bin directory (`uninstall` removes it).
+#[must_use]
+pub fn plugin_installed(cni_bin_dir: &Path) -> bool {
+    cni_bin_dir.join(PLUGIN_TYPE).is_file()
 }
 
 /// Removes capture-cni from every configuration in the directory, and its binary.
