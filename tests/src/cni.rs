@@ -116,7 +116,7 @@ impl Node {
     /// Writes the network plugin's own conflist (bridge + host-local) into a conf dir, runs
     /// `capture install-cni` on it as the DaemonSet does, and uses the result from then on.
     pub fn install_cni(&self) -> Value {
-        let conf_dir = self.plugin_dir.parent().unwrap().join("net.d");
+        let conf_dir = self.conf_dir();
         std::fs::create_dir_all(&conf_dir).unwrap();
         let mut base = self.conflist();
         base["plugins"].as_array_mut().unwrap().truncate(1);
@@ -145,6 +145,12 @@ impl Node {
         installed
     }
 
+    /// The node's CNI configuration directory (what stands for /etc/cni/net.d).
+    #[must_use]
+    pub fn conf_dir(&self) -> PathBuf {
+        self.plugin_dir.parent().unwrap().join("net.d")
+    }
+
     /// Overrides the conflist the runtime uses.
     pub fn installed_conflist(&self) -> std::sync::MutexGuard<'_, Option<Value>> {
         self.installed.lock().unwrap()
@@ -152,6 +158,11 @@ impl Node {
 
     /// Starts the agent and waits until /readyz says so.
     pub fn start_agent(&self, mode: &str) -> Agent {
+        self.start_agent_with(mode, &[])
+    }
+
+    /// Starts the agent with `extra` arguments and waits until /readyz says so.
+    pub fn start_agent_with(&self, mode: &str, extra: &[&str]) -> Agent {
         let mut cmd = Command::new(crate::topology::capture_bin());
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)
@@ -164,6 +175,7 @@ impl Node {
             "--http",
             &format!("127.0.0.1:{}", self.http),
         ]);
+        cmd.args(extra);
         cmd.arg("--socket")
             .arg(&self.socket)
             .stdout(Stdio::null())

@@ -1,0 +1,153 @@
+//! A node that has been running for a while: pod addresses change hands, and late teardowns of
+//! old pods must not take capture away from the pods that hold those addresses now.
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use capture_tests::{
+    cni::Node,
+    probe::Outcome,
+    topology::{capture_bin, Topology, POD_IP4},
+};
+
+/// The pod in `topo`'s status (the node's only pod with that netns).
+fn pod_status(topo: &Topology) -> serde_json::Value {
+    let netns = topo.pod.netns.path().display().to_string();
+    topo.status()["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["netns"] == netns.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no pod with netns {netns}"))
+}
+
+fn assert_inbound_captured(got: &Outcome, to: &str, context: &str) {
+    got.assert_served_by("inbound", context);
+    assert_eq!(got.orig().as_deref(), Some(to), "{context}: {got:?}");
+}
+
+/// Kubernetes hands a deleted pod's IP to a new pod quickly; the old pod's DEL (or GC) may come
+/// after the new pod's ADD. The node-wide address entry belongs to the pod that wrote it last.
+#[test]
+fn a_late_detach_of_the_old_holder_of_an_address_leaves_the_new_one_captured() {
+    let to = format!("{POD_IP4}:8080");
+    let old = Topology::new();
+    old.attach(&[]);
+    let mut new = Topology::with_dirs(old.dirs.shared());
+    new.attach(&[]);
+    new.start_all();
+    assert_inbound_captured(&new.connect_from_remote(&to), &to, "new pod attached");
+
+    // CHECK of the old pod says its address is gone; the new pod's is whole.
+    let old_status = pod_status(&old);
+    assert_eq!(old_status["in_force"], false, "{old_status}");
+    assert!(
+        old_status["missing"].to_string().contains(POD_IP4),
+        "the old pod's status names the address it lost: {old_status}"
+    );
+    assert_eq!(pod_status(&new)["in_force"], true);
+
+    let out = old.detach();
+    assert!(out.status.success(), "{out:?}");
+    assert_inbound_captured(
+        &new.connect_from_remote(&to),
+        &to,
+        "after the old pod's late detach",
+    );
+    let new_status = pod_status(&new);
+    assert_eq!(new_status["in_force"], true, "{new_status}");
+}
+
+/// The plugins of the node's active conflist, by type.
+fn chain(file: &Path) -> Vec<String> {
+    let conf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap_or_default())
+            .unwrap_or_default();
+    conf["plugins"]
+        .as_array()
+        .map(|p| {
+            p.iter()
+                .map(|p| p["type"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits up to `limit` for `done`; how long it took.
+fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if done() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Writes `conf` the way network plugins install their configuration: a temporary file in the
+/// same directory, renamed over the target.
+fn write_as_a_network_plugin(file: &Path, conf: &serde_json::Value) {
+    let tmp = file.with_extension("tmp-by-plugin");
+    std::fs::write(&tmp, serde_json::to_string_pretty(conf).unwrap()).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+/// Calico, Cilium and others rewrite their CNI configuration on restart and upgrade and drop
+/// what they do not know; the agent puts capture-cni back, and only uninstall-cni takes it out.
+#[test]
+fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_config() {
+    // The design says within a second (four checks a second); emulated kernels get slack.
+    const LIMIT: Duration = Duration::from_secs(3);
+    let node = Node::new();
+    let installed = node.install_cni();
+    let conf_dir = node.conf_dir();
+    let file = conf_dir.join("10-bridge.conflist");
+    let _agent = node.start_agent_with(
+        "ebpf",
+        &[
+            "--watch-cni-config",
+            "--cni-conf-dir",
+            conf_dir.to_str().unwrap(),
+            "--cni-bin-dir",
+            node.plugin_dir.to_str().unwrap(),
+        ],
+    );
+    let mut own = installed.clone();
+    own["plugins"].as_array_mut().unwrap().truncate(1);
+
+    // Rewritten in place (renamed over), without capture-cni.
+    write_as_a_network_plugin(&file, &own);
+    let took = within(LIMIT, || chain(&file) == ["bridge", "capture-cni"]);
+    assert!(took.is_some(), "not chained again: {:?}", chain(&file));
+    eprintln!("chained again after {took:?}");
+
+    // Replaced by a configuration under a name that sorts first, so it becomes the active one.
+    let replacement = conf_dir.join("05-replacement.conflist");
+    let mut other = own.clone();
+    other["name"] = "replacement".into();
+    write_as_a_network_plugin(&replacement, &other);
+    assert!(
+        within(LIMIT, || chain(&replacement) == ["bridge", "capture-cni"]).is_some(),
+        "the new active configuration was not chained: {:?}",
+        chain(&replacement)
+    );
+
+    // uninstall-cni is the way out, and the watcher respects it.
+    let out = Command::new(capture_bin())
+        .arg("uninstall-cni")
+        .arg("--cni-bin-dir")
+        .arg(&node.plugin_dir)
+        .arg("--cni-conf-dir")
+        .arg(&conf_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(chain(&replacement), ["bridge"]);
+    assert_eq!(chain(&file), ["bridge"]);
+}
