@@ -10,6 +10,7 @@
 
 use std::{
     fs, io,
+    os::unix::fs::MetadataExt,
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -32,10 +33,13 @@ pub struct CniWatch {
     pub bin_dir: PathBuf,
     /// The agent socket the chained entry names.
     pub agent_socket: PathBuf,
+    /// The agent's state directory, which the entry names where it is not the default.
+    pub state_dir: PathBuf,
 }
 
-/// Each entry's name, size and modification time, sorted by name.
-type Fingerprint = Vec<(String, u64, Option<SystemTime>)>;
+/// Each entry's name, inode, size and modification time, sorted by name (a file renamed over
+/// another is a new inode even where timestamps are coarse).
+type Fingerprint = Vec<(String, u64, u64, Option<SystemTime>)>;
 
 impl CniWatch {
     fn fingerprint(&self) -> Fingerprint {
@@ -46,6 +50,7 @@ impl CniWatch {
                         let meta = e.metadata().ok();
                         (
                             e.file_name().to_string_lossy().into_owned(),
+                            meta.as_ref().map_or(0, MetadataExt::ino),
                             meta.as_ref().map_or(0, fs::Metadata::len),
                             meta.and_then(|m| m.modified().ok()),
                         )
@@ -69,6 +74,7 @@ impl CniWatch {
             conf_file: None,
             plugin_binary: PathBuf::new(),
             agent_socket: self.agent_socket.clone(),
+            state_dir: Some(self.state_dir.clone()),
         };
         let (config, changed) = install::chain(&opts)?;
         Ok(changed.then_some(config))
@@ -88,15 +94,19 @@ impl CniWatch {
         loop {
             let now = self.fingerprint();
             if seen.as_ref() != Some(&now) {
+                // `now` was taken before the check, so a change made while it ran is seen on
+                // the next period rather than taken for one already handled.
                 match self.ensure_chained() {
-                    Ok(rewritten) => {
+                    Ok(None) => {
                         last_error = None;
-                        if let Some(config) = rewritten {
-                            rechained.fetch_add(1, Ordering::Relaxed);
-                            warn!(config = %config.display(), "capture-cni had been dropped from the active CNI configuration; chained it again");
-                        }
-                        // Our own write changed the directory: take that as seen.
-                        seen = Some(self.fingerprint());
+                        seen = Some(now);
+                    }
+                    Ok(Some(config)) => {
+                        last_error = None;
+                        rechained.fetch_add(1, Ordering::Relaxed);
+                        warn!(config = %config.display(), "capture-cni had been dropped from the active CNI configuration; chained it again");
+                        // Our own write changed the directory: check once more next period.
+                        seen = None;
                     }
                     Err(e) => {
                         // A file half-written by its owner, or none yet: retried on every
