@@ -6,6 +6,7 @@ pub mod any_backend;
 pub mod api;
 pub mod backend;
 pub mod cgroup;
+pub mod claims;
 pub mod cli;
 pub mod cni;
 pub mod config;

@@ -66,6 +66,12 @@ impl Paths {
         self.records_dir().join(format!("{netns_cookie}.json"))
     }
 
+    /// The agent's CNI claims, one file per container id (see `claims`).
+    #[must_use]
+    pub fn claims_dir(&self) -> PathBuf {
+        self.state_dir.join("cni-claims")
+    }
+
     #[must_use]
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join("lock")

@@ -32,6 +32,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     api::{FailureKind, PodRequest, Request, Response},
+    claims,
     config::PodSpec,
     ops::{self, AttachRequest, PodSelector},
     paths::Paths,
@@ -131,6 +132,17 @@ impl Agent {
             );
         }
         let start = Instant::now();
+        let container_id = pod.pod.container_id.clone();
+        // Before anything is attached: from here on, DEL must wait for this agent.
+        if let Err(e) = claims::claim(&self.cfg.paths, &container_id) {
+            return Response::failed(
+                FailureKind::CaptureFailed,
+                format!(
+                    "cannot record the claim on container {container_id} in {}: {e}",
+                    self.cfg.paths.claims_dir().display()
+                ),
+            );
+        }
         let req = AttachRequest {
             netns: pod.netns,
             cgroup: pod.cgroup,
@@ -159,6 +171,8 @@ impl Agent {
             }
             Err(e) => {
                 warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, error = %e, "capture failed");
+                // The attach rolled back: nothing of capture remains for the container.
+                self.withdraw_claim(&container_id);
                 let kind = if matches!(e, ops::Error::Config(_)) {
                     FailureKind::InvalidConfig
                 } else {
@@ -177,14 +191,24 @@ impl Agent {
         });
         match released {
             Ok(Some(r)) => {
+                self.withdraw_claim(&container_id);
                 info!(container = %container_id, netns = %r.netns.display(), "released");
                 Response::ok("released")
             }
-            Ok(None) => Response::ok("not captured"),
+            Ok(None) => {
+                self.withdraw_claim(&container_id);
+                Response::ok("not captured")
+            }
             Err(e) => {
                 warn!(container = %container_id, error = %e, "release failed");
                 Response::failed(FailureKind::CaptureFailed, e.to_string())
             }
+        }
+    }
+
+    fn withdraw_claim(&self, container_id: &str) {
+        if let Err(e) = claims::release(&self.cfg.paths, container_id) {
+            warn!(container = %container_id, error = %e, "cannot remove the claim; DEL will wait for the agent");
         }
     }
 
@@ -216,6 +240,13 @@ impl Agent {
             Ok(released) => {
                 for r in &released {
                     info!(netns = %r.netns.display(), "released by gc");
+                }
+                // Claims of containers the runtime no longer has: their pods were just released,
+                // or were never captured (an ADD that failed before its claim was withdrawn).
+                for id in claims::claimed(&self.cfg.paths).unwrap_or_default() {
+                    if !valid.contains(&id) {
+                        self.withdraw_claim(&id);
+                    }
                 }
                 Response::ok(format!("released {} pod(s)", released.len()))
             }

@@ -119,6 +119,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 conf_dir: cni.cni_conf_dir,
                 bin_dir: cni.cni_bin_dir,
                 agent_socket: socket.clone(),
+                state_dir: paths.state_dir.clone(),
             });
             crate::agent::run(crate::agent::AgentConfig {
                 paths,
@@ -147,6 +148,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 conf_file,
                 plugin_binary,
                 agent_socket: agent_socket.unwrap_or_else(|| paths.state_dir.join("agent.sock")),
+                state_dir: Some(paths.state_dir.clone()),
             };
             let done = crate::install::install(&opts)?;
             println!(
@@ -172,6 +174,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 conf_file: None,
                 plugin_binary: PathBuf::new(),
                 agent_socket: PathBuf::new(),
+                state_dir: None,
             };
             let changed = crate::install::uninstall(&opts)?;
             println!(

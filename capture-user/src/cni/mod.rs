@@ -21,6 +21,8 @@ pub struct PluginConfig {
     pub cgroup_root: Option<PathBuf>,
     /// How long to wait for the agent.
     pub timeout_seconds: u64,
+    /// The agent's state directory, where its claims tell DEL which pods it captured.
+    pub state_dir: PathBuf,
 }
 
 impl Default for PluginConfig {
@@ -30,6 +32,7 @@ impl Default for PluginConfig {
             exclude_namespaces: vec!["kube-system".into()],
             cgroup_root: None,
             timeout_seconds: 10,
+            state_dir: crate::paths::DEFAULT_STATE_DIR.into(),
         }
     }
 }

@@ -15,6 +15,8 @@ use super::{
 };
 use crate::{
     api::{self, CallError, FailureKind, PodRequest, Request, Response},
+    claims,
+    paths::{Paths, DEFAULT_BPFFS_DIR},
     record::PodRef,
 };
 
@@ -31,7 +33,7 @@ fn plugin_config(args: &Args) -> Result<PluginConfig, Error> {
         serde_json::Value::Object(custom.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
     serde_json::from_value(value).map_err(|e| {
         Error::InvalidNetworkConfig(format!(
-            "capture-cni configuration: {e} (known keys: agent_socket, exclude_namespaces, cgroup_root, timeout_seconds)"
+            "capture-cni configuration: {e} (known keys: agent_socket, exclude_namespaces, cgroup_root, timeout_seconds, state_dir)"
         ))
     })
 }
@@ -78,6 +80,28 @@ fn failure(response: Response, code_for_capture: u32, what: &str) -> Error {
         Some(FailureKind::NotReady) => Error::TryAgainLater(msg),
         Some(FailureKind::InvalidConfig) => Error::InvalidNetworkConfig(msg),
         _ => Error::Custom(code_for_capture, what.into(), msg),
+    }
+}
+
+/// DEL while the agent cannot be reached: a container capture never claimed (not meshed, or
+/// its ADD never got to the agent) is deleted at once; one it may have captured waits for the
+/// agent, the only one that can release it, so that nothing of it is left in the kernel.
+fn del_without_agent(cfg: &PluginConfig, container_id: &str, why: String) -> Result<(), Error> {
+    let paths = Paths::new(DEFAULT_BPFFS_DIR, &cfg.state_dir);
+    match claims::is_claimed(&paths, container_id) {
+        Ok(false) => {
+            eprintln!(
+                "capture-cni: {why}; container {container_id} was never captured, nothing to release"
+            );
+            Ok(())
+        }
+        Ok(true) => Err(Error::TryAgainLater(format!(
+            "{why}; container {container_id} is captured and only the capture agent can release it"
+        ))),
+        Err(e) => Err(Error::TryAgainLater(format!(
+            "{why}; cannot tell whether container {container_id} was captured ({}: {e})",
+            cfg.state_dir.display()
+        ))),
     }
 }
 
@@ -143,11 +167,16 @@ impl Cni for CapturePlugin {
 
     fn del(&self, args: Args) -> Result<(), Error> {
         let cfg = plugin_config(&args)?;
+        let container_id = container_id(&args)?;
         let request = Request::Del {
-            container_id: container_id(&args)?,
+            container_id: container_id.clone(),
             netns: args.netns().cloned(),
         };
-        let response = call(&cfg, &request)?;
+        let response = match call(&cfg, &request) {
+            Ok(response) => response,
+            Err(Error::TryAgainLater(why)) => return del_without_agent(&cfg, &container_id, why),
+            Err(e) => return Err(e),
+        };
         if response.ok {
             Ok(())
         } else {

@@ -9,6 +9,8 @@ use std::{
 
 use serde_json::{json, Map, Value};
 
+use crate::paths::DEFAULT_STATE_DIR;
+
 pub const PLUGIN_TYPE: &str = "capture-cni";
 
 #[derive(Debug, thiserror::Error)]
@@ -28,14 +30,19 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> InstallError + '_ {
     }
 }
 
-/// The conflist entry capture adds.
+/// The conflist entry capture adds. `state_dir` is written only when it is not the default: the
+/// plugin reads the agent's claims there to answer DEL while the agent is down.
 #[must_use]
-pub fn plugin_entry(agent_socket: &Path) -> Value {
-    json!({
+pub fn plugin_entry(agent_socket: &Path, state_dir: Option<&Path>) -> Value {
+    let mut entry = json!({
         "type": PLUGIN_TYPE,
         "agent_socket": agent_socket,
         "capabilities": { "io.kubernetes.cri.pod-annotations": true },
-    })
+    });
+    if let Some(dir) = state_dir.filter(|d| *d != Path::new(DEFAULT_STATE_DIR)) {
+        entry["state_dir"] = json!(dir);
+    }
+    entry
 }
 
 /// The indentation a file uses, so that a rewrite looks like the original.
@@ -102,8 +109,8 @@ fn is_capture(v: &Value) -> bool {
     v.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
 }
 
-/// The configuration text with capture-cni chained last (updated in place if present).
-pub fn insert_into(path: &Path, text: &str, agent_socket: &Path) -> Result<String, InstallError> {
+/// The configuration text with `entry` (capture-cni's) chained last (updated in place if present).
+pub fn insert_into(path: &Path, text: &str, entry: &Value) -> Result<String, InstallError> {
     let mut list = as_conflist(parse(path, text)?);
     let plugins = list
         .get_mut("plugins")
@@ -119,7 +126,7 @@ pub fn insert_into(path: &Path, text: &str, agent_socket: &Path) -> Result<Strin
         });
     }
     plugins.retain(|p| !is_capture(p));
-    plugins.push(plugin_entry(agent_socket));
+    plugins.push(entry.clone());
     Ok(render(
         &Value::Object(list),
         &detect_indent(text),
@@ -179,6 +186,8 @@ pub struct InstallOptions {
     pub conf_file: Option<PathBuf>,
     pub plugin_binary: PathBuf,
     pub agent_socket: PathBuf,
+    /// The agent's state directory, written into the entry when it is not the default.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// What `install` changed.
@@ -213,7 +222,8 @@ pub fn chain(opts: &InstallOptions) -> Result<(PathBuf, bool), InstallError> {
         None => active_config(&opts.cni_conf_dir)?,
     };
     let text = fs::read_to_string(&source).map_err(io_err(&source))?;
-    let updated = insert_into(&source, &text, &opts.agent_socket)?;
+    let entry = plugin_entry(&opts.agent_socket, opts.state_dir.as_deref());
+    let updated = insert_into(&source, &text, &entry)?;
     let config = if source.extension().is_some_and(|e| e == "conf") {
         source.with_extension("conflist")
     } else {

@@ -36,7 +36,7 @@ fn json(text: &str) -> Value {
 fn chains_last_and_keeps_everything_else() {
     for (name, text) in fixtures() {
         let path = Path::new(name);
-        let out = insert_into(path, text, Path::new(SOCKET)).unwrap();
+        let out = insert_into(path, text, &plugin_entry(Path::new(SOCKET), None)).unwrap();
         let (before, after) = (json(text), json(&out));
         let (pb, pa) = (
             before["plugins"].as_array().unwrap(),
@@ -46,7 +46,7 @@ fn chains_last_and_keeps_everything_else() {
         assert_eq!(&pa[..pb.len()], &pb[..], "{name}: other plugins changed");
         assert_eq!(
             pa.last().unwrap(),
-            &plugin_entry(Path::new(SOCKET)),
+            &plugin_entry(Path::new(SOCKET), None),
             "{name}"
         );
         for key in before
@@ -71,7 +71,7 @@ fn chains_last_and_keeps_everything_else() {
         );
         // Idempotent: installing again changes nothing.
         assert_eq!(
-            insert_into(path, &out, Path::new(SOCKET)).unwrap(),
+            insert_into(path, &out, &plugin_entry(Path::new(SOCKET), None)).unwrap(),
             out,
             "{name}: second install"
         );
@@ -94,7 +94,7 @@ fn canonical_files_round_trip_byte_for_byte() {
         .filter(|(n, _)| *n != "10-kindnet.conflist")
     {
         let path = Path::new(name);
-        let out = insert_into(path, text, Path::new(SOCKET)).unwrap();
+        let out = insert_into(path, text, &plugin_entry(Path::new(SOCKET), None)).unwrap();
         assert_eq!(remove_from(path, &out).unwrap().unwrap(), text, "{name}");
     }
 }
@@ -104,7 +104,7 @@ fn tabs_stay_tabs() {
     let out = insert_into(
         Path::new("k"),
         include_str!("testdata/10-kindnet.conflist"),
-        Path::new(SOCKET),
+        &plugin_entry(Path::new(SOCKET), None),
     )
     .unwrap();
     assert!(out.lines().nth(1).unwrap().starts_with('\t'), "{out}");
@@ -113,13 +113,25 @@ fn tabs_stay_tabs() {
 #[test]
 fn a_moved_or_changed_entry_is_updated_not_duplicated() {
     let text = include_str!("testdata/10-flannel.conflist");
-    let old = insert_into(Path::new("f"), text, Path::new("/old.sock")).unwrap();
+    let old = insert_into(
+        Path::new("f"),
+        text,
+        &plugin_entry(Path::new("/old.sock"), None),
+    )
+    .unwrap();
     let mut v = json(&old);
     let plugins = v["plugins"].as_array_mut().unwrap();
     let ours = plugins.pop().unwrap();
     plugins.insert(0, ours);
     let shuffled = serde_json::to_string_pretty(&v).unwrap();
-    let out = json(&insert_into(Path::new("f"), &shuffled, Path::new(SOCKET)).unwrap());
+    let out = json(
+        &insert_into(
+            Path::new("f"),
+            &shuffled,
+            &plugin_entry(Path::new(SOCKET), None),
+        )
+        .unwrap(),
+    );
     let plugins = out["plugins"].as_array().unwrap();
     assert_eq!(plugins.iter().filter(|p| is_capture(p)).count(), 1);
     assert_eq!(plugins.last().unwrap()["agent_socket"], SOCKET);
@@ -128,7 +140,14 @@ fn a_moved_or_changed_entry_is_updated_not_duplicated() {
 #[test]
 fn a_single_plugin_conf_becomes_a_conflist() {
     let text = include_str!("testdata/10-bridge.conf");
-    let out = json(&insert_into(Path::new("10-bridge.conf"), text, Path::new(SOCKET)).unwrap());
+    let out = json(
+        &insert_into(
+            Path::new("10-bridge.conf"),
+            text,
+            &plugin_entry(Path::new(SOCKET), None),
+        )
+        .unwrap(),
+    );
     assert_eq!(out["name"], "bridge");
     assert_eq!(out["cniVersion"], "0.4.0");
     let plugins = out["plugins"].as_array().unwrap();
@@ -141,11 +160,16 @@ fn bad_configurations_are_named() {
     let e = insert_into(
         Path::new("/etc/cni/net.d/x.conflist"),
         "{ nope",
-        Path::new(SOCKET),
+        &plugin_entry(Path::new(SOCKET), None),
     )
     .unwrap_err();
     assert!(e.to_string().contains("/etc/cni/net.d/x.conflist"), "{e}");
-    let e = insert_into(Path::new("y"), r#"{"plugins": []}"#, Path::new(SOCKET)).unwrap_err();
+    let e = insert_into(
+        Path::new("y"),
+        r#"{"plugins": []}"#,
+        &plugin_entry(Path::new(SOCKET), None),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
 }
 
@@ -174,6 +198,7 @@ fn install_and_uninstall_on_a_directory() {
         conf_file: None,
         plugin_binary: plugin,
         agent_socket: SOCKET.into(),
+        state_dir: None,
     };
     let first = install(&opts).unwrap();
     assert_eq!(
@@ -220,4 +245,17 @@ fn install_and_uninstall_on_a_directory() {
         "{e}"
     );
     fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn the_entry_names_a_state_dir_only_when_it_is_not_the_default() {
+    let socket = Path::new(SOCKET);
+    assert!(plugin_entry(socket, None).get("state_dir").is_none());
+    assert!(plugin_entry(socket, Some(Path::new(DEFAULT_STATE_DIR)))
+        .get("state_dir")
+        .is_none());
+    assert_eq!(
+        plugin_entry(socket, Some(Path::new("/var/lib/capture")))["state_dir"],
+        "/var/lib/capture"
+    );
 }
