@@ -30,6 +30,12 @@ pub const MESHED: &[(&str, &str)] = &[(
 )];
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 
+/// The CNI error code of a failed plugin run (its error object as `exec_plugin` returns it).
+#[must_use]
+pub fn error_code(err: &Value) -> Option<u64> {
+    err["error"]["code"].as_u64()
+}
+
 /// kubelet's two pod cgroup layouts.
 #[derive(Clone, Copy, Debug)]
 pub enum CgroupDriver {
@@ -103,6 +109,7 @@ impl Node {
                 {
                     "type": "capture-cni",
                     "agent_socket": self.socket,
+                    "state_dir": self.dirs.state,
                     "cgroup_root": self.cgroup_root,
                     // Generous: the kernel matrix runs this under emulation, where an iptables
                     // fallback's first module loads alone can take 10 s.

@@ -2,15 +2,11 @@
 //! then capture-cni) run as a runtime runs it, real traffic, fail-closed behaviour, restarts.
 
 use capture_tests::{
-    cni::{CgroupDriver, Node, Pod, MESHED},
+    cni::{error_code as code, CgroupDriver, Node, Pod, MESHED},
     probe::{connect_with, Outcome},
     topology::{cgroup_programs, pinned_map_len, pod_pins_left},
 };
 use serde_json::json;
-
-fn code(err: &serde_json::Value) -> Option<u64> {
-    err["error"]["code"].as_u64()
-}
 
 /// Connects from the node netns to `ip:port`.
 fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {

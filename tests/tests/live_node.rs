@@ -8,9 +8,9 @@ use std::{
 };
 
 use capture_tests::{
-    cni::Node,
+    cni::{error_code as code, CgroupDriver, Node, MESHED},
     probe::Outcome,
-    topology::{capture_bin, Topology, POD_IP4},
+    topology::{capture_bin, cgroup_programs, Topology, POD_IP4},
 };
 
 /// The pod in `topo`'s status (the node's only pod with that netns).
@@ -150,4 +150,59 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(chain(&replacement), ["bridge"]);
     assert_eq!(chain(&file), ["bridge"]);
+}
+
+/// With the agent down, DEL of a pod capture never captured succeeds at once, so the runtime can
+/// tear down every unmeshed pod of the node; only a captured pod waits (code 11) until the agent
+/// is back to release it, so nothing of it stays in the kernel.
+#[test]
+fn del_without_the_agent_waits_only_for_captured_pods() {
+    let node = Node::new();
+    let mut agent = node.start_agent("ebpf");
+    let mut meshed = node.pod("meshed", CgroupDriver::Cgroupfs, MESHED);
+    let mut plain = node.pod("plain", CgroupDriver::Cgroupfs, &[]);
+    let mut system = node.pod("system", CgroupDriver::Systemd, MESHED);
+    system.namespace = "kube-system".into();
+    for pod in [&mut meshed, &mut plain, &mut system] {
+        node.add(pod)
+            .unwrap_or_else(|e| panic!("ADD {}: {e}", pod.name));
+    }
+    assert_eq!(cgroup_programs(&meshed.cgroup).len(), 7);
+    agent.kill_hard();
+
+    for pod in [&plain, &system] {
+        node.del(pod)
+            .unwrap_or_else(|e| panic!("DEL {} without the agent: {e}", pod.name));
+    }
+    // A pod whose ADD never reached the agent was never captured either.
+    let mut late = node.pod("late", CgroupDriver::Cgroupfs, MESHED);
+    let err = node.add(&mut late).expect_err("ADD without the agent");
+    assert_eq!(code(&err), Some(11), "{err}");
+    node.del(&late)
+        .expect("DEL of a pod whose ADD failed closed");
+
+    let err = node
+        .del(&meshed)
+        .expect_err("DEL of a captured pod without the agent");
+    assert_eq!(code(&err), Some(11), "{err}");
+    assert!(
+        err["error"]["details"].to_string().contains("captured"),
+        "{err}"
+    );
+    assert_eq!(
+        cgroup_programs(&meshed.cgroup).len(),
+        7,
+        "a captured pod's DEL released nothing without the agent, and left it captured"
+    );
+
+    let _agent = node.start_agent("ebpf");
+    node.del(&meshed).expect("DEL once the agent is back");
+    assert!(cgroup_programs(&meshed.cgroup).is_empty());
+    assert!(
+        std::fs::read_dir(node.dirs.state.join("cni-claims"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+            == 0,
+        "claims left behind"
+    );
 }
