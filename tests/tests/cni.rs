@@ -298,8 +298,7 @@ fn status_and_gc() {
     );
 
     // Metrics name the pods and count the attaches.
-    let (code200, body) = agent.get("/metrics").expect("metrics");
-    assert_eq!(code200, 200);
+    let body = agent.checked_metrics();
     assert!(body.contains("capture_pods 1"), "{body}");
     assert!(body.contains("capture_mode{mode=\"ebpf\"} 1"), "{body}");
     assert!(
@@ -385,7 +384,7 @@ fn the_agent_in_iptables_mode() {
         "REDIRECT rewrites the local address"
     );
     node.check(&pod).expect("CHECK");
-    let (_, body) = agent.get("/metrics").expect("metrics");
+    let body = agent.checked_metrics();
     assert!(body.contains("capture_mode{mode=\"iptables\"} 1"), "{body}");
     node.del(&pod).expect("DEL");
     let rules = std::process::Command::new("nsenter")
@@ -418,7 +417,7 @@ fn auto_mode_falls_back_per_pod_and_says_so() {
         7,
         "the other pod stays on ebpf"
     );
-    let (_, body) = agent.get("/metrics").expect("metrics");
+    let body = agent.checked_metrics();
     // The probe behind the mode is on show: every hook was loaded, verified and attached.
     for hook in ["sock_ops", "sk_lookup", "cgroup/connect4"] {
         let line = format!("capture_kernel_check{{check=\"program {hook}\",optional=\"false\"}} 1");

@@ -8,7 +8,7 @@ use tokio::{
     net::TcpStream,
 };
 
-use super::Agent;
+use super::{metrics, Agent};
 
 async fn respond(
     stream: &mut TcpStream,
@@ -78,10 +78,19 @@ pub async fn serve(agent: Arc<Agent>, mut stream: TcpStream) -> std::io::Result<
             )
             .await
         }
-        "/metrics" => {
-            let body = agent.render_metrics().await;
-            respond(&mut stream, "200 OK", "text/plain; version=0.0.4", &body).await
-        }
+        "/metrics" => match agent.render_metrics().await {
+            Ok(body) => respond(&mut stream, "200 OK", metrics::CONTENT_TYPE, &body).await,
+            Err(e) => {
+                let body = format!("encoding the metrics failed: {e}\n");
+                respond(
+                    &mut stream,
+                    "500 Internal Server Error",
+                    "text/plain",
+                    &body,
+                )
+                .await
+            }
+        },
         _ => {
             respond(
                 &mut stream,
