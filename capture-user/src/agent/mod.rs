@@ -9,6 +9,8 @@ mod http;
 mod metrics;
 mod node_metrics;
 
+pub use http::HEADER_READ_TIMEOUT;
+
 use std::{
     io,
     net::SocketAddr,
@@ -287,6 +289,10 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         ready: AtomicBool::new(false),
         metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
     });
+    // Served from now on, so that /healthz answers and /readyz says "not ready" while the
+    // programs load.
+    tokio::spawn(http::serve(Arc::clone(&agent), http));
+
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
     let a = Arc::clone(&agent);
     tokio::task::spawn_blocking(move || prepare(&a))
@@ -309,12 +315,6 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
                     });
                 }
                 Err(e) => error!(error = %e, "accept on the agent socket"),
-            },
-            conn = http.accept() => if let Ok((stream, _)) = conn {
-                let a = Arc::clone(&agent);
-                tokio::spawn(async move {
-                    let _ = http::serve(a, stream).await;
-                });
             },
             _ = term.recv() => break,
             _ = int.recv() => break,
