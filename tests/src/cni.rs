@@ -29,6 +29,8 @@ pub const MESHED: &[(&str, &str)] = &[(
     "{\"containers\":[\"istio-proxy\"]}",
 )];
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+/// What the agent's /metrics says it serves: the Prometheus text format, version 0.0.4.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The CNI error code of a failed plugin run (its error object as `exec_plugin` returns it).
 #[must_use]
@@ -489,21 +491,76 @@ pub struct Agent {
     http: u16,
 }
 
-impl Agent {
-    /// `GET path` on the agent's HTTP port: (status code, body).
+/// One answer of the agent's HTTP endpoint.
+pub struct HttpResponse {
+    pub code: u16,
+    /// Header lines as sent, `Name: value` each.
+    pub head: String,
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The value of header `name` (any case).
     #[must_use]
-    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+impl Agent {
+    /// A plain TCP connection to the agent's HTTP port.
+    #[must_use]
+    pub fn connect(&self) -> TcpStream {
+        TcpStream::connect(("127.0.0.1", self.http)).expect("connecting to the agent's HTTP port")
+    }
+
+    /// Sends `method path` on a new connection and reads the answer to the end (the agent closes
+    /// each connection after one response).
+    #[must_use]
+    pub fn request(&self, method: &str, path: &str) -> Option<HttpResponse> {
         let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
         let mut resp = String::new();
         s.read_to_string(&mut resp).ok()?;
         let code = resp.split_whitespace().nth(1)?.parse().ok()?;
-        let body = resp
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Some((code, body))
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+        let head = head.split_once("\r\n").map_or("", |(_, h)| h);
+        Some(HttpResponse {
+            code,
+            head: head.replace("\r\n", "\n"),
+            body: body.to_string(),
+        })
+    }
+
+    /// `GET path` on the agent's HTTP port: (status code, body).
+    #[must_use]
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.request("GET", path).map(|r| (r.code, r.body))
+    }
+
+    /// A scrape of /metrics, checked the way Prometheus would take it: status 200, the content
+    /// type of the Prometheus text format, nothing `promtool check metrics` objects to, and each
+    /// family's lines in one group.
+    #[must_use]
+    pub fn checked_metrics(&self) -> String {
+        let resp = self.request("GET", "/metrics").expect("scraping /metrics");
+        assert_eq!(resp.code, 200, "{}", resp.body);
+        assert_eq!(
+            resp.header("content-type"),
+            Some(METRICS_CONTENT_TYPE),
+            "{}",
+            resp.head
+        );
+        let checked = crate::promtool::check_metrics(&resp.body)
+            .and_then(|()| crate::promtool::check_grouping(&resp.body));
+        if let Err(problems) = checked {
+            panic!("{problems}\nin the scrape:\n{}", resp.body);
+        }
+        resp.body
     }
 
     /// SIGKILL, as a node under pressure or a crash would.

@@ -5,6 +5,7 @@
 pub mod guards;
 pub mod kernel;
 pub mod probe;
+pub mod promtool;
 pub mod topology;
 
 use std::path::PathBuf;

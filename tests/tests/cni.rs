@@ -294,8 +294,7 @@ fn status_and_gc() {
     );
 
     // Metrics name the pods and count the attaches.
-    let (code200, body) = agent.get("/metrics").expect("metrics");
-    assert_eq!(code200, 200);
+    let body = agent.checked_metrics();
     assert!(body.contains("capture_pods 1"), "{body}");
     assert!(body.contains("capture_mode{mode=\"ebpf\"} 1"), "{body}");
     assert!(
@@ -381,7 +380,7 @@ fn the_agent_in_iptables_mode() {
         "REDIRECT rewrites the local address"
     );
     node.check(&pod).expect("CHECK");
-    let (_, body) = agent.get("/metrics").expect("metrics");
+    let body = agent.checked_metrics();
     assert!(body.contains("capture_mode{mode=\"iptables\"} 1"), "{body}");
     node.del(&pod).expect("DEL");
     let rules = std::process::Command::new("nsenter")
@@ -414,7 +413,7 @@ fn auto_mode_falls_back_per_pod_and_says_so() {
         7,
         "the other pod stays on ebpf"
     );
-    let (_, body) = agent.get("/metrics").expect("metrics");
+    let body = agent.checked_metrics();
     // The probe behind the mode is on show: every hook was loaded, verified and attached.
     for hook in ["sock_ops", "sk_lookup", "cgroup/connect4"] {
         let line = format!("capture_kernel_check{{check=\"program {hook}\",optional=\"false\"}} 1");
@@ -433,4 +432,90 @@ fn auto_mode_falls_back_per_pod_and_says_so() {
     node.check(&tproxy).expect("CHECK tproxy");
     node.del(&tproxy).expect("DEL tproxy");
     node.del(&plain).expect("DEL plain");
+}
+
+#[test]
+fn the_http_endpoint_answers_its_routes() {
+    let node = Node::new();
+    let agent = node.start_agent("iptables");
+    for (method, path, code, body) in [
+        ("GET", "/healthz", 200, "ok\n"),
+        ("GET", "/readyz", 200, "ready\n"),
+        (
+            "GET",
+            "/metrics/x",
+            404,
+            "try /healthz, /readyz or /metrics\n",
+        ),
+        ("POST", "/healthz", 405, "only GET\n"),
+        // An answer to HEAD has no body, whatever its status.
+        ("HEAD", "/metrics", 405, ""),
+    ] {
+        let resp = agent
+            .request(method, path)
+            .unwrap_or_else(|| panic!("no answer to {method} {path}"));
+        assert_eq!(
+            (resp.code, resp.body.as_str()),
+            (code, body),
+            "{method} {path}"
+        );
+        if code == 405 {
+            assert_eq!(resp.header("allow"), Some("GET"), "{}", resp.head);
+        }
+    }
+    let metrics = agent.checked_metrics();
+    assert!(
+        metrics.lines().any(|l| l == "capture_agent_ready 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn silent_http_clients_are_dropped_while_others_are_served() {
+    use std::io::{Read as _, Write as _};
+    use std::time::{Duration, Instant};
+
+    let node = Node::new();
+    let agent = node.start_agent("iptables");
+    let opened = Instant::now();
+    let mut stalled: Vec<_> = (0..20).map(|_| agent.connect()).collect();
+    stalled[0].write_all(b"GET /heal").unwrap();
+    stalled[1]
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: loc")
+        .unwrap();
+
+    // While they hold their connections, other clients are answered.
+    for _ in 0..5 {
+        assert_eq!(agent.get("/healthz"), Some((200, "ok\n".into())));
+    }
+    assert!(agent.checked_metrics().contains("capture_agent_ready 1"));
+
+    // Then the agent closes every stalled connection, without an answer, once the header read
+    // timeout has passed (with slack for a slow machine).
+    let timeout = capture_user::agent::HEADER_READ_TIMEOUT;
+    let limit = timeout + Duration::from_secs(5);
+    for (i, stream) in stalled.iter_mut().enumerate() {
+        stream
+            .set_read_timeout(Some(
+                limit
+                    .saturating_sub(opened.elapsed())
+                    .max(Duration::from_millis(1)),
+            ))
+            .unwrap();
+        let mut got = Vec::new();
+        match stream.read_to_end(&mut got) {
+            Ok(_) => assert!(got.is_empty(), "client {i} got {:?}", String::from_utf8_lossy(&got)),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!(
+                "client {i} still connected after {:?} ({e}); the header read timeout is {timeout:?}",
+                opened.elapsed()
+            ),
+        }
+    }
+    let took = opened.elapsed();
+    assert!(
+        took >= timeout - Duration::from_millis(500),
+        "stalled clients dropped after {took:?}, before the {timeout:?} timeout"
+    );
+    assert_eq!(agent.get("/healthz"), Some((200, "ok\n".into())));
 }

@@ -107,7 +107,7 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     let installed = node.install_cni();
     let conf_dir = node.conf_dir();
     let file = conf_dir.join("10-bridge.conflist");
-    let _agent = node.start_agent_with(
+    let agent = node.start_agent_with(
         "ebpf",
         &[
             "--watch-cni-config",
@@ -135,6 +135,11 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
         within(LIMIT, || chain(&replacement) == ["bridge", "capture-cni"]).is_some(),
         "the new active configuration was not chained: {:?}",
         chain(&replacement)
+    );
+    let metrics = agent.checked_metrics();
+    assert!(
+        metrics.contains("\ncapture_cni_rechained_total 2\n"),
+        "both re-chainings counted: {metrics}"
     );
 
     // uninstall-cni is the way out, and the watcher respects it.

@@ -12,14 +12,11 @@ use std::{
     fs, io,
     os::unix::fs::MetadataExt,
     path::PathBuf,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
     thread,
     time::{Duration, SystemTime},
 };
 
+use prometheus_client::metrics::counter::Counter;
 use tracing::{info, warn};
 
 use crate::install::{self, InstallError, InstallOptions};
@@ -81,13 +78,13 @@ impl CniWatch {
     }
 
     /// Watches until the process ends, counting each re-chaining in `rechained`.
-    pub fn spawn(self, rechained: Arc<AtomicU64>) -> io::Result<thread::JoinHandle<()>> {
+    pub fn spawn(self, rechained: Counter) -> io::Result<thread::JoinHandle<()>> {
         thread::Builder::new()
             .name("cni-watch".into())
             .spawn(move || self.run(&rechained))
     }
 
-    fn run(&self, rechained: &AtomicU64) {
+    fn run(&self, rechained: &Counter) {
         info!(conf_dir = %self.conf_dir.display(), "keeping capture-cni chained");
         let mut seen: Option<Fingerprint> = None;
         let mut last_error: Option<String> = None;
@@ -103,7 +100,7 @@ impl CniWatch {
                     }
                     Ok(Some(config)) => {
                         last_error = None;
-                        rechained.fetch_add(1, Ordering::Relaxed);
+                        rechained.inc();
                         warn!(config = %config.display(), "capture-cni had been dropped from the active CNI configuration; chained it again");
                         // Our own write changed the directory: check once more next period.
                         seen = None;

@@ -1,95 +1,157 @@
-//! The agent's localhost HTTP endpoint: `/healthz`, `/readyz` and `/metrics`. Three fixed GET
-//! routes, so a small HTTP/1.1 responder serves them without a web framework.
+//! The agent's localhost HTTP endpoint: `/healthz`, `/readyz` and `/metrics`, served by hyper's
+//! HTTP/1 server, one request per connection.
+//!
+//! A client cannot hold the agent's resources: a connection whose request head has not arrived
+//! within [`HEADER_READ_TIMEOUT`] is closed, none lives longer than [`CONNECTION_DEADLINE`]
+//! (a client that stops reading its response), and at most [`MAX_CONNECTIONS`] are served at once;
+//! further clients wait in the listen backlog until one ends.
 
-use std::sync::Arc;
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpStream,
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming, header, server::conn::http1, service::service_fn, Method, Request, Response,
+    StatusCode,
 };
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
+use tracing::{debug, warn};
 
-use super::Agent;
+use super::{metrics, Agent};
 
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+/// How long a client has to send its request line and headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection lives, response included.
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
+/// Connections served at once: far more than the kubelet's probes and a scraper need.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Accepts and serves connections on `listener` until the runtime stops.
+pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        // Take a slot before accepting, so that extra clients wait in the backlog rather than
+        // holding a task and a descriptor here.
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let agent = Arc::clone(&agent);
+                tokio::spawn(async move {
+                    serve_connection(agent, stream).await;
+                    drop(slot);
+                });
+            }
+            Err(e) => {
+                // Out of descriptors, most likely: pause rather than spin on the error.
+                warn!(error = %e, "accept on the HTTP port");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
-/// Serves one connection (one request).
-pub async fn serve(agent: Arc<Agent>, mut stream: TcpStream) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 4096];
-    let mut len = 0;
-    while !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-        if len == buf.len() {
-            return respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "",
-            )
-            .await;
-        }
-        let n = stream.read(&mut buf[len..]).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        len += n;
+async fn serve_connection(agent: Arc<Agent>, stream: TcpStream) {
+    let service = service_fn(move |req| respond(Arc::clone(&agent), req));
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout(CONNECTION_DEADLINE, connection).await {
+        Ok(Ok(())) => {}
+        // A client that sent nothing or half a request in time, or went away: routine.
+        Ok(Err(e)) => debug!(error = %e, "HTTP connection"),
+        Err(_) => debug!("HTTP connection dropped after {CONNECTION_DEADLINE:?}"),
     }
-    let request = String::from_utf8_lossy(&buf[..len]);
-    let mut first = request
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace();
-    let (method, path) = (
-        first.next().unwrap_or_default(),
-        first.next().unwrap_or_default(),
-    );
-    if method != "GET" {
-        return respond(
-            &mut stream,
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET\n",
-        )
-        .await;
+}
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Health,
+    Ready,
+    Metrics,
+    NotFound,
+    MethodNotAllowed,
+}
+
+fn route(method: &Method, path: &str) -> Route {
+    if method != Method::GET {
+        return Route::MethodNotAllowed;
     }
     match path {
-        "/healthz" => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
-        "/readyz" if agent.is_ready() => {
-            respond(&mut stream, "200 OK", "text/plain", "ready\n").await
+        "/healthz" => Route::Health,
+        "/readyz" => Route::Ready,
+        "/metrics" => Route::Metrics,
+        _ => Route::NotFound,
+    }
+}
+
+async fn respond(
+    agent: Arc<Agent>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(match route(req.method(), req.uri().path()) {
+        Route::Health => text(StatusCode::OK, "ok\n"),
+        Route::Ready if agent.is_ready() => text(StatusCode::OK, "ready\n"),
+        Route::Ready => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        Route::Metrics => match agent.render_metrics().await {
+            Ok(body) => with_type(StatusCode::OK, metrics::CONTENT_TYPE, body),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding the metrics failed: {e}\n"),
+            ),
+        },
+        Route::NotFound => text(StatusCode::NOT_FOUND, "try /healthz, /readyz or /metrics\n"),
+        Route::MethodNotAllowed => {
+            let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+            resp.headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+            resp
         }
-        "/readyz" => {
-            respond(
-                &mut stream,
-                "503 Service Unavailable",
-                "text/plain",
-                "not ready\n",
-            )
-            .await
-        }
-        "/metrics" => {
-            let body = agent.render_metrics().await;
-            respond(&mut stream, "200 OK", "text/plain; version=0.0.4", &body).await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "text/plain",
-                "try /healthz, /readyz or /metrics\n",
-            )
-            .await
+    })
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    with_type(status, "text/plain; charset=utf-8", body)
+}
+
+fn with_type(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_get_only_and_fixed() {
+        for (method, path, want) in [
+            (Method::GET, "/healthz", Route::Health),
+            (Method::GET, "/readyz", Route::Ready),
+            (Method::GET, "/metrics", Route::Metrics),
+            (Method::GET, "/metrics/", Route::NotFound),
+            (Method::GET, "/", Route::NotFound),
+            (Method::HEAD, "/healthz", Route::MethodNotAllowed),
+            (Method::POST, "/metrics", Route::MethodNotAllowed),
+        ] {
+            assert_eq!(route(&method, path), want, "{method} {path}");
         }
     }
 }

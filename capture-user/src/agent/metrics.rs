@@ -1,194 +1,162 @@
-//! Prometheus text exposition for the agent: request outcomes, attach latency, the mode, and,
-//! read fresh at each scrape, every pod's counters and the kernel-side error counters.
+//! The agent's Prometheus metrics, kept in a prometheus-client registry: what the agent counts
+//! itself (socket requests, attach latency), what it found at start (mode, kernel checks), its
+//! readiness, and a collector (node_metrics.rs) that reads the per-pod series and the kernel-side
+//! error counters from the node at each scrape.
+//!
+//! The exposition is the Prometheus text format 0.0.4, not OpenMetrics: it is what every
+//! Prometheus scrapes and what `promtool check metrics` validates, and nothing exported here
+//! (no exemplars, units or `_created` series) needs OpenMetrics.
 
-use std::{collections::BTreeMap, fmt::Write as _, sync::Mutex, time::Duration};
+use std::time::Duration;
 
-use crate::{ops::NodeStatus, probe::Check, record::Mode};
+use prometheus_client::{
+    encoding::{prometheus_text, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::node_metrics::{NodeCollector, ReadNode};
+use crate::{probe::Check, record::Mode};
+
+/// The `Content-Type` of what [`Metrics::encode`] writes.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds (seconds) of the attach latency histogram.
 const LATENCY_BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; LATENCY_BUCKETS.len()],
-    count: u64,
-    sum: f64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    check: String,
+    optional: bool,
 }
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    op: &'static str,
+    result: &'static str,
+}
+
+/// The registry and handles on the metrics the agent updates. The handles share their values
+/// with the registry (prometheus-client metrics are shared on clone).
 pub struct Metrics {
-    attach_latency: Mutex<Histogram>,
-    requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-}
-
-/// Escapes a label value.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    registry: Registry,
+    ready: Gauge,
+    requests: Family<RequestLabels, Counter>,
+    attach_duration: Histogram,
+    cni_rechained: Counter,
 }
 
 impl Metrics {
-    pub fn observe_attach(&self, took: Duration) {
-        let secs = took.as_secs_f64();
-        let mut h = self.attach_latency.lock().expect("metrics lock");
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                h.counts[i] += 1;
-            }
+    /// The registry for an agent in `mode` that found `kernel_checks` at start; `read_node`
+    /// gives the node's status at each scrape (None leaves the node series out).
+    pub fn new(mode: Mode, kernel_checks: &[Check], read_node: ReadNode) -> Self {
+        // prometheus-client ends every help text with a full stop itself, and appends `_total`
+        // to counter names.
+        let mut registry = Registry::default();
+        registry.register(
+            "capture_kernel_check",
+            "What the agent found the kernel and node offer at start (1 usable); optional checks are needed by some pods only",
+            kernel_check_gauges(kernel_checks),
+        );
+        registry.register(
+            "capture_mode",
+            "The capture backend this agent uses (1 for the active one)",
+            mode_gauges(mode),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "capture_agent_ready",
+            "Whether the agent serves capture requests",
+            ready.clone(),
+        );
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "capture_agent_requests",
+            "Requests served on the agent socket, by operation and result",
+            requests.clone(),
+        );
+        let attach_duration = Histogram::new(LATENCY_BUCKETS);
+        registry.register(
+            "capture_attach_duration_seconds",
+            "Time from an attach request to capture in force",
+            attach_duration.clone(),
+        );
+        let cni_rechained = Counter::default();
+        registry.register(
+            "capture_cni_rechained",
+            "Times the agent chained capture-cni again after the network plugin's configuration dropped it",
+            cni_rechained.clone(),
+        );
+        registry.register_collector(Box::new(NodeCollector::new(read_node)));
+        Self {
+            registry,
+            ready,
+            requests,
+            attach_duration,
+            cni_rechained,
         }
-        h.count += 1;
-        h.sum += secs;
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    pub fn observe_attach(&self, took: Duration) {
+        self.attach_duration.observe(took.as_secs_f64());
+    }
+
+    /// The counter the CNI watcher increments (shared with the registry).
+    pub fn cni_rechained(&self) -> Counter {
+        self.cni_rechained.clone()
     }
 
     pub fn count_request(&self, op: &'static str, ok: bool) {
         let result = if ok { "ok" } else { "error" };
-        *self
-            .requests
-            .lock()
-            .expect("metrics lock")
-            .entry((op, result))
-            .or_default() += 1;
+        self.requests
+            .get_or_create(&RequestLabels { op, result })
+            .inc();
     }
 
-    /// The exposition text for one scrape.
-    #[must_use]
-    pub fn render(
-        &self,
-        mode: Mode,
-        ready: bool,
-        kernel_checks: &[Check],
-        node: Option<&NodeStatus>,
-    ) -> String {
-        let mut o = String::new();
-        let _ = writeln!(
-            o,
-            "# HELP capture_kernel_check What the agent found the kernel and node offer at start (1 usable); optional checks are needed by some pods only."
-        );
-        let _ = writeln!(o, "# TYPE capture_kernel_check gauge");
-        for c in kernel_checks {
-            let _ = writeln!(
-                o,
-                "capture_kernel_check{{check=\"{}\",optional=\"{}\"}} {}",
-                label(&c.name),
-                c.optional,
-                u8::from(c.ok)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "# HELP capture_mode The capture backend this agent uses (1 for the active one)."
-        );
-        let _ = writeln!(o, "# TYPE capture_mode gauge");
-        for m in [Mode::Ebpf, Mode::Iptables] {
-            let _ = writeln!(o, "capture_mode{{mode=\"{m}\"}} {}", u8::from(m == mode));
-        }
-        let _ = writeln!(
-            o,
-            "# HELP capture_agent_ready Whether the agent serves capture requests."
-        );
-        let _ = writeln!(o, "# TYPE capture_agent_ready gauge");
-        let _ = writeln!(o, "capture_agent_ready {}", u8::from(ready));
-
-        let _ = writeln!(o, "# HELP capture_agent_requests_total Requests served on the agent socket, by operation and result.");
-        let _ = writeln!(o, "# TYPE capture_agent_requests_total counter");
-        for ((op, result), n) in self.requests.lock().expect("metrics lock").iter() {
-            let _ = writeln!(
-                o,
-                "capture_agent_requests_total{{op=\"{op}\",result=\"{result}\"}} {n}"
-            );
-        }
-
-        let h = self.attach_latency.lock().expect("metrics lock");
-        let _ = writeln!(o, "# HELP capture_attach_duration_seconds Time from an attach request to capture in force.");
-        let _ = writeln!(o, "# TYPE capture_attach_duration_seconds histogram");
-        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "capture_attach_duration_seconds_bucket{{le=\"{bound}\"}} {}",
-                h.counts[i]
-            );
-        }
-        let _ = writeln!(
-            o,
-            "capture_attach_duration_seconds_bucket{{le=\"+Inf\"}} {}",
-            h.count
-        );
-        let _ = writeln!(o, "capture_attach_duration_seconds_sum {}", h.sum);
-        let _ = writeln!(o, "capture_attach_duration_seconds_count {}", h.count);
-        drop(h);
-
-        let Some(node) = node else { return o };
-        let _ = writeln!(o, "# HELP capture_pods Pods captured on this node.");
-        let _ = writeln!(o, "# TYPE capture_pods gauge");
-        let _ = writeln!(o, "capture_pods {}", node.pods.len());
-        let _ = writeln!(
-            o,
-            "# HELP capture_pod_in_force Whether capture is fully in force for the pod."
-        );
-        let _ = writeln!(o, "# TYPE capture_pod_in_force gauge");
-        let _ = writeln!(
-            o,
-            "# HELP capture_pod_connections_total Connections decided by capture, by decision."
-        );
-        let _ = writeln!(o, "# TYPE capture_pod_connections_total counter");
-        let _ = writeln!(o, "# HELP capture_pod_fallback Pods on iptables in auto mode because ebpf cannot serve them.");
-        let _ = writeln!(o, "# TYPE capture_pod_fallback gauge");
-        for pod in &node.pods {
-            let r = &pod.record;
-            let (ns, name) = r
-                .pod
-                .as_ref()
-                .map_or(("", ""), |p| (p.namespace.as_str(), p.name.as_str()));
-            let labels = format!(
-                "namespace=\"{}\",pod=\"{}\",netns=\"{}\",mode=\"{}\"",
-                label(ns),
-                label(name),
-                label(&r.netns.display().to_string()),
-                r.mode
-            );
-            let _ = writeln!(
-                o,
-                "capture_pod_in_force{{{labels}}} {}",
-                u8::from(pod.in_force)
-            );
-            if let Some(reason) = &r.fallback_reason {
-                let _ = writeln!(
-                    o,
-                    "capture_pod_fallback{{{labels},reason=\"{}\"}} 1",
-                    label(reason)
-                );
-            }
-            if let Some(c) = &pod.counters {
-                for (decision, n) in [
-                    ("redirected_outbound", c.redirected_outbound),
-                    ("redirected_inbound", c.redirected_inbound),
-                    ("passed_owner", c.passed_owner),
-                    ("passed_excluded", c.passed_excluded),
-                    ("passed_local", c.passed_local),
-                    ("captured_inbound", c.captured_inbound),
-                    ("passed_inbound", c.passed_inbound),
-                    ("refused_inbound", c.refused_inbound),
-                    ("redirected_dns", c.redirected_dns),
-                    ("error", c.errors),
-                ] {
-                    let _ = writeln!(
-                        o,
-                        "capture_pod_connections_total{{{labels},decision=\"{decision}\"}} {n}"
-                    );
-                }
-            }
-        }
-        let _ = writeln!(
-            o,
-            "# HELP capture_kernel_errors_total Errors counted by the kernel programs, node-wide."
-        );
-        let _ = writeln!(o, "# TYPE capture_kernel_errors_total counter");
-        for (kind, n) in &node.node_errors {
-            let _ = writeln!(o, "capture_kernel_errors_total{{kind=\"{kind}\"}} {n}");
-        }
-        o
+    /// The exposition for one scrape. It reads the node (pins and pod records), so call it where
+    /// blocking is allowed.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
     }
 }
+
+fn kernel_check_gauges(checks: &[Check]) -> Family<CheckLabels, Gauge> {
+    let family = Family::<CheckLabels, Gauge>::default();
+    for c in checks {
+        let labels = CheckLabels {
+            check: c.name.clone(),
+            optional: c.optional,
+        };
+        family.get_or_create(&labels).set(i64::from(c.ok));
+    }
+    family
+}
+
+/// Every mode, 1 for the active one, so a dashboard can tell "not ebpf" from "no data".
+fn mode_gauges(active: Mode) -> Family<ModeLabels, Gauge> {
+    let family = Family::<ModeLabels, Gauge>::default();
+    for m in [Mode::Ebpf, Mode::Iptables] {
+        let labels = ModeLabels {
+            mode: m.to_string(),
+        };
+        family.get_or_create(&labels).set(i64::from(m == active));
+    }
+    family
+}
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;

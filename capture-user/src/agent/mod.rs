@@ -8,6 +8,9 @@
 mod cni_watch;
 mod http;
 mod metrics;
+mod node_metrics;
+
+pub use http::HEADER_READ_TIMEOUT;
 
 pub use cni_watch::CniWatch;
 
@@ -17,7 +20,7 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::PathBuf,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
     time::Instant,
@@ -71,12 +74,8 @@ pub enum AgentError {
 pub struct Agent {
     cfg: AgentConfig,
     mode: Mode,
-    /// What the kernel offered when the agent started (the probe behind the mode).
-    kernel_checks: Vec<probe::Check>,
     ready: AtomicBool,
     metrics: metrics::Metrics,
-    /// How often the CNI watcher had to chain capture-cni again.
-    cni_rechained: Arc<AtomicU64>,
 }
 
 impl Agent {
@@ -84,19 +83,20 @@ impl Agent {
         self.ready.load(Ordering::Acquire)
     }
 
-    async fn render_metrics(self: &Arc<Self>) -> String {
+    fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+        self.metrics.set_ready(ready);
+    }
+
+    /// One scrape's exposition, encoded on a blocking thread: the node's series are read from
+    /// its pins and pod records.
+    async fn render_metrics(self: &Arc<Self>) -> Result<String, String> {
         let agent = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let node = ops::status(&agent.cfg.paths).ok();
-            agent.metrics.render(
-                agent.mode,
-                agent.is_ready(),
-                &agent.kernel_checks,
-                node.as_ref(),
-            )
-        })
-        .await
-        .unwrap_or_default()
+        match tokio::task::spawn_blocking(move || agent.metrics.encode()).await {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("the encoding thread failed: {e}")),
+        }
     }
 
     /// Serves one request; runs on a blocking thread (the operations take the node lock and make
@@ -313,14 +313,21 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         })?;
     let socket = bind_socket(&cfg.socket)?;
     let socket_path = cfg.socket.clone();
+    let paths = cfg.paths.clone();
+    let read_node = Box::new(move || {
+        ops::status(&paths)
+            .inspect_err(|e| warn!(error = %e, "reading the node's status for /metrics"))
+            .ok()
+    });
     let agent = Arc::new(Agent {
         cfg,
         mode,
-        kernel_checks: probe.checks,
         ready: AtomicBool::new(false),
-        metrics: metrics::Metrics::default(),
-        cni_rechained: Arc::default(),
+        metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
     });
+    // Served from now on, so that /healthz answers and /readyz says "not ready" while the
+    // programs load.
+    tokio::spawn(http::serve(Arc::clone(&agent), http));
 
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
     let a = Arc::clone(&agent);
@@ -329,10 +336,10 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         .map_err(|e| AgentError::Node(e.to_string()))??;
     if let Some(watch) = agent.cfg.cni_watch.clone() {
         watch
-            .spawn(Arc::clone(&agent.cni_rechained))
+            .spawn(agent.metrics.cni_rechained())
             .map_err(AgentError::Runtime)?;
     }
-    agent.ready.store(true, Ordering::Release);
+    agent.set_ready(true);
     info!(socket = %socket_path.display(), http = %agent.cfg.http, "ready");
 
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
@@ -350,17 +357,11 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
                 }
                 Err(e) => error!(error = %e, "accept on the agent socket"),
             },
-            conn = http.accept() => if let Ok((stream, _)) = conn {
-                let a = Arc::clone(&agent);
-                tokio::spawn(async move {
-                    let _ = http::serve(a, stream).await;
-                });
-            },
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
-    agent.ready.store(false, Ordering::Release);
+    agent.set_ready(false);
     let _ = std::fs::remove_file(&socket_path);
     info!("stopping; captured pods stay captured");
     Ok(())

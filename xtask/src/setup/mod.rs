@@ -6,6 +6,7 @@
 pub mod apt_sources;
 pub mod check;
 mod dpkg;
+mod services;
 pub mod tools;
 
 use std::{
@@ -106,11 +107,13 @@ fn bpf_linker() -> Result<()> {
 }
 
 /// Installs the packages of `tools` that dpkg does not list as installed (see dpkg.rs for what
-/// counts), then checks that every command is there, naming the package of any that is not.
+/// counts), keeping off any server that comes with them (see services.rs), then checks that
+/// every command is there, naming the package of any that is not.
 pub fn install(tools: &[Tool]) -> Result<()> {
     let missing = dpkg::missing(&tools::packages(tools), None)?;
     if !missing.is_empty() {
         println!("setup: installing Debian packages {}", missing.join(" "));
+        services::keep_off(&missing)?;
         run(Command::new("apt-get").args(["update", "-q"]))?;
         run(Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])

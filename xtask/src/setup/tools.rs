@@ -23,7 +23,8 @@ const fn tool(command: &'static str, package: &'static str) -> Tool {
 
 /// What `cargo xtask test`, `demo` and `bench` run, directly or through the capture binaries (the
 /// iptables backend runs the restore/save tools inside the pod netns with nsenter). The reference
-/// CNI plugins are run by path: the CNI tests chain capture-cni after them.
+/// CNI plugins are run by path: the CNI tests chain capture-cni after them. promtool lints the
+/// agent's /metrics in the CNI tests (its package also ships a server: see services.rs).
 pub const TEST_TOOLS: &[Tool] = &[
     tool("ip", "iproute2"),
     tool("bpftool", "bpftool"),
@@ -35,6 +36,7 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("sysctl", "procps"),
     tool("/usr/lib/cni/bridge", "containernetworking-plugins"),
     tool("/usr/lib/cni/host-local", "containernetworking-plugins"),
+    tool("promtool", "prometheus"),
 ];
 
 /// What `cargo xtask vm` adds on the host: apt and dpkg fetch and unpack the kernels, kmod

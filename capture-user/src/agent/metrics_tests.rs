@@ -1,0 +1,169 @@
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use capture_common::config::PodCounters;
+
+use super::*;
+use crate::{
+    config::{CaptureConfig, PodSpec},
+    ops::{NodeStatus, PodStatus},
+    record::{PodRecord, PodRef},
+};
+
+fn check(name: &str, ok: bool, optional: bool) -> Check {
+    Check {
+        name: name.into(),
+        ok,
+        detail: String::new(),
+        optional,
+    }
+}
+
+fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCounters>) -> PodStatus {
+    let spec = PodSpec {
+        pod_ips: vec!["10.88.0.7".parse().unwrap()],
+        ..PodSpec::default()
+    };
+    PodStatus {
+        record: PodRecord {
+            netns_cookie: 7,
+            netns: PathBuf::from(format!("/var/run/netns/{name}")),
+            cgroup: PathBuf::from("/sys/fs/cgroup/kubepods/pod1"),
+            mode,
+            annotations: Default::default(),
+            config: CaptureConfig::from_pod(&spec).unwrap(),
+            attached_at_unix: 0,
+            pod: Some(PodRef {
+                namespace: "default".into(),
+                name: name.into(),
+                uid: "uid".into(),
+                container_id: "sandbox".into(),
+            }),
+            fallback_reason: fallback.map(Into::into),
+        },
+        in_force: true,
+        missing: Vec::new(),
+        counters,
+    }
+}
+
+fn node(pods: Vec<PodStatus>) -> NodeStatus {
+    NodeStatus {
+        bpffs: "/sys/fs/bpf/capture".into(),
+        state_dir: "/run/capture".into(),
+        programs_loaded: true,
+        pods,
+        node_errors: [("unknown_pod", 3), ("handoff_failed", 0)].into(),
+        pending_handoffs: 0,
+    }
+}
+
+#[test]
+fn the_agents_own_metrics_keep_their_names_and_labels() {
+    let checks = [
+        check("cgroup v2", true, false),
+        check("program cgroup/sendmsg4", false, true),
+    ];
+    let m = Metrics::new(Mode::Ebpf, &checks, Box::new(|| None));
+    m.set_ready(true);
+    m.count_request("add", true);
+    m.count_request("add", true);
+    m.count_request("del", false);
+    m.observe_attach(Duration::from_millis(3));
+    let text = m.encode().unwrap();
+    for line in [
+        "# TYPE capture_kernel_check gauge",
+        "capture_kernel_check{check=\"cgroup v2\",optional=\"false\"} 1",
+        "capture_kernel_check{check=\"program cgroup/sendmsg4\",optional=\"true\"} 0",
+        "capture_mode{mode=\"ebpf\"} 1",
+        "capture_mode{mode=\"iptables\"} 0",
+        "# TYPE capture_agent_ready gauge",
+        "capture_agent_ready 1",
+        "# HELP capture_agent_requests_total Requests served on the agent socket, by operation and result.",
+        "# TYPE capture_agent_requests_total counter",
+        "capture_agent_requests_total{op=\"add\",result=\"ok\"} 2",
+        "capture_agent_requests_total{op=\"del\",result=\"error\"} 1",
+        "# TYPE capture_attach_duration_seconds histogram",
+        "capture_attach_duration_seconds_bucket{le=\"0.0025\"} 0",
+        "capture_attach_duration_seconds_bucket{le=\"0.005\"} 1",
+        "capture_attach_duration_seconds_bucket{le=\"2.5\"} 1",
+        "capture_attach_duration_seconds_bucket{le=\"+Inf\"} 1",
+        "capture_attach_duration_seconds_count 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+    }
+    assert_eq!(
+        text.matches("capture_attach_duration_seconds_bucket{")
+            .count(),
+        LATENCY_BUCKETS.len() + 1,
+        "{text}"
+    );
+    assert!(
+        !text.contains("capture_pods"),
+        "no node, no node series: {text}"
+    );
+    assert!(!text.contains("..") && !text.contains("# EOF"), "{text}");
+}
+
+#[test]
+fn pod_series_are_read_at_each_scrape() {
+    let counters = PodCounters {
+        redirected_outbound: 5,
+        errors: 1,
+        ..PodCounters::default()
+    };
+    // How many of the two pods are captured, as the node's records would say.
+    let captured = Arc::new(Mutex::new(2));
+    let shared = Arc::clone(&captured);
+    let read = Box::new(move || {
+        let mut pods = vec![
+            pod("web", Mode::Ebpf, None, Some(counters)),
+            pod(
+                "legacy",
+                Mode::Iptables,
+                Some("needs \"TPROXY\"\nmarks"),
+                None,
+            ),
+        ];
+        pods.truncate(*shared.lock().unwrap());
+        Some(node(pods))
+    });
+    let m = Metrics::new(Mode::Ebpf, &[], read);
+
+    let text = m.encode().unwrap();
+    let web = "namespace=\"default\",pod=\"web\",netns=\"/var/run/netns/web\",mode=\"ebpf\"";
+    let legacy =
+        "namespace=\"default\",pod=\"legacy\",netns=\"/var/run/netns/legacy\",mode=\"iptables\"";
+    for line in [
+        "capture_pods 2".to_string(),
+        format!("capture_pod_in_force{{{web}}} 1"),
+        format!("capture_pod_in_force{{{legacy}}} 1"),
+        format!("capture_pod_fallback{{{legacy},reason=\"needs \\\"TPROXY\\\"\\nmarks\"}} 1"),
+        "# TYPE capture_pod_connections_total counter".to_string(),
+        format!("capture_pod_connections_total{{{web},decision=\"redirected_outbound\"}} 5"),
+        format!("capture_pod_connections_total{{{web},decision=\"error\"}} 1"),
+        "# TYPE capture_kernel_errors_total counter".to_string(),
+        "capture_kernel_errors_total{kind=\"unknown_pod\"} 3".to_string(),
+        "capture_kernel_errors_total{kind=\"handoff_failed\"} 0".to_string(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing from\n{text}"
+        );
+    }
+    assert_eq!(text.matches("capture_pod_fallback{").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("capture_pod_connections_total{").count(),
+        10,
+        "only the ebpf pod has counters: {text}"
+    );
+
+    // A released pod's series go with it at the next scrape.
+    *captured.lock().unwrap() = 1;
+    let text = m.encode().unwrap();
+    assert!(text.lines().any(|l| l == "capture_pods 1"), "{text}");
+    assert!(!text.contains("pod=\"legacy\""), "{text}");
+    assert!(!text.contains("capture_pod_fallback"), "{text}");
+}

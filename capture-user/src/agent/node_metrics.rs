@@ -1,0 +1,162 @@
+//! The series read from the node at each scrape: captured pods, whether capture is in force for
+//! each, why a pod fell back to iptables, each pod's connection counters, and the kernel
+//! programs' node-wide error counters. They are read fresh (pod records, pinned links and maps)
+//! rather than kept in the registry, so a released pod's series go with it and the kernel's
+//! counters are never stale.
+
+use std::fmt;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+};
+
+use crate::ops::{NodeStatus, PodStatus};
+
+/// Reads the node's status for a scrape; None when it cannot be read (then the node's series
+/// are left out of that scrape).
+pub type ReadNode = Box<dyn Fn() -> Option<NodeStatus> + Send + Sync>;
+
+/// A pod's identifying labels: `namespace`, `pod`, `netns`, `mode`.
+type PodLabels = [(&'static str, String); 4];
+
+pub struct NodeCollector {
+    read: ReadNode,
+}
+
+impl NodeCollector {
+    pub fn new(read: ReadNode) -> Self {
+        Self { read }
+    }
+}
+
+impl fmt::Debug for NodeCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        match (self.read)() {
+            Some(node) => encode_node(&mut encoder, &node),
+            None => Ok(()),
+        }
+    }
+}
+
+fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Result {
+    let pods: Vec<(PodLabels, &PodStatus)> = node.pods.iter().map(|p| (pod_labels(p), p)).collect();
+    ConstGauge::new(node.pods.len()).encode(encoder.encode_descriptor(
+        "capture_pods",
+        "Pods captured on this node.",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?)?;
+
+    let in_force: Vec<_> = pods
+        .iter()
+        .map(|(labels, p)| (&labels[..], ConstGauge::new(i64::from(p.in_force))))
+        .collect();
+    family(
+        encoder,
+        "capture_pod_in_force",
+        "Whether capture is fully in force for the pod.",
+        &in_force,
+    )?;
+
+    let fallback: Vec<_> = pods
+        .iter()
+        .filter_map(|(labels, p)| {
+            let reason = p.record.fallback_reason.as_deref()?;
+            Some(((&labels[..], [("reason", reason)]), ConstGauge::new(1)))
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_fallback",
+        "Pods on iptables in auto mode because ebpf cannot serve them.",
+        &fallback,
+    )?;
+
+    let connections: Vec<_> = pods
+        .iter()
+        .flat_map(|(labels, p)| {
+            decisions(p)
+                .into_iter()
+                .map(move |(decision, n)| ((&labels[..], [("decision", decision)]), n))
+        })
+        .map(|(labels, n)| (labels, ConstCounter::new(n)))
+        .collect();
+    family(
+        encoder,
+        "capture_pod_connections",
+        "Connections decided by capture, by decision.",
+        &connections,
+    )?;
+
+    let errors: Vec<_> = node
+        .node_errors
+        .iter()
+        .map(|(kind, n)| ([("kind", *kind)], ConstCounter::new(*n)))
+        .collect();
+    family(
+        encoder,
+        "capture_kernel_errors",
+        "Errors counted by the kernel programs, node-wide.",
+        &errors,
+    )
+}
+
+/// One metric family: its HELP and TYPE, then one sample per label set. A family without samples
+/// is left out entirely, as the registry does with its own empty families. prometheus-client
+/// appends `_total` to counter names.
+fn family<L: EncodeLabelSet, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(L, M)],
+) -> fmt::Result {
+    let Some((_, first)) = samples.first() else {
+        return Ok(());
+    };
+    let mut descriptor = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (labels, metric) in samples {
+        metric.encode(descriptor.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+fn pod_labels(pod: &PodStatus) -> PodLabels {
+    let r = &pod.record;
+    let (namespace, name) = r
+        .pod
+        .as_ref()
+        .map_or(("", ""), |p| (p.namespace.as_str(), p.name.as_str()));
+    [
+        ("namespace", namespace.to_string()),
+        ("pod", name.to_string()),
+        ("netns", r.netns.display().to_string()),
+        ("mode", r.mode.to_string()),
+    ]
+}
+
+/// A pod's connection counters by `decision` label; none when its backend keeps no counters.
+fn decisions(pod: &PodStatus) -> Vec<(&'static str, u64)> {
+    let Some(c) = &pod.counters else {
+        return Vec::new();
+    };
+    vec![
+        ("redirected_outbound", c.redirected_outbound),
+        ("redirected_inbound", c.redirected_inbound),
+        ("passed_owner", c.passed_owner),
+        ("passed_excluded", c.passed_excluded),
+        ("passed_local", c.passed_local),
+        ("captured_inbound", c.captured_inbound),
+        ("passed_inbound", c.passed_inbound),
+        ("refused_inbound", c.refused_inbound),
+        ("redirected_dns", c.redirected_dns),
+        ("error", c.errors),
+    ]
+}
