@@ -74,6 +74,12 @@ impl CniWatch {
             state_dir: Some(self.state_dir.clone()),
         };
         let (config, changed) = install::chain(&opts)?;
+        // uninstall-cni removes the binary before it edits the configuration: one that went
+        // while this check ran means the entry just written must go again.
+        if changed && !install::plugin_installed(&self.bin_dir) {
+            install::unchain(&config)?;
+            return Ok(None);
+        }
         Ok(changed.then_some(config))
     }
 

@@ -245,21 +245,9 @@ pub fn plugin_installed(cni_bin_dir: &Path) -> bool {
     cni_bin_dir.join(PLUGIN_TYPE).is_file()
 }
 
-/// Removes capture-cni from every configuration in the directory, and its binary.
+/// Removes capture-cni's binary, then capture-cni from every configuration in the directory.
+/// The binary goes first: the agent's CNI watcher chains capture-cni only while it is there.
 pub fn uninstall(opts: &InstallOptions) -> Result<Vec<PathBuf>, InstallError> {
-    let mut changed = Vec::new();
-    let entries = fs::read_dir(&opts.cni_conf_dir).map_err(io_err(&opts.cni_conf_dir))?;
-    for e in entries.flatten() {
-        let path = e.path();
-        if !is_config_name(&e.file_name().to_string_lossy()) {
-            continue;
-        }
-        let text = fs::read_to_string(&path).map_err(io_err(&path))?;
-        if let Some(updated) = remove_from(&path, &text)? {
-            write_atomic(&path, updated.as_bytes(), 0o644)?;
-            changed.push(path);
-        }
-    }
     let binary = opts.cni_bin_dir.join(PLUGIN_TYPE);
     match fs::remove_file(&binary) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -270,7 +258,28 @@ pub fn uninstall(opts: &InstallOptions) -> Result<Vec<PathBuf>, InstallError> {
         }
         _ => {}
     }
+    let mut changed = Vec::new();
+    let entries = fs::read_dir(&opts.cni_conf_dir).map_err(io_err(&opts.cni_conf_dir))?;
+    for e in entries.flatten() {
+        let path = e.path();
+        if !is_config_name(&e.file_name().to_string_lossy()) {
+            continue;
+        }
+        if unchain(&path)? {
+            changed.push(path);
+        }
+    }
     Ok(changed)
+}
+
+/// Takes capture-cni out of one configuration file; whether it was there.
+pub fn unchain(path: &Path) -> Result<bool, InstallError> {
+    let text = fs::read_to_string(path).map_err(io_err(path))?;
+    let Some(updated) = remove_from(path, &text)? else {
+        return Ok(false);
+    };
+    write_atomic(path, updated.as_bytes(), 0o644)?;
+    Ok(true)
 }
 
 #[cfg(test)]
