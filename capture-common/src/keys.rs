@@ -92,12 +92,18 @@ pub struct PodAddrKey {
 }
 const _: () = assert!(size_of::<PodAddrKey>() == 20);
 
-/// A pod's inbound listener (`INBOUND_LISTENERS`, a sockhash), per address family.
+/// How many listening sockets per pod and family inbound capture keeps (Envoy opens one per
+/// worker with SO_REUSEPORT). Any one of a reuseport group is enough: the kernel picks among the
+/// group after sk_lookup assigns one. More slots keep inbound working while some of them close.
+pub const LISTENER_SLOTS: u32 = 8;
+
+/// One of a pod's inbound listeners (`INBOUND_LISTENERS`, a sockhash), per address family.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ListenerKey {
     pub netns_cookie: u64,
     pub family: u32,
-    pub _pad: u32,
+    /// 0 to `LISTENER_SLOTS - 1`; a listener takes the first free one.
+    pub slot: u32,
 }
 const _: () = assert!(size_of::<ListenerKey>() == 16);

@@ -11,7 +11,7 @@ use capture_common::{
     addr::{is_loopback4, same},
     config::{NodeError, PodCounter},
     decision::{decide_inbound, InboundVerdict, INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
-    keys::{ListenerKey, PodAddrKey},
+    keys::{ListenerKey, PodAddrKey, LISTENER_SLOTS},
     AF_INET, AF_INET6,
 };
 
@@ -37,23 +37,32 @@ fn from_the_pod(ipv6: bool, src: &[u32; 4], dst: &[u32; 4]) -> bool {
         }
 }
 
+/// Assigns the connection to one of the pod's listeners of `family` (the kernel then picks
+/// within its reuseport group, if it has one).
+#[inline(always)]
+fn assign_family(ctx: &SkLookupContext, netns_cookie: u64, family: u32) -> Result<(), i32> {
+    let mut result = Err(0);
+    for slot in 0..LISTENER_SLOTS {
+        let key = ListenerKey {
+            netns_cookie,
+            family,
+            slot,
+        };
+        result = INBOUND_LISTENERS.redirect_sk_lookup(ctx, key, 0);
+        if result.is_ok() {
+            break;
+        }
+    }
+    result
+}
+
 /// Assigns the connection to the pod's listener: same family first, then a dual-stack IPv6
 /// listener for IPv4 traffic.
 #[inline(always)]
 fn assign(ctx: &SkLookupContext, netns_cookie: u64, family: u32) -> Result<(), i32> {
-    let key = ListenerKey {
-        netns_cookie,
-        family,
-        _pad: 0,
-    };
-    match INBOUND_LISTENERS.redirect_sk_lookup(ctx, key, 0) {
+    match assign_family(ctx, netns_cookie, family) {
         Err(_) if family == u32::from(AF_INET) => {
-            let v6 = ListenerKey {
-                netns_cookie,
-                family: u32::from(AF_INET6),
-                _pad: 0,
-            };
-            INBOUND_LISTENERS.redirect_sk_lookup(ctx, v6, 0)
+            assign_family(ctx, netns_cookie, u32::from(AF_INET6))
         }
         other => other,
     }

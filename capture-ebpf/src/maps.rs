@@ -9,7 +9,9 @@ use aya_ebpf::{
 use capture_common::{
     config::{ListKind, PodConfig, PodCounters, NODE_ERROR_KINDS},
     decision::PodLists,
-    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
+    keys::{
+        CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS,
+    },
     state::{OriginalDst, SockState},
 };
 
@@ -44,7 +46,8 @@ pub static INBOUND_PODS: HashMap<PodAddrKey, u64, { 2 * MAX_PODS }> = HashMap::n
 
 /// Each pod's inbound listener (15006) per family, registered when the proxy calls listen().
 #[btf_map]
-pub static INBOUND_LISTENERS: SockHash<ListenerKey, { 2 * MAX_PODS }> = SockHash::new();
+pub static INBOUND_LISTENERS: SockHash<ListenerKey, { 2 * MAX_PODS * LISTENER_SLOTS as usize }> =
+    SockHash::new();
 
 #[btf_map]
 pub static HANDOFF: LruHashMap<HandoffKey, OriginalDst, MAX_HANDOFFS> = LruHashMap::new();

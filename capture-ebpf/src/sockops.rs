@@ -7,7 +7,7 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_TCP_LISTEN_CB,
     },
     helpers::generated::bpf_get_netns_cookie,
@@ -17,7 +17,7 @@ use aya_ebpf::{
 use capture_common::{
     addr::{is_unspecified, same, unmap},
     config::{NodeError, PodCounter},
-    keys::{HandoffKey, ListenerKey},
+    keys::{HandoffKey, ListenerKey, LISTENER_SLOTS},
     state::{
         SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_INBOUND_LISTENER,
         SOCK_REDIRECTED,
@@ -125,16 +125,25 @@ fn on_listen(ctx: &SockOpsContext) -> Option<()> {
         return None;
     }
     // The socket's own family: a dual-stack IPv6 listener is found as such for IPv4 traffic.
-    let key = ListenerKey {
-        netns_cookie,
-        family: ctx.family(),
-        _pad: 0,
-    };
-    // SAFETY: the context pointer is valid for the whole program run.
-    if INBOUND_LISTENERS
-        .update(key, unsafe { &mut *ctx.ops }, 0)
-        .is_err()
-    {
+    // The first free slot: a slot whose socket closed was freed by the kernel.
+    let family = ctx.family();
+    let mut registered = false;
+    for slot in 0..LISTENER_SLOTS {
+        let key = ListenerKey {
+            netns_cookie,
+            family,
+            slot,
+        };
+        // SAFETY: the context pointer is valid for the whole program run.
+        if INBOUND_LISTENERS
+            .update(key, unsafe { &mut *ctx.ops }, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            registered = true;
+            break;
+        }
+    }
+    if !registered {
         bump_node(NodeError::ListenerRegistration);
         bump_pod(netns_cookie, PodCounter::Errors);
         return None;

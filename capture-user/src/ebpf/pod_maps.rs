@@ -12,7 +12,7 @@ use capture_common::{
         FLAG_INCLUDE_COVERS_LOOPBACK, MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL,
         OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE,
     },
-    keys::{CidrKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
+    keys::{CidrKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS},
     AF_INET, AF_INET6,
 };
 use ipnet::IpNet;
@@ -269,12 +269,7 @@ pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
             let _ = maps.inbound_pods.remove(&key);
         }
     }
-    for family in [AF_INET, AF_INET6] {
-        let key = capture_common::keys::ListenerKey {
-            netns_cookie,
-            family: u32::from(family),
-            _pad: 0,
-        };
+    for key in listener_keys(netns_cookie) {
         let _ = maps.inbound_listeners.remove(&key);
     }
     for (list, port) in port_entries(cfg) {
@@ -286,6 +281,26 @@ pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
         let _ = maps.cidr_lists.remove(&cidr_key(netns_cookie, list, &net));
     }
     let _ = maps.pod_counters.remove(&netns_cookie);
+}
+
+/// Every listener slot of the pod, both families.
+fn listener_keys(netns_cookie: u64) -> impl Iterator<Item = ListenerKey> {
+    [AF_INET, AF_INET6].into_iter().flat_map(move |family| {
+        (0..LISTENER_SLOTS).map(move |slot| ListenerKey {
+            netns_cookie,
+            family: u32::from(family),
+            slot,
+        })
+    })
+}
+
+/// How many listening sockets inbound capture holds for the pod.
+pub fn listeners_registered(maps: &Maps, netns_cookie: u64) -> usize {
+    maps.inbound_listeners
+        .keys()
+        .flatten()
+        .filter(|k| k.netns_cookie == netns_cookie)
+        .count()
 }
 
 /// Removes every entry of the pod, whatever its config was (also after a partial install).
