@@ -1,5 +1,6 @@
 //! The ebpf backend: the node's programs attached to a pod's cgroup, its config in the maps.
 
+mod adopt;
 pub mod hook_probe;
 pub mod hooks;
 pub mod loader;
@@ -10,6 +11,7 @@ pub mod sys;
 
 use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
 
+pub use adopt::Adopted;
 use capture_common::config::{PodCounters, NODE_ERROR_KINDS};
 pub use pod_maps::kernel_config;
 
@@ -39,6 +41,8 @@ pub enum EbpfError {
     },
     #[error("this kernel refused {}, which the pod needs ({}); capture it with --mode iptables, or run the agent in --mode auto", .0.hook, .0.reason)]
     MissingHook(hooks::UnavailableHook),
+    #[error(transparent)]
+    Adopt(#[from] adopt::AdoptError),
     #[error("pinning the {hook} link at {path}: {source}")]
     PinLink {
         hook: &'static str,
@@ -81,11 +85,48 @@ impl EbpfBackend {
         if self.has_leftovers(pod.netns_cookie) {
             self.purge(pod.netns_cookie);
         }
-        let result = self.try_attach(pod, cfg);
+        let result = self.try_attach(pod, cfg).and_then(|()| {
+            // With the hooks in place a listener opened from now on registers itself; those that
+            // predate them are registered here.
+            let adopted = adopt::adopt_listeners(&mut self.node.maps, pod, cfg)?;
+            if adopted != Adopted::default() {
+                tracing::info!(?adopted, netns = %pod.netns_path.display(), "registered listeners that predate the attach");
+            }
+            Ok(())
+        });
         if result.is_err() {
             self.purge(pod.netns_cookie);
         }
         result
+    }
+
+    /// Registers the listeners of an attached pod that has none registered: after the listener
+    /// map was rebuilt, its proxy's sockets are known to nobody. A pod with registered listeners
+    /// keeps them (the kernel registered every later one itself).
+    pub fn adopt_listeners_of(&mut self, record: &PodRecord) -> Result<Adopted, EbpfError> {
+        if pod_maps::listeners_registered(&self.node.maps, record.netns_cookie) > 0 {
+            return Ok(Adopted::default());
+        }
+        let netns = crate::netns::Netns::open(&record.netns)
+            .map_err(|e| EbpfError::Adopt(adopt::AdoptError::Netns(e.to_string())))?;
+        let cgroup = fs::File::open(&record.cgroup).map_err(|source| {
+            EbpfError::Adopt(adopt::AdoptError::Read {
+                path: record.cgroup.display().to_string(),
+                source,
+            })
+        })?;
+        let target = PodTarget {
+            netns_cookie: record.netns_cookie,
+            netns_path: &record.netns,
+            netns: netns.file(),
+            cgroup_path: &record.cgroup,
+            cgroup: &cgroup,
+        };
+        Ok(adopt::adopt_listeners(
+            &mut self.node.maps,
+            &target,
+            &record.config,
+        )?)
     }
 
     fn try_attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
@@ -217,7 +258,26 @@ pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
             source,
         }
     })?;
-    EbpfBackend::open(paths).map(drop)
+    let mut backend = EbpfBackend::open(paths)?;
+    let records = crate::record::load_all(paths).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "reading the pod records to adopt listeners");
+        Vec::new()
+    });
+    for record in records
+        .iter()
+        .filter(|r| r.mode == crate::record::Mode::Ebpf && r.netns.exists())
+    {
+        match backend.adopt_listeners_of(record) {
+            Ok(adopted) if adopted != Adopted::default() => {
+                tracing::info!(?adopted, netns = %record.netns.display(), "registered listeners the node's maps did not hold");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(netns = %record.netns.display(), error = %e, "cannot register the pod's listeners; inbound connections are refused until its proxy listens again");
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Backend for EbpfBackend {

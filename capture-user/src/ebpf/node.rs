@@ -4,11 +4,11 @@
 
 use std::{fs, os::fd::OwnedFd};
 
-use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SockHash};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SkStorage, SockHash};
 use capture_common::{
     config::{PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
-    state::OriginalDst,
+    state::{OriginalDst, SockState},
 };
 
 use super::{
@@ -40,6 +40,7 @@ pub struct Maps {
     pub inbound_pods: HashMap<MapData, PodAddrKey, u64>,
     pub inbound_listeners: SockHash<MapData, ListenerKey>,
     pub handoff: HashMap<MapData, HandoffKey, OriginalDst>,
+    pub socket_states: SkStorage<MapData, SockState>,
 }
 
 /// The node's programs (as fds, ready to attach) and maps.
@@ -169,6 +170,7 @@ pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
         inbound_pods: open_map(paths, "INBOUND_PODS")?,
         inbound_listeners: open_map(paths, "INBOUND_LISTENERS")?,
         handoff: open_map(paths, "HANDOFF")?,
+        socket_states: open_map(paths, "SOCKET_STATES")?,
     };
     Ok(NodePrograms {
         programs,
