@@ -282,6 +282,18 @@ impl Topology {
         self.serve(cmd, &l);
     }
 
+    /// One worker's listener of the sidecar (uid 1337) on `port`, v4 and v6, with SO_REUSEPORT as
+    /// Envoy opens them, answering as `name`; it closes when the guard drops.
+    #[must_use]
+    pub fn spawn_reuseport_listener(&self, name: &str, port: u16) -> ChildGuard {
+        let mut cmd = self.probe_in_pod(&Who::proxy());
+        cmd.arg("serve").arg("--reuseport");
+        for addr in [format!("0.0.0.0:{port}"), format!("[::]:{port}")] {
+            cmd.arg("--tcp").arg(format!("{name}={addr}"));
+        }
+        ChildGuard::spawn_ready(&mut cmd)
+    }
+
     /// The sidecar as TPROXY mode runs it: uid 0, gid 1337, transparent listeners on 15001/15006.
     pub fn start_tproxy_proxy(&mut self) {
         let mut cmd = self.probe_in_pod(&Who::new(0, 1337));

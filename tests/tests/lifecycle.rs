@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
-    kernel::{has_or_skip, Feature},
     probe::{ConnectOpts, Outcome, Who},
     topology::{cgroup_programs, pinned_map_len, pod_pins_left, Topology},
 };
@@ -100,15 +99,10 @@ fn a_process_that_joins_the_cgroup_after_attach_is_captured() {
 }
 
 /// Capture attached under a running proxy: its listeners were opened before any capture
-/// program saw them, so sock_ops must ask the kernel which netns they are in.
+/// program saw them; attach finds and registers them (on every kernel, also those whose sock_ops
+/// cannot ask which netns a socket is in).
 #[test]
 fn a_proxy_started_before_attach_still_learns_the_original_destination() {
-    if !has_or_skip(
-        Feature::SockOpsNetnsCookie,
-        "the proxy's listener predates capture, and only sock_ops' netns cookie tells its pod",
-    ) {
-        return;
-    }
     let mut topo = Topology::new();
     topo.start_all();
     topo.attach(&[]);

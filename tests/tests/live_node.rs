@@ -9,7 +9,7 @@ use std::{
 
 use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, MESHED},
-    probe::Outcome,
+    probe::{Outcome, Who},
     topology::{capture_bin, cgroup_programs, Topology, POD_IP4},
 };
 
@@ -152,9 +152,15 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+    let out_of_both = || chain(&replacement) == ["bridge"] && chain(&file) == ["bridge"];
+    assert!(
+        within(LIMIT, out_of_both).is_some(),
+        "still chained after uninstall-cni: {:?} {:?}",
+        chain(&replacement),
+        chain(&file)
+    );
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(chain(&replacement), ["bridge"]);
-    assert_eq!(chain(&file), ["bridge"]);
+    assert!(out_of_both(), "chained again after uninstall-cni");
 }
 
 /// With the agent down, DEL of a pod capture never captured succeeds at once, so the runtime can
@@ -210,4 +216,66 @@ fn del_without_the_agent_waits_only_for_captured_pods() {
             == 0,
         "claims left behind"
     );
+}
+
+/// Inbound and outbound both reach a proxy whose listeners predate the attach.
+fn assert_proxy_reached_both_ways(topo: &Topology, context: &str) {
+    let to = format!("{POD_IP4}:8080");
+    assert_inbound_captured(&topo.connect_from_remote(&to), &to, context);
+    let out = topo.tcp(&Who::app(), "10.0.0.5:80");
+    out.assert_served_by("outbound", context);
+    assert_eq!(out.orig().as_deref(), Some("10.0.0.5:80"), "{context}");
+}
+
+/// The proxy listens before capture is attached, and keeps running while capture is detached
+/// and attached again: its listeners are found and registered each time.
+#[test]
+fn a_running_proxy_survives_attach_detach_and_attach_again() {
+    let mut topo = Topology::new();
+    topo.start_all();
+    topo.attach(&[]);
+    assert_proxy_reached_both_ways(&topo, "attached under a running proxy");
+    let out = topo.detach();
+    assert!(out.status.success(), "{out:?}");
+    let to = format!("{POD_IP4}:8080");
+    topo.connect_from_remote(&to)
+        .assert_served_by("app", "detached");
+    topo.attach(&[]);
+    assert_proxy_reached_both_ways(&topo, "attached again");
+}
+
+/// Envoy listens with SO_REUSEPORT, one socket per worker. Every one of the group is registered,
+/// whether it predates the attach or not, so inbound keeps working while any of them remains;
+/// with none left, inbound is refused, never passed to the app.
+#[test]
+fn a_reuseport_group_keeps_inbound_working_while_one_listener_remains() {
+    let mut topo = Topology::new();
+    topo.start_remote();
+    topo.start_app();
+    topo.start_proxy_on(&[("outbound", 15001)]);
+    let mut group = vec![
+        topo.spawn_reuseport_listener("inbound-0", 15006),
+        topo.spawn_reuseport_listener("inbound-1", 15006),
+    ];
+    topo.attach(&[]);
+    group.push(topo.spawn_reuseport_listener("inbound-2", 15006));
+    group.push(topo.spawn_reuseport_listener("inbound-3", 15006));
+    let to = format!("{POD_IP4}:8080");
+    let served_by = |topo: &Topology| {
+        let got = topo.connect_from_remote(&to);
+        assert_eq!(got.orig().as_deref(), Some(to.as_str()), "{got:?}");
+        got.server().expect("a server answered")
+    };
+    assert!(served_by(&topo).starts_with("inbound-"));
+
+    // Close three, among them both that predate the attach.
+    let last = group.remove(2);
+    drop(group);
+    for round in 0..10 {
+        assert_eq!(served_by(&topo), "inbound-2", "round {round}");
+    }
+    drop(last);
+    let got = topo.connect_from_remote(&to);
+    assert_ne!(got.server().as_deref(), Some("app"), "{got:?}");
+    assert!(got.server().is_none(), "refused with no listener: {got:?}");
 }

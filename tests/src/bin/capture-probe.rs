@@ -49,6 +49,10 @@ enum Cmd {
         /// Transparent listeners (IP_TRANSPARENT), as a TPROXY-mode proxy's.
         #[arg(long)]
         transparent: bool,
+        /// SO_REUSEPORT listeners, as Envoy's workers open them (one group per address across
+        /// processes of the same uid).
+        #[arg(long)]
+        reuseport: bool,
     },
     /// Run a program inside the pod, as the given identity.
     Exec {
@@ -242,6 +246,7 @@ fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
 
 thread_local! {
     static TRANSPARENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static REUSEPORT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::OwnedFd {
@@ -261,6 +266,9 @@ fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::Owned
     if TRANSPARENT.with(std::cell::Cell::get) {
         set_transparent(&fd, addr.is_ipv6());
     }
+    if REUSEPORT.with(std::cell::Cell::get) {
+        setsockopt(&fd, sockopt::ReusePort, &true).unwrap_or_else(|e| die(e));
+    }
     if addr.is_ipv6() {
         setsockopt(&fd, sockopt::Ipv6V6Only, &true).unwrap_or_else(|e| die(e));
     }
@@ -276,8 +284,9 @@ fn bind_tcp(addr: SocketAddr) -> TcpListener {
     TcpListener::from(fd)
 }
 
-fn serve(tcp: &[String], udp: &[String], transparent: bool) -> ! {
+fn serve(tcp: &[String], udp: &[String], transparent: bool, reuseport: bool) -> ! {
     TRANSPARENT.with(|t| t.set(transparent));
+    REUSEPORT.with(|r| r.set(reuseport));
     let mut threads = Vec::new();
     for spec in tcp {
         let (name, addr) = parse_named(spec);
@@ -408,9 +417,10 @@ fn main() {
             tcp,
             udp,
             transparent,
+            reuseport,
         } => {
             drop_privileges(&args);
-            serve(tcp, udp, *transparent)
+            serve(tcp, udp, *transparent, *reuseport)
         }
         Cmd::Exec { argv } => {
             use std::os::unix::process::CommandExt as _;
