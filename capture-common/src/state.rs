@@ -25,6 +25,9 @@ pub const SOCK_INBOUND_LISTENER: u32 = 1 << 3;
 /// A UDP socket that sent a datagram to a nameserver which capture redirected to the DNS proxy:
 /// replies from the proxy are reported as coming from `orig`.
 pub const SOCK_DNS_SENT: u32 = 1 << 4;
+/// `netns_cookie` is known although the creator is not: a listener that predates the attach,
+/// given its pod's netns by user space (its accepted sockets inherit both).
+pub const SOCK_NETNS_KNOWN: u32 = 1 << 5;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

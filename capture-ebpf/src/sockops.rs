@@ -20,7 +20,7 @@ use capture_common::{
     keys::{HandoffKey, ListenerKey, LISTENER_SLOTS},
     state::{
         SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_INBOUND_LISTENER,
-        SOCK_REDIRECTED,
+        SOCK_NETNS_KNOWN, SOCK_REDIRECTED,
     },
     AF_INET, AF_INET6,
 };
@@ -91,7 +91,7 @@ static SOCK_OPS_NETNS_COOKIE: u8 = 1;
 #[inline(always)]
 fn netns_of(ctx: &SockOpsContext, state: Option<&SockState>) -> u64 {
     match state {
-        Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => s.netns_cookie,
+        Some(s) if s.flags & (SOCK_CREATOR_KNOWN | SOCK_NETNS_KNOWN) != 0 => s.netns_cookie,
         // SAFETY: a read of a constant the loader may have rewritten; volatile so that the
         // compiler keeps the read rather than folding in the default.
         _ if unsafe { core::ptr::read_volatile(&raw const SOCK_OPS_NETNS_COOKIE) } != 0 => {

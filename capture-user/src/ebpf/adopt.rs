@@ -26,7 +26,7 @@ use std::{
 
 use capture_common::{
     keys::{ListenerKey, LISTENER_SLOTS},
-    state::{SockState, SOCK_INBOUND_LISTENER},
+    state::{SockState, SOCK_INBOUND_LISTENER, SOCK_NETNS_KNOWN},
     AF_INET, AF_INET6,
 };
 
@@ -239,7 +239,7 @@ fn register_inbound(
 ) -> Result<(), AdoptError> {
     let mut state = maps.socket_states.get(socket, 0).unwrap_or_default();
     state.netns_cookie = netns_cookie;
-    state.flags |= SOCK_INBOUND_LISTENER;
+    state.flags |= SOCK_INBOUND_LISTENER | SOCK_NETNS_KNOWN;
     maps.socket_states
         .insert(socket, state, 0)
         .map_err(|e| AdoptError::Register {
@@ -272,6 +272,7 @@ fn register_inbound(
 fn give_netns(maps: &mut Maps, socket: &OwnedFd, netns_cookie: u64) {
     let state = SockState {
         netns_cookie,
+        flags: SOCK_NETNS_KNOWN,
         ..SockState::default()
     };
     // NOEXIST: a listener created after the attach already has its state.
