@@ -180,10 +180,13 @@ fn main() -> std::process::ExitCode {
 fn run_task(task: Task) -> Result<()> {
     match task {
         Task::Setup { vm, debian_only } => {
-            if !debian_only {
+            // setup() installs the test tools itself; --debian-only installs them here instead.
+            let mut tools = Vec::new();
+            if debian_only {
+                tools.extend_from_slice(setup::tools::TEST_TOOLS);
+            } else {
                 setup::setup()?;
             }
-            let mut tools = setup::tools::TEST_TOOLS.to_vec();
             if vm {
                 tools.extend_from_slice(setup::tools::VM_TOOLS);
             }

@@ -54,6 +54,10 @@ pub fn statuses<'a>(
 
 /// Those of `packages` that are not installed, in the order given.
 pub fn missing<'a>(packages: &[&'a str], admindir: Option<&Path>) -> Result<Vec<&'a str>> {
+    // dpkg-query without package names lists every package.
+    if packages.is_empty() {
+        return Ok(Vec::new());
+    }
     let statuses = statuses(packages, admindir)?;
     Ok(packages
         .iter()
