@@ -26,6 +26,12 @@ fn main() {
         println!("cargo:rerun-if-changed={}", workspace.join(file).display());
     }
     println!("cargo:rerun-if-env-changed=CAPTURE_SKIP_EBPF_BUILD");
+    // The kernel build reads it too (capture-common's layouts), through the inherited environment.
+    println!("cargo:rerun-if-env-changed=CAPTURE_LAYOUT_VARIANT");
+    println!("cargo:rustc-check-cfg=cfg(capture_layout_next)");
+    if env::var_os("CAPTURE_LAYOUT_VARIANT").is_some_and(|v| v == "next") {
+        println!("cargo:rustc-cfg=capture_layout_next");
+    }
 
     if env::var_os("CAPTURE_SKIP_EBPF_BUILD").is_some_and(|v| v == "1") {
         println!("cargo:warning=CAPTURE_SKIP_EBPF_BUILD=1: the binary carries no kernel programs");

@@ -55,6 +55,8 @@ fn default_cfg() -> PodConfig {
         owner_group_mode: OWNER_GROUPS_ALL,
         owner_group_count: 0,
         owner_groups: [0; MAX_OWNER_GROUPS],
+        #[cfg(capture_layout_next)]
+        variant_reserved: [0; 2],
     }
 }
 

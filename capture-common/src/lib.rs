@@ -10,6 +10,7 @@ pub mod addr;
 pub mod config;
 pub mod decision;
 pub mod keys;
+pub mod layout;
 pub mod state;
 
 /// `AF_INET`, as the kernel and `sockaddr` spell it.

@@ -70,6 +70,13 @@ impl AnyBackend {
             Self::Iptables(b) => b.counters(record),
         }
     }
+
+    pub fn program_build(&self, record: &PodRecord) -> Option<String> {
+        match self {
+            Self::Ebpf(b) => Backend::program_build(b.as_ref(), record),
+            Self::Iptables(b) => b.program_build(record),
+        }
+    }
 }
 
 /// The node's existing backends, each opened at most once (for read-only passes over many pods).

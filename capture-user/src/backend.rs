@@ -27,4 +27,8 @@ pub trait Backend {
     fn missing(&self, record: &PodRecord) -> Vec<String>;
     /// The pod's counters, where the backend keeps any.
     fn counters(&self, record: &PodRecord) -> Option<PodCounters>;
+    /// Which build's kernel programs capture the pod, where it runs any.
+    fn program_build(&self, _record: &PodRecord) -> Option<String> {
+        None
+    }
 }

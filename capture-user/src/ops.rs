@@ -236,10 +236,15 @@ pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus
 }
 
 fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatus {
-    let (missing, counters) = match backends.get(record.mode) {
-        Some(b) => (b.missing(&record), b.counters(&record)),
+    let (missing, counters, program_build) = match backends.get(record.mode) {
+        Some(b) => (
+            b.missing(&record),
+            b.counters(&record),
+            b.program_build(&record),
+        ),
         None => (
             vec![format!("the node's {} backend (not loaded)", record.mode)],
+            None,
             None,
         ),
     };
@@ -247,6 +252,7 @@ fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatu
         in_force: missing.is_empty(),
         missing,
         counters,
+        program_build,
         record,
     }
 }
@@ -261,6 +267,8 @@ pub struct PodStatus {
     /// What is missing when not in force.
     pub missing: Vec<String>,
     pub counters: Option<PodCounters>,
+    /// Which build's kernel programs capture the pod (ebpf pods).
+    pub program_build: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -268,6 +276,10 @@ pub struct NodeStatus {
     pub bpffs: PathBuf,
     pub state_dir: PathBuf,
     pub programs_loaded: bool,
+    /// This binary's build.
+    pub build: String,
+    /// The build whose programs the node has pinned (its node record), if any.
+    pub node_build: Option<String>,
     pub pods: Vec<PodStatus>,
     pub node_errors: BTreeMap<&'static str, u64>,
     pub pending_handoffs: usize,
@@ -295,6 +307,8 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         bpffs: paths.bpffs.clone(),
         state_dir: paths.state_dir.clone(),
         programs_loaded: ebpf.is_some(),
+        build: crate::ebpf::loader::build_name(),
+        node_build: crate::ebpf::node::read_node_record(paths).map(|r| r.build()),
         pods,
         node_errors,
         pending_handoffs: ebpf.as_ref().map_or(0, EbpfBackend::pending_handoffs),

@@ -40,14 +40,16 @@ impl Paths {
         }
     }
 
+    /// Every build's pins: `builds/<object id>/{programs,maps}`.
     #[must_use]
-    pub fn programs_dir(&self) -> PathBuf {
-        self.bpffs.join("programs")
+    pub fn builds_dir(&self) -> PathBuf {
+        self.bpffs.join("builds")
     }
 
+    /// One build's program and map pins (the node record says which build is the node's).
     #[must_use]
-    pub fn maps_dir(&self) -> PathBuf {
-        self.bpffs.join("maps")
+    pub fn build_pin_dir(&self, object_id: &str) -> PathBuf {
+        self.builds_dir().join(object_id)
     }
 
     /// Where one pod's links are pinned, named by its netns cookie.
@@ -109,8 +111,7 @@ impl Paths {
             });
         }
         for dir in [
-            self.programs_dir(),
-            self.maps_dir(),
+            self.builds_dir(),
             self.bpffs.join("pods"),
             self.records_dir(),
         ] {

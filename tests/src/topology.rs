@@ -418,10 +418,30 @@ pub fn pod_pins_left(bpffs: &std::path::Path) -> bool {
         .any(|_| true)
 }
 
+/// The directory of the node's program and map pins: the one build's under `builds/` (a node
+/// between takeovers has exactly one).
+#[must_use]
+pub fn node_pin_dir(bpffs: &std::path::Path) -> PathBuf {
+    let builds: Vec<_> = bpffs
+        .join("builds")
+        .read_dir()
+        .expect("the node's builds pin directory")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    match &builds[..] {
+        [one] => one.clone(),
+        other => panic!(
+            "expected the pins of one build under {}, found {other:?}",
+            bpffs.display()
+        ),
+    }
+}
+
 /// The number of entries in one of a node's pinned maps.
 #[must_use]
 pub fn pinned_map_len(bpffs: &std::path::Path, map: &str) -> usize {
-    let path = bpffs.join("maps").join(map);
+    let path = node_pin_dir(bpffs).join("maps").join(map);
     let out = crate::guards::run(
         Command::new("bpftool")
             .args(["-j", "map", "dump", "pinned"])

@@ -100,7 +100,13 @@ async fn respond(
     Ok(match route(req.method(), req.uri().path()) {
         Route::Health => text(StatusCode::OK, "ok\n"),
         Route::Ready if agent.is_ready() => text(StatusCode::OK, "ready\n"),
-        Route::Ready => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        Route::Ready => match agent.not_ready_reason() {
+            Some(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+            None => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        },
         Route::Metrics => match agent.render_metrics().await {
             Ok(body) => with_type(StatusCode::OK, metrics::CONTENT_TYPE, body),
             Err(e) => text(

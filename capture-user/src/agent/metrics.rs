@@ -70,6 +70,15 @@ impl Metrics {
             "The capture backend this agent uses (1 for the active one)",
             mode_gauges(mode),
         );
+        let build = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        build
+            .get_or_create(&vec![("build", crate::ebpf::loader::build_name())])
+            .set(1);
+        registry.register(
+            "capture_agent_build",
+            "This agent's build (package version and kernel-program object id)",
+            build,
+        );
         let ready = Gauge::default();
         registry.register(
             "capture_agent_ready",

@@ -45,6 +45,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
         },
         in_force: true,
         missing: Vec::new(),
+        program_build: (mode == Mode::Ebpf).then(|| "0.1.0+0123456789ab".into()),
         counters,
     }
 }
@@ -54,6 +55,8 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         bpffs: "/sys/fs/bpf/capture".into(),
         state_dir: "/run/capture".into(),
         programs_loaded: true,
+        build: "0.1.0+0123456789ab".into(),
+        node_build: Some("0.1.0+0123456789ab".into()),
         pods,
         node_errors: [("unknown_pod", 3), ("handoff_failed", 0)].into(),
         pending_handoffs: 0,

@@ -69,18 +69,28 @@ pub enum AgentError {
     },
     #[error("starting the async runtime: {0}")]
     Runtime(io::Error),
+    /// The node's programs are another build's and this one cannot take them over: they stay in
+    /// force, and the agent stays up (not ready) to say why rather than crash-looping.
+    #[error("{0}")]
+    TakeoverStopped(String),
 }
 
 pub struct Agent {
     cfg: AgentConfig,
     mode: Mode,
     ready: AtomicBool,
+    /// Why the agent is not ready although it started (a takeover it cannot do).
+    stopped: std::sync::Mutex<Option<String>>,
     metrics: metrics::Metrics,
 }
 
 impl Agent {
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+    }
+
+    fn not_ready_reason(&self) -> Option<String> {
+        self.stopped.lock().ok().and_then(|s| s.clone())
     }
 
     fn set_ready(&self, ready: bool) {
@@ -126,10 +136,11 @@ impl Agent {
 
     fn add(&self, pod: PodRequest) -> Response {
         if !self.is_ready() {
-            return Response::failed(
-                FailureKind::NotReady,
-                "the capture agent is starting; retry",
+            let why = self.not_ready_reason().map_or_else(
+                || "the capture agent is starting; retry".to_string(),
+                |why| format!("the capture agent cannot serve this node: {why}"),
             );
+            return Response::failed(FailureKind::NotReady, why);
         }
         let start = Instant::now();
         let container_id = pod.pod.container_id.clone();
@@ -323,6 +334,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         cfg,
         mode,
         ready: AtomicBool::new(false),
+        stopped: std::sync::Mutex::new(None),
         metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
     });
     // Served from now on, so that /healthz answers and /readyz says "not ready" while the
@@ -331,16 +343,29 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
 
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
     let a = Arc::clone(&agent);
-    tokio::task::spawn_blocking(move || prepare(&a))
+    let prepared = tokio::task::spawn_blocking(move || prepare(&a))
         .await
-        .map_err(|e| AgentError::Node(e.to_string()))??;
+        .map_err(|e| AgentError::Node(e.to_string()))?;
+    let stopped = match prepared {
+        Ok(()) => false,
+        Err(AgentError::TakeoverStopped(why)) => {
+            error!(error = %why, "cannot take the node over; its programs stay in force and this agent serves no pod");
+            if let Ok(mut s) = agent.stopped.lock() {
+                *s = Some(why);
+            }
+            true
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(watch) = agent.cfg.cni_watch.clone() {
         watch
             .spawn(agent.metrics.cni_rechained())
             .map_err(AgentError::Runtime)?;
     }
-    agent.set_ready(true);
-    info!(socket = %socket_path.display(), http = %agent.cfg.http, "ready");
+    if !stopped {
+        agent.set_ready(true);
+        info!(socket = %socket_path.display(), http = %agent.cfg.http, "ready");
+    }
 
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Runtime)?;
@@ -373,7 +398,20 @@ fn prepare(agent: &Agent) -> Result<(), AgentError> {
         .prepare()
         .map_err(|e| AgentError::Node(e.to_string()))?;
     if agent.mode == Mode::Ebpf {
-        crate::ebpf::adopt_or_load(paths).map_err(|e| AgentError::Node(e.to_string()))?;
+        use crate::ebpf::{loader::LoadError, EbpfError};
+        match crate::ebpf::adopt_or_load(paths) {
+            Ok(Some(report)) => {
+                info!(from = %report.from, to = %report.to, pods = report.pods, maps = ?report.maps, "took the node over from another build");
+                for failed in &report.failed {
+                    warn!(pod = %failed, "a pod's links still run the old build's programs");
+                }
+            }
+            Ok(None) => {}
+            Err(EbpfError::Load(
+                e @ (LoadError::NewerLayout { .. } | LoadError::CannotCarry { .. }),
+            )) => return Err(AgentError::TakeoverStopped(e.to_string())),
+            Err(e) => return Err(AgentError::Node(e.to_string())),
+        }
     }
     let status = ops::status(paths).map_err(|e| AgentError::Node(e.to_string()))?;
     for pod in &status.pods {

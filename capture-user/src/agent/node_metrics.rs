@@ -80,6 +80,33 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         &fallback,
     )?;
 
+    let builds: Vec<_> = pods
+        .iter()
+        .filter_map(|(labels, p)| {
+            let build = p.program_build.as_deref()?;
+            Some(((&labels[..], [("build", build)]), ConstGauge::new(1)))
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_program_build",
+        "The build of the kernel programs capturing the pod (ebpf pods); during a takeover some \
+         pods run the old build's, after one every pod runs the node's.",
+        &builds,
+    )?;
+
+    let node_build: Vec<_> = node
+        .node_build
+        .iter()
+        .map(|b| ([("build", b.as_str())], ConstGauge::new(1)))
+        .collect();
+    family(
+        encoder,
+        "capture_node_program_build",
+        "The build whose kernel programs the node has pinned (its node record).",
+        &node_build,
+    )?;
+
     let connections: Vec<_> = pods
         .iter()
         .flat_map(|(labels, p)| {

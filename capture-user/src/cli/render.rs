@@ -62,12 +62,14 @@ pub fn render_status(status: &NodeStatus) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "node: programs {} (bpffs {}), {} pod(s), kernel errors {:?}",
+        "node: programs {} (build {}; this binary is build {}; bpffs {}), {} pod(s), kernel errors {:?}",
         if status.programs_loaded {
             "loaded"
         } else {
             "not loaded"
         },
+        status.node_build.as_deref().unwrap_or("none"),
+        status.build,
         status.bpffs.display(),
         status.pods.len(),
         status.node_errors
@@ -90,6 +92,9 @@ pub fn render_status(status: &NodeStatus) -> String {
                 format!("NOT IN FORCE, missing {}", pod.missing.join(", "))
             }
         );
+        if let Some(build) = &pod.program_build {
+            let _ = writeln!(out, "  programs of build {build}");
+        }
         let ips: Vec<String> = r
             .config
             .pod_ip4

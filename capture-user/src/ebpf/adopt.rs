@@ -69,6 +69,18 @@ pub fn adopt_listeners(
     pod: &PodTarget<'_>,
     cfg: &CaptureConfig,
 ) -> Result<Adopted, AdoptError> {
+    adopt_listeners_except(maps, pod, cfg, &mut BTreeSet::new())
+}
+
+/// As `adopt_listeners`, skipping the sockets whose cookies are in `seen` and adding those it
+/// registers: a takeover that rebuilt the listener map registers, after the swap, the listeners
+/// the old programs registered meanwhile, without taking a second slot for the others.
+pub fn adopt_listeners_except(
+    maps: &mut Maps,
+    pod: &PodTarget<'_>,
+    cfg: &CaptureConfig,
+    seen: &mut BTreeSet<u64>,
+) -> Result<Adopted, AdoptError> {
     let netns_cookie = pod.netns_cookie;
     let pids = pod_pids(pod)?;
     let Some(&first) = pids.first() else {
@@ -84,6 +96,9 @@ pub fn adopt_listeners(
         let Ok(addr) = local_addr(&socket) else {
             continue;
         };
+        if socket_cookie(&socket).is_some_and(|cookie| !seen.insert(cookie)) {
+            continue;
+        }
         if addr.port() == cfg.inbound_port && accepts_inbound(addr.ip(), cfg) {
             register_inbound(maps, &socket, addr, netns_cookie)?;
             adopted.inbound += 1;
@@ -221,6 +236,23 @@ fn local_addr(socket: &OwnedFd) -> io::Result<SocketAddr> {
         "not an inet socket (family {:?})",
         addr.family()
     )))
+}
+
+/// The kernel's cookie of a socket (`SO_COOKIE`), which no other socket ever has.
+fn socket_cookie(socket: &OwnedFd) -> Option<u64> {
+    let mut cookie = 0u64;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for the kernel to write; the fd is ours.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then_some(cookie)
 }
 
 /// Whether a listener on `ip` serves the pod's inbound traffic: the wildcard or a pod address,

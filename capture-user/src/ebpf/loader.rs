@@ -1,7 +1,7 @@
 //! The embedded BPF object: parsed, adapted to this kernel (found by loading, not from its
 //! version), and each hook's program loaded with its refusal summarised in one line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use aya::{
     programs::{Program, ProgramError},
@@ -31,8 +31,29 @@ pub enum LoadError {
     Pin { path: PathBuf, reason: String },
     #[error("opening pinned {path}: {reason}; if the pins are damaged, run `capture detach` for every pod and remove the directory")]
     Adopt { path: PathBuf, reason: String },
-    #[error("the programs pinned under {dir} come from another capture build and {pods} pod(s) still use them; detach those pods (or restart them) before upgrading")]
-    StaleBuild { dir: PathBuf, pods: usize },
+    #[error("this node's programs are capture build {node}, and {pods} pod(s) use them; this is build {this}. Start this build's agent (it takes the node over in place, see README \"Upgrade and rollback\"), or use the `capture` binary of build {node}")]
+    OtherBuild {
+        node: String,
+        this: String,
+        pods: usize,
+    },
+    #[error("the node's map {map} has layout version {pinned}, which build {this} does not know (it knows version {known}); the node's programs (build {node}) stay in force. Run build {node} or a newer one")]
+    NewerLayout {
+        map: &'static str,
+        pinned: u32,
+        known: u32,
+        node: String,
+        this: String,
+    },
+    #[error("the node's map {map} (build {node}) cannot be carried into build {this}: {reason}; the node's programs stay in force. Run build {node}, or drain the node before this upgrade")]
+    CannotCarry {
+        map: &'static str,
+        node: String,
+        this: String,
+        reason: String,
+    },
+    #[error("taking over {path}: {reason}")]
+    Takeover { path: PathBuf, reason: String },
 }
 
 /// Identifies the embedded object, so that pins from another build are recognised.
@@ -45,6 +66,13 @@ pub fn object_id() -> String {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{h:016x}")
+}
+
+/// The build's name: the package version and the object's id (two builds of one version with
+/// different kernel programs are different builds).
+#[must_use]
+pub fn build_name() -> String {
+    format!("{}+{}", env!("CARGO_PKG_VERSION"), &object_id()[..12])
 }
 
 /// `CAPTURE_REFUSE_HOOKS=cgroup/recvmsg4,…` has capture treat those hooks as refused by the
@@ -86,7 +114,21 @@ pub struct KernelFeatures {
 static ON: u8 = 1;
 static OFF: u8 = 0;
 
-fn parse_object(features: KernelFeatures) -> Result<Ebpf, LoadError> {
+/// The object's definition of each map, as it would create them.
+pub(super) fn object_maps() -> Result<std::collections::HashMap<String, aya_obj::Map>, LoadError> {
+    if OBJECT.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    aya_obj::Object::parse(OBJECT)
+        .map(|o| o.maps)
+        .map_err(|e| LoadError::Parse(aya::EbpfError::ParseError(e)))
+}
+
+/// Where each named map lives: a pinned map at that path is used as it is, and a map not yet
+/// pinned there is created and pinned there.
+pub(super) type MapPins = [(&'static str, PathBuf)];
+
+fn parse_object(features: KernelFeatures, map_pins: &MapPins) -> Result<Ebpf, LoadError> {
     if OBJECT.is_empty() {
         return Err(LoadError::NoObject);
     }
@@ -95,24 +137,26 @@ fn parse_object(features: KernelFeatures) -> Result<Ebpf, LoadError> {
     } else {
         &OFF
     };
-    EbpfLoader::new()
-        .override_global("SOCK_OPS_NETNS_COOKIE", sock_ops_netns_cookie, true)
-        .load(OBJECT)
-        .map_err(LoadError::Parse)
+    let mut loader = EbpfLoader::new();
+    loader.override_global("SOCK_OPS_NETNS_COOKIE", sock_ops_netns_cookie, true);
+    for (name, path) in map_pins {
+        loader.map_pin_path(name, Path::new(path));
+    }
+    loader.load(OBJECT).map_err(LoadError::Parse)
 }
 
 /// How the object must be adapted to this kernel (loads sock_ops once or twice, nothing else).
 pub fn kernel_features() -> Result<KernelFeatures, LoadError> {
-    adapted_object().map(|(_, features)| features)
+    adapted_object(&[]).map(|(_, features)| features)
 }
 
 /// The object, with sock_ops already loaded: as built where the kernel takes it, else without
 /// the calls it refuses.
-pub(super) fn adapted_object() -> Result<(Ebpf, KernelFeatures), LoadError> {
+pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures), LoadError> {
     let mut features = KernelFeatures {
         sock_ops_netns_cookie: true,
     };
-    let mut ebpf = parse_object(features)?;
+    let mut ebpf = parse_object(features, map_pins)?;
     let hook = HOOKS
         .iter()
         .find(|h| h.program == "capture_sock_ops")
@@ -123,7 +167,7 @@ pub(super) fn adapted_object() -> Result<(Ebpf, KernelFeatures), LoadError> {
     if let Err(e) = load_program(hook, program) {
         tracing::debug!("sock_ops with the netns cookie call: {}", summarize(&e));
         features.sock_ops_netns_cookie = false;
-        ebpf = parse_object(features)?;
+        ebpf = parse_object(features, map_pins)?;
     }
     Ok((ebpf, features))
 }

@@ -8,6 +8,7 @@ pub mod netns_cookie;
 pub mod node;
 mod pod_maps;
 pub mod sys;
+pub mod takeover;
 
 use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
 
@@ -223,6 +224,33 @@ impl EbpfBackend {
         missing
     }
 
+    /// Which build's programs the pod's links run: the node's build when every link runs the
+    /// node's program for its hook.
+    #[must_use]
+    pub fn program_build(&self, netns_cookie: u64) -> String {
+        let dir = self.paths.pod_links_dir(netns_cookie);
+        let mut links = 0;
+        let mut others = 0;
+        for (hook, prog) in &self.node.programs {
+            let Ok(link) = sys::obj_get(&dir.join(hook.program)) else {
+                continue;
+            };
+            links += 1;
+            let ours = sys::prog_id(prog.as_fd()).ok();
+            if sys::link_prog_id(link.as_fd()).ok() != ours {
+                others += 1;
+            }
+        }
+        if others == 0 {
+            self.node.build.clone()
+        } else {
+            format!(
+                "other: {others} of {links} links run programs not of build {}",
+                self.node.build
+            )
+        }
+    }
+
     #[must_use]
     pub fn counters(&self, netns_cookie: u64) -> Option<PodCounters> {
         pod_maps::counters(&self.node.maps, netns_cookie)
@@ -249,8 +277,10 @@ impl EbpfBackend {
     }
 }
 
-/// Loads the node's programs, or adopts the pinned ones, under the node lock (agent start-up).
-pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
+/// Makes the node's programs this build's, under the node lock (agent start-up): loads them on a
+/// node that has none, takes over in place from the build that pinned them, and moves any pod
+/// whose links still run another program. Then registers the listeners the maps do not hold.
+pub fn adopt_or_load(paths: &Paths) -> Result<Option<takeover::Takeover>, EbpfError> {
     let _lock = crate::lock::NodeLock::acquire(&paths.lock_path()).map_err(|source| {
         EbpfError::PinLink {
             hook: "node lock",
@@ -258,6 +288,19 @@ pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
             source,
         }
     })?;
+    let record = node::record_or_load(paths)?;
+    let report = if record.is_this_build() {
+        let moved = takeover::converge(paths, &record)?;
+        if moved > 0 {
+            tracing::info!(
+                pods = moved,
+                "moved pods whose links ran other programs to the node's"
+            );
+        }
+        None
+    } else {
+        Some(takeover::take_over(paths, &record)?)
+    };
     let mut backend = EbpfBackend::open(paths)?;
     let records = crate::record::load_all(paths).unwrap_or_else(|e| {
         tracing::warn!(error = %e, "reading the pod records to adopt listeners");
@@ -277,7 +320,7 @@ pub fn adopt_or_load(paths: &Paths) -> Result<(), EbpfError> {
             }
         }
     }
-    Ok(())
+    Ok(report)
 }
 
 impl Backend for EbpfBackend {
@@ -299,5 +342,9 @@ impl Backend for EbpfBackend {
 
     fn counters(&self, record: &PodRecord) -> Option<PodCounters> {
         EbpfBackend::counters(self, record.netns_cookie)
+    }
+
+    fn program_build(&self, record: &PodRecord) -> Option<String> {
+        Some(EbpfBackend::program_build(self, record.netns_cookie))
     }
 }

@@ -2,33 +2,32 @@
 //! the pins by every later `capture` run (and by a restarted agent), never loaded twice. The node
 //! record says which build pinned them.
 
-use std::{fs, os::fd::OwnedFd};
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::fd::OwnedFd,
+    path::{Path, PathBuf},
+};
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SkStorage, SockHash};
 use capture_common::{
     config::{PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
+    layout::{MAP_LAYOUTS, UNRECORDED_VERSION},
     state::{OriginalDst, SockState},
 };
 
 use super::{
     hooks::{Hook, UnavailableHook, HOOKS},
-    loader::{adapted_object, load_hook, object_id, LoadError},
+    loader::{adapted_object, build_name, load_hook, object_id, LoadError},
     sys,
 };
 use crate::{config::CaptureConfig, paths::Paths};
 
-const MAP_NAMES: [&str; 9] = [
-    "POD_CONFIGS",
-    "POD_COUNTERS",
-    "NODE_ERRORS",
-    "PORT_LISTS",
-    "CIDR_LISTS",
-    "INBOUND_PODS",
-    "INBOUND_LISTENERS",
-    "HANDOFF",
-    "SOCKET_STATES",
-];
+/// The maps the node pins, in `capture_common::layout` order.
+pub fn map_names() -> impl Iterator<Item = &'static str> {
+    MAP_LAYOUTS.iter().map(|l| l.name)
+}
 
 /// The maps user space reads and writes.
 pub struct Maps {
@@ -49,6 +48,8 @@ pub struct NodePrograms {
     pub maps: Maps,
     /// Hooks this kernel refused (none of them needed by every pod).
     pub unavailable: Vec<UnavailableHook>,
+    /// The build that pinned them.
+    pub build: String,
 }
 
 impl NodePrograms {
@@ -61,11 +62,26 @@ impl NodePrograms {
     }
 }
 
-/// Loads the embedded object into the kernel and pins every program and map; returns the hooks
-/// the kernel refused that not every pod needs.
-fn load_and_pin(paths: &Paths) -> Result<Vec<UnavailableHook>, LoadError> {
-    let (mut ebpf, features) = adapted_object()?;
-    tracing::info!(?features, "loading the node's programs");
+/// Loads the embedded object into the kernel and pins every program under `dir`; each map comes
+/// from (or is created and pinned at) its path in `map_pins`. Returns the hooks the kernel refused
+/// that not every pod needs.
+pub(super) fn load_and_pin(
+    dir: &Path,
+    map_pins: &[(&'static str, PathBuf)],
+) -> Result<Vec<UnavailableHook>, LoadError> {
+    let pin_error = |path: &Path, reason: String| LoadError::Pin {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let programs_dir = dir.join("programs");
+    fs::create_dir_all(&programs_dir).map_err(|e| pin_error(&programs_dir, e.to_string()))?;
+    for (_, path) in map_pins {
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| pin_error(parent, e.to_string()))?;
+        }
+    }
+    let (mut ebpf, features) = adapted_object(map_pins)?;
+    tracing::info!(?features, dir = %dir.display(), "loading the node's programs");
     let mut unavailable = Vec::new();
     for hook in &HOOKS {
         match load_hook(&mut ebpf, hook) {
@@ -89,19 +105,10 @@ fn load_and_pin(paths: &Paths) -> Result<Vec<UnavailableHook>, LoadError> {
         let program = ebpf
             .program_mut(hook.program)
             .ok_or(LoadError::MissingProgram(hook.program))?;
-        let path = paths.programs_dir().join(hook.program);
-        program.pin(&path).map_err(|e| LoadError::Pin {
-            path,
-            reason: e.to_string(),
-        })?;
-    }
-    for name in MAP_NAMES {
-        let map = ebpf.map(name).ok_or(LoadError::MissingProgram(name))?;
-        let path = paths.maps_dir().join(name);
-        map.pin(&path).map_err(|e| LoadError::Pin {
-            path,
-            reason: e.to_string(),
-        })?;
+        let path = programs_dir.join(hook.program);
+        program
+            .pin(&path)
+            .map_err(|e| pin_error(&path, e.to_string()))?;
     }
     Ok(unavailable)
 }
@@ -110,31 +117,34 @@ fn is_unavailable(unavailable: &[UnavailableHook], hook: &Hook) -> bool {
     unavailable.iter().any(|u| u.hook == hook.hook)
 }
 
-fn all_pinned(paths: &Paths, unavailable: &[UnavailableHook]) -> bool {
+/// Whether every program and map the record names is pinned.
+fn all_pinned(paths: &Paths, record: &NodeRecord) -> bool {
     HOOKS
         .iter()
-        .filter(|h| !is_unavailable(unavailable, h))
-        .all(|h| paths.programs_dir().join(h.program).exists())
-        && MAP_NAMES.iter().all(|m| paths.maps_dir().join(m).exists())
+        .filter(|h| !is_unavailable(&record.unavailable, h))
+        .all(|h| record.programs_dir(paths).join(h.program).exists())
+        && map_names().all(|m| record.maps_dir(paths).join(m).exists())
 }
 
-/// Removes the node's program and map pins (the kernel frees them once no link uses them).
+/// Removes the node's program and map pins, of every build (the kernel frees them once no link
+/// uses them).
 pub fn unpin_node(paths: &Paths) {
-    for dir in [paths.programs_dir(), paths.maps_dir()] {
+    for dir in [paths.bpffs.join("programs"), paths.bpffs.join("maps")] {
         if let Ok(entries) = fs::read_dir(&dir) {
             for e in entries.flatten() {
                 let _ = fs::remove_file(e.path());
             }
         }
     }
+    let _ = fs::remove_dir_all(paths.builds_dir());
 }
 
-fn open_map<T>(paths: &Paths, name: &str) -> Result<T, LoadError>
+fn open_map<T>(dir: &Path, name: &str) -> Result<T, LoadError>
 where
     T: TryFrom<Map>,
     <T as TryFrom<Map>>::Error: std::fmt::Display,
 {
-    let path = paths.maps_dir().join(name);
+    let path = dir.join(name);
     let adopt = |e: String| LoadError::Adopt {
         path: path.clone(),
         reason: e,
@@ -144,15 +154,31 @@ where
     T::try_from(map).map_err(|e| adopt(e.to_string()))
 }
 
-pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
-    let unavailable = read_node_record(paths)
-        .map(|r| r.unavailable)
-        .unwrap_or_default();
-    let programs = HOOKS
+/// The typed maps pinned in `dir`.
+pub(super) fn open_maps(dir: &Path) -> Result<Maps, LoadError> {
+    Ok(Maps {
+        pod_configs: open_map(dir, "POD_CONFIGS")?,
+        pod_counters: open_map(dir, "POD_COUNTERS")?,
+        node_errors: open_map(dir, "NODE_ERRORS")?,
+        port_lists: open_map(dir, "PORT_LISTS")?,
+        cidr_lists: open_map(dir, "CIDR_LISTS")?,
+        inbound_pods: open_map(dir, "INBOUND_PODS")?,
+        inbound_listeners: open_map(dir, "INBOUND_LISTENERS")?,
+        handoff: open_map(dir, "HANDOFF")?,
+        socket_states: open_map(dir, "SOCKET_STATES")?,
+    })
+}
+
+/// The programs pinned for `record`, by hook.
+pub(super) fn open_programs(
+    paths: &Paths,
+    record: &NodeRecord,
+) -> Result<Vec<(Hook, OwnedFd)>, LoadError> {
+    HOOKS
         .iter()
-        .filter(|hook| !is_unavailable(&unavailable, hook))
+        .filter(|hook| !is_unavailable(&record.unavailable, hook))
         .map(|hook| {
-            let path = paths.programs_dir().join(hook.program);
+            let path = record.programs_dir(paths).join(hook.program);
             sys::obj_get(&path)
                 .map(|fd| (*hook, fd))
                 .map_err(|e| LoadError::Adopt {
@@ -160,77 +186,184 @@ pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
                     reason: e.to_string(),
                 })
         })
-        .collect::<Result<_, _>>()?;
-    let maps = Maps {
-        pod_configs: open_map(paths, "POD_CONFIGS")?,
-        pod_counters: open_map(paths, "POD_COUNTERS")?,
-        node_errors: open_map(paths, "NODE_ERRORS")?,
-        port_lists: open_map(paths, "PORT_LISTS")?,
-        cidr_lists: open_map(paths, "CIDR_LISTS")?,
-        inbound_pods: open_map(paths, "INBOUND_PODS")?,
-        inbound_listeners: open_map(paths, "INBOUND_LISTENERS")?,
-        handoff: open_map(paths, "HANDOFF")?,
-        socket_states: open_map(paths, "SOCKET_STATES")?,
-    };
+        .collect()
+}
+
+/// Opens the pinned programs and maps. Those of another build are opened only if every map has
+/// this build's layout (status, detach and the takeover itself read them).
+pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
+    let record = read_node_record(paths).unwrap_or_else(NodeRecord::unrecorded);
+    if let Some(layout) = MAP_LAYOUTS
+        .iter()
+        .find(|l| record.layout_version(l.name) != l.version)
+    {
+        return Err(LoadError::OtherBuild {
+            node: format!(
+                "{} (map {} in layout {})",
+                record.build(),
+                layout.name,
+                record.layout_version(layout.name)
+            ),
+            this: build_name(),
+            pods: crate::record::count_mode(paths, crate::record::Mode::Ebpf).unwrap_or(0),
+        });
+    }
     Ok(NodePrograms {
-        programs,
-        maps,
-        unavailable,
+        programs: open_programs(paths, &record)?,
+        maps: open_maps(&record.maps_dir(paths))?,
+        build: record.build(),
+        unavailable: record.unavailable,
     })
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct NodeRecord {
-    object_id: String,
+/// Which build pinned the node's programs, where, and in which map layouts.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct NodeRecord {
+    pub object_id: String,
+    /// Empty in records written before builds were named.
     #[serde(default)]
-    unavailable: Vec<UnavailableHook>,
+    pub build: String,
+    /// The pins' directory under the bpffs directory; empty for the builds that pinned at its
+    /// top (`programs/`, `maps/`).
+    #[serde(default)]
+    pub pin_dir: String,
+    /// Each map's layout version (absent: `UNRECORDED_VERSION`).
+    #[serde(default)]
+    pub layouts: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub unavailable: Vec<UnavailableHook>,
 }
 
-fn read_node_record(paths: &Paths) -> Option<NodeRecord> {
+impl NodeRecord {
+    /// This build's record, for pins under its own directory.
+    pub(super) fn this_build(paths: &Paths, unavailable: Vec<UnavailableHook>) -> Self {
+        let id = object_id();
+        Self {
+            build: build_name(),
+            pin_dir: paths
+                .build_pin_dir(&id)
+                .strip_prefix(&paths.bpffs)
+                .expect("under bpffs")
+                .display()
+                .to_string(),
+            object_id: id,
+            layouts: MAP_LAYOUTS
+                .iter()
+                .map(|l| (l.name.to_string(), l.version))
+                .collect(),
+            unavailable,
+        }
+    }
+
+    /// A node with pins but no record: the pins' layout is unknown, so nothing is taken as it is.
+    fn unrecorded() -> Self {
+        Self {
+            object_id: "unrecorded".into(),
+            build: String::new(),
+            pin_dir: String::new(),
+            layouts: BTreeMap::new(),
+            unavailable: Vec::new(),
+        }
+    }
+
+    /// The build's name as status and metrics show it.
+    #[must_use]
+    pub fn build(&self) -> String {
+        if self.build.is_empty() {
+            format!(
+                "unnamed+{}",
+                self.object_id.get(..12).unwrap_or(&self.object_id)
+            )
+        } else {
+            self.build.clone()
+        }
+    }
+
+    #[must_use]
+    pub fn layout_version(&self, map: &str) -> u32 {
+        self.layouts.get(map).copied().unwrap_or(UNRECORDED_VERSION)
+    }
+
+    #[must_use]
+    pub fn programs_dir(&self, paths: &Paths) -> PathBuf {
+        paths.bpffs.join(&self.pin_dir).join("programs")
+    }
+
+    #[must_use]
+    pub fn maps_dir(&self, paths: &Paths) -> PathBuf {
+        paths.bpffs.join(&self.pin_dir).join("maps")
+    }
+
+    pub(super) fn save(&self, paths: &Paths) -> Result<(), LoadError> {
+        let path = paths.node_record_path();
+        let json = serde_json::to_string(self).expect("serialisable");
+        crate::fsutil::write_atomic(&path, json.as_bytes(), None).map_err(|e| LoadError::Pin {
+            path,
+            reason: e.to_string(),
+        })
+    }
+
+    #[must_use]
+    pub fn is_this_build(&self) -> bool {
+        self.object_id == object_id()
+    }
+}
+
+#[must_use]
+pub fn read_node_record(paths: &Paths) -> Option<NodeRecord> {
     fs::read_to_string(paths.node_record_path())
         .ok()
         .and_then(|s| serde_json::from_str(&s).ok())
 }
 
+/// Whether pods still use the node's programs: a pod record in ebpf mode, or a pod's links.
+pub(super) fn pods_use_programs(paths: &Paths) -> usize {
+    let recorded = crate::record::count_mode(paths, crate::record::Mode::Ebpf).unwrap_or(0);
+    let linked = fs::read_dir(paths.bpffs.join("pods")).map_or(0, |d| d.flatten().count());
+    recorded.max(linked)
+}
+
+/// Loads this build's programs afresh, pinned under its own directory, after removing every
+/// earlier pin (no pod uses them).
+fn load_fresh(paths: &Paths) -> Result<NodeRecord, LoadError> {
+    unpin_node(paths);
+    let dir = paths.build_pin_dir(&object_id());
+    let map_pins: Vec<(&'static str, PathBuf)> = map_names()
+        .map(|name| (name, dir.join("maps").join(name)))
+        .collect();
+    let unavailable = load_and_pin(&dir, &map_pins).inspect_err(|_| unpin_node(paths))?;
+    let record = NodeRecord::this_build(paths, unavailable);
+    record.save(paths)?;
+    Ok(record)
+}
+
 /// Opens the node's programs, loading and pinning them first if this node has none (or only
-/// unused ones from another build). The caller holds the node lock.
+/// ones from another build that no pod uses). Programs of another build that pods use are taken
+/// over only by the agent at its start (`takeover`); here they are an error. The caller holds
+/// the node lock.
 pub fn open_or_load(paths: &Paths) -> Result<NodePrograms, LoadError> {
-    let id = object_id();
-    let record_path = paths.node_record_path();
-    let pinned = read_node_record(paths);
-    let current = pinned
-        .as_ref()
-        .is_some_and(|r| r.object_id == id && all_pinned(paths, &r.unavailable));
-    if !current {
-        let refused_then = pinned.as_ref().map_or(&[][..], |r| &r.unavailable[..]);
-        if all_pinned(paths, refused_then) {
-            let pods = crate::record::count_mode(paths, crate::record::Mode::Ebpf).unwrap_or(0);
-            if pods > 0 {
-                return Err(LoadError::StaleBuild {
-                    dir: paths.bpffs.clone(),
-                    pods,
-                });
-            }
+    match read_node_record(paths) {
+        Some(r) if r.is_this_build() && all_pinned(paths, &r) => {}
+        Some(r) if all_pinned(paths, &r) && pods_use_programs(paths) > 0 => {
+            return Err(LoadError::OtherBuild {
+                node: r.build(),
+                this: build_name(),
+                pods: pods_use_programs(paths),
+            });
         }
-        unpin_node(paths);
-        let unavailable = match load_and_pin(paths) {
-            Ok(unavailable) => unavailable,
-            Err(e) => {
-                unpin_node(paths);
-                return Err(e);
-            }
-        };
-        let record = serde_json::to_string(&NodeRecord {
-            object_id: id,
-            unavailable,
-        })
-        .expect("serialisable");
-        crate::fsutil::write_atomic(&record_path, record.as_bytes(), None).map_err(|e| {
-            LoadError::Pin {
-                path: record_path.clone(),
-                reason: e.to_string(),
-            }
-        })?;
+        _ => {
+            load_fresh(paths)?;
+        }
     }
     adopt(paths)
+}
+
+/// The node record, loading this build's programs first where no pod uses any (agent start).
+pub(super) fn record_or_load(paths: &Paths) -> Result<NodeRecord, LoadError> {
+    match read_node_record(paths) {
+        Some(r) if all_pinned(paths, &r) && (r.is_this_build() || pods_use_programs(paths) > 0) => {
+            Ok(r)
+        }
+        _ => load_fresh(paths),
+    }
 }

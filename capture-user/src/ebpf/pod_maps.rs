@@ -114,6 +114,8 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
             g[..owner_groups.len()].copy_from_slice(owner_groups);
             g
         },
+        #[cfg(capture_layout_next)]
+        variant_reserved: [0; 2],
     }
 }
 
@@ -213,6 +215,9 @@ fn cidr_entries(cfg: &CaptureConfig) -> Vec<(ListKind, IpNet)> {
         .collect()
 }
 
+/// `BPF_NOEXIST`.
+const NOEXIST: u64 = 1;
+
 const FULL_HINT: &str =
     " (the node-wide map may be full: too many pods or list entries on this node)";
 
@@ -231,9 +236,11 @@ pub fn install(
     };
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| PodMapsError::Cpus(e))?;
     let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("non-empty");
-    maps.pod_counters
-        .insert(netns_cookie, zero, 0)
-        .map_err(write("counters".into()))?;
+    // NOEXIST: a takeover refills the maps of pods whose counters it keeps.
+    match maps.pod_counters.insert(netns_cookie, zero, NOEXIST) {
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+        result => result.map_err(write("counters".into()))?,
+    }
     for (list, port) in port_entries(cfg) {
         maps.port_lists
             .insert(PortKey::new(netns_cookie, list, port), 1, 0)

@@ -13,12 +13,16 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
 /// `union bpf_attr` is larger; the kernel zero-checks the tail, so a zeroed 128-byte buffer with
@@ -130,4 +134,103 @@ pub fn prog_name(id: u32) -> io::Result<String> {
     let name = &info[64..80];
     let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     Ok(String::from_utf8_lossy(&name[..len]).into_owned())
+}
+
+/// `BPF_LINK_UPDATE`: the link runs `new_prog` from now on, in one step (no moment without a
+/// program); with `old_prog`, only if the link still runs that one.
+pub fn link_update(
+    link: BorrowedFd<'_>,
+    new_prog: BorrowedFd<'_>,
+    old_prog: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    const BPF_F_REPLACE: u32 = 1 << 2;
+    let mut attr = Attr::new();
+    attr.put_u32(0, link.as_raw_fd() as u32);
+    attr.put_u32(4, new_prog.as_raw_fd() as u32);
+    if let Some(old) = old_prog {
+        attr.put_u32(8, BPF_F_REPLACE);
+        attr.put_u32(12, old.as_raw_fd() as u32);
+    }
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` into `info` (the kernel fills what it knows of the struct).
+fn obj_info(fd: BorrowedFd<'_>, info: &mut [u8]) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, fd.as_raw_fd() as u32);
+    attr.put_u32(4, info.len() as u32);
+    attr.put_u64(8, info.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(drop)
+}
+
+fn u32_at(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_ne_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
+}
+
+/// The kernel's id of a program (`struct bpf_prog_info`: type, id).
+pub fn prog_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u8; 8];
+    obj_info(prog, &mut info)?;
+    Ok(u32_at(&info, 4))
+}
+
+/// The id of the program a link runs (`struct bpf_link_info`: type, id, prog_id).
+pub fn link_prog_id(link: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u8; 12];
+    obj_info(link, &mut info)?;
+    Ok(u32_at(&info, 8))
+}
+
+/// What the kernel says a map is (`struct bpf_map_info` up to `map_flags`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapDefinition {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+}
+
+pub fn map_definition(map: BorrowedFd<'_>) -> io::Result<MapDefinition> {
+    let mut info = [0u8; 24];
+    obj_info(map, &mut info)?;
+    Ok(MapDefinition {
+        map_type: u32_at(&info, 0),
+        key_size: u32_at(&info, 8),
+        value_size: u32_at(&info, 12),
+        max_entries: u32_at(&info, 16),
+        map_flags: u32_at(&info, 20),
+    })
+}
+
+/// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first with `None`); `Ok(false)` at the end.
+pub fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u64(8, key.map_or(0, |k| k.as_ptr() as u64));
+    attr.put_u64(16, next.as_mut_ptr() as u64);
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `BPF_MAP_LOOKUP_ELEM` of raw bytes (per-CPU maps fill one slot per possible CPU).
+pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u64(8, key.as_ptr() as u64);
+    attr.put_u64(16, value.as_mut_ptr() as u64);
+    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr).map(drop)
+}
+
+/// `BPF_MAP_UPDATE_ELEM` of raw bytes.
+pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u64(8, key.as_ptr() as u64);
+    attr.put_u64(16, value.as_ptr() as u64);
+    attr.put_u64(24, flags);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
 }

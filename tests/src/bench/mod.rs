@@ -279,7 +279,7 @@ impl Bed {
 
     /// Cumulative (run_cnt, run_time_ns) of this pod's capture programs (its own pinned set).
     fn program_counters(&self) -> BTreeMap<String, (u64, u64)> {
-        let dir = self.topo.dirs.bpffs.join("programs");
+        let dir = crate::topology::node_pin_dir(&self.topo.dirs.bpffs).join("programs");
         let mut out = BTreeMap::new();
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let Ok(o) = Command::new("bpftool")

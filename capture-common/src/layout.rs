@@ -1,0 +1,222 @@
+//! The versions of the pinned maps' layouts, and how an upgrade or a rollback carries each map
+//! from the build that pinned it to the build that takes the node over.
+//!
+//! A map's version changes whenever its key or value type, or the meaning of an entry, changes;
+//! the unit tests pin each version to the sizes of its types, so a change that forgets to bump
+//! the version fails them. Pins from before versions existed are version 1 of every map.
+
+use crate::{
+    config::{PodConfig, PodCounters},
+    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
+    state::{OriginalDst, SockState},
+};
+
+/// What a takeover does with a pinned map whose layout or definition differs from its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Carry {
+    /// Derived from the pod records (configs, lists, pod addresses): written afresh in the new
+    /// layout, whichever build the old one came from.
+    FromRecords,
+    /// Derived from the pods' listening sockets: registered afresh by finding them again.
+    FromSockets,
+    /// Counters: converted from a layout this build knows; one it does not know restarts at
+    /// zero (Prometheus counters may reset).
+    Counters,
+    /// State of connections in flight (the hand-off, socket-local storage): kept only in a
+    /// layout this build knows, since losing it loses original destinations. Another layout
+    /// stops the takeover and leaves the running programs in force.
+    Live,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapLayout {
+    pub name: &'static str,
+    pub version: u32,
+    pub carry: Carry,
+}
+
+/// Every version a build that did not record them used.
+pub const UNRECORDED_VERSION: u32 = 1;
+
+#[cfg(not(capture_layout_next))]
+const POD_CONFIGS_VERSION: u32 = 1;
+#[cfg(capture_layout_next)]
+const POD_CONFIGS_VERSION: u32 = 2;
+#[cfg(not(capture_layout_next))]
+const POD_COUNTERS_VERSION: u32 = 1;
+#[cfg(capture_layout_next)]
+const POD_COUNTERS_VERSION: u32 = 2;
+
+/// This build's maps, in the order user space pins them.
+pub const MAP_LAYOUTS: [MapLayout; 9] = [
+    MapLayout {
+        name: "POD_CONFIGS",
+        version: POD_CONFIGS_VERSION,
+        carry: Carry::FromRecords,
+    },
+    MapLayout {
+        name: "POD_COUNTERS",
+        version: POD_COUNTERS_VERSION,
+        carry: Carry::Counters,
+    },
+    MapLayout {
+        name: "NODE_ERRORS",
+        version: 1,
+        carry: Carry::Counters,
+    },
+    MapLayout {
+        name: "PORT_LISTS",
+        version: 1,
+        carry: Carry::FromRecords,
+    },
+    MapLayout {
+        name: "CIDR_LISTS",
+        version: 1,
+        carry: Carry::FromRecords,
+    },
+    MapLayout {
+        name: "INBOUND_PODS",
+        version: 1,
+        carry: Carry::FromRecords,
+    },
+    MapLayout {
+        name: "INBOUND_LISTENERS",
+        version: 1,
+        carry: Carry::FromSockets,
+    },
+    MapLayout {
+        name: "HANDOFF",
+        version: 1,
+        carry: Carry::Live,
+    },
+    MapLayout {
+        name: "SOCKET_STATES",
+        version: 1,
+        carry: Carry::Live,
+    },
+];
+
+/// This build's layout of the map `name`.
+#[must_use]
+pub fn layout_of(name: &str) -> Option<&'static MapLayout> {
+    MAP_LAYOUTS.iter().find(|l| l.name == name)
+}
+
+/// Reads one CPU's copy of a `POD_COUNTERS` value written in layout `version`, in this build's
+/// layout; `None` for a layout this build does not know. Version 1 is the ten counters of
+/// `PodCounters` up to `redirected_dns`; version 2 appends one.
+#[must_use]
+pub fn pod_counters_from(version: u32, bytes: &[u8]) -> Option<PodCounters> {
+    let words = match version {
+        1 => 10,
+        2 => 11,
+        _ => return None,
+    };
+    if version > POD_COUNTERS_VERSION || bytes.len() < words * 8 {
+        return None;
+    }
+    let word = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+        u64::from_ne_bytes(b)
+    };
+    Some(PodCounters {
+        redirected_outbound: word(0),
+        redirected_inbound: word(1),
+        passed_owner: word(2),
+        passed_excluded: word(3),
+        passed_local: word(4),
+        errors: word(5),
+        captured_inbound: word(6),
+        passed_inbound: word(7),
+        refused_inbound: word(8),
+        redirected_dns: word(9),
+        #[cfg(capture_layout_next)]
+        variant_events: if words > 10 { word(10) } else { 0 },
+    })
+}
+
+/// `NODE_ERRORS` keeps one u64 per error kind in every version so far.
+#[must_use]
+pub fn node_error_from(version: u32, bytes: &[u8]) -> Option<u64> {
+    (version == 1 && bytes.len() >= 8).then(|| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bytes[..8]);
+        u64::from_ne_bytes(b)
+    })
+}
+
+/// Key and value sizes of each map in this build (sk_storage keys are socket fds).
+#[must_use]
+pub fn sizes_of(name: &str) -> Option<(usize, usize)> {
+    Some(match name {
+        "POD_CONFIGS" => (size_of::<u64>(), size_of::<PodConfig>()),
+        "POD_COUNTERS" => (size_of::<u64>(), size_of::<PodCounters>()),
+        "NODE_ERRORS" => (size_of::<u32>(), size_of::<u64>()),
+        "PORT_LISTS" => (size_of::<PortKey>(), 1),
+        // The LPM key's prefix length comes first.
+        "CIDR_LISTS" => (4 + size_of::<CidrKey>(), 1),
+        "INBOUND_PODS" => (size_of::<PodAddrKey>(), size_of::<u64>()),
+        "INBOUND_LISTENERS" => (size_of::<ListenerKey>(), size_of::<u32>()),
+        "HANDOFF" => (size_of::<HandoffKey>(), size_of::<OriginalDst>()),
+        "SOCKET_STATES" => (size_of::<i32>(), size_of::<SockState>()),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each version's sizes. A map whose types change size must get a new version (and a row
+    /// here); a change of meaning at the same size must bump the version too.
+    const KNOWN: [(&str, u32, usize, usize); 11] = [
+        ("POD_CONFIGS", 1, 8, 120),
+        ("POD_CONFIGS", 2, 8, 128),
+        ("POD_COUNTERS", 1, 8, 80),
+        ("POD_COUNTERS", 2, 8, 88),
+        ("NODE_ERRORS", 1, 4, 8),
+        ("PORT_LISTS", 1, 16, 1),
+        ("CIDR_LISTS", 1, 32, 1),
+        ("INBOUND_PODS", 1, 20, 8),
+        ("INBOUND_LISTENERS", 1, 16, 4),
+        ("HANDOFF", 1, 48, 20),
+        ("SOCKET_STATES", 1, 4, 48),
+    ];
+
+    #[test]
+    fn every_version_names_the_sizes_it_had() {
+        for layout in MAP_LAYOUTS {
+            let sizes = sizes_of(layout.name).expect("sizes");
+            let known = KNOWN
+                .iter()
+                .find(|(n, v, _, _)| *n == layout.name && *v == layout.version)
+                .unwrap_or_else(|| panic!("{} v{} is not in KNOWN", layout.name, layout.version));
+            assert_eq!(
+                (known.2, known.3),
+                sizes,
+                "{} changed size without a new layout version",
+                layout.name
+            );
+        }
+    }
+
+    #[test]
+    fn counters_read_from_every_known_version() {
+        let words: [u64; 11] = core::array::from_fn(|i| i as u64 + 1);
+        let mut bytes = [0u8; 88];
+        for (i, w) in words.iter().enumerate() {
+            bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_ne_bytes());
+        }
+        let v1 = pod_counters_from(1, &bytes[..80]).expect("v1 is known");
+        assert_eq!(v1.redirected_outbound, 1);
+        assert_eq!(v1.redirected_dns, 10);
+        assert_eq!(pod_counters_from(1, &bytes[..72]), None, "short value");
+        assert_eq!(pod_counters_from(9, &bytes), None, "unknown version");
+        assert_eq!(
+            pod_counters_from(2, &bytes).is_some(),
+            POD_COUNTERS_VERSION >= 2,
+            "a build knows only the versions up to its own"
+        );
+    }
+}

@@ -1,0 +1,495 @@
+//! Taking a node over from another capture build, in place: the upgrade and the rollback of a
+//! DaemonSet's rolling update.
+//!
+//! The new build loads its programs next to the running ones (pinned under its own directory),
+//! with every map whose layout and definition are unchanged taken as it is, contents and all.
+//! The maps that changed are filled before any pod sees them: configs, lists and pod addresses
+//! from the pod records, listeners by finding the pods' sockets. Then each link of each pod is
+//! pointed at the new program with `BPF_LINK_UPDATE`, which swaps it in one step: no moment
+//! without a program, and a connection's state survives because the maps that hold it are the
+//! same maps. Counters follow afterwards. The node record changes last; it is what says which
+//! build is the node's, so a takeover that dies half-way is done again by the next start.
+//!
+//! What cannot be carried (the state of connections in flight in a layout this build does not
+//! know) stops the takeover before anything changes, and the running programs stay in force.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use capture_common::layout::{node_error_from, pod_counters_from, Carry, MapLayout, MAP_LAYOUTS};
+
+use super::{
+    adopt,
+    hooks::{Hook, Target},
+    loader::{build_name, object_id, object_maps, LoadError},
+    node::{self, load_and_pin, open_maps, NodeRecord},
+    pod_maps,
+    sys::{self, MapDefinition},
+};
+use crate::{
+    backend::PodTarget,
+    paths::Paths,
+    record::{self, Mode, PodRecord},
+};
+
+/// What became of one map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Carried {
+    /// The same map, contents and all.
+    Kept,
+    /// A new map, written from the pod records or the pods' sockets.
+    Rebuilt,
+    /// A new map, with the old one's entries converted into it.
+    Migrated,
+    /// A new map starting empty: counters of a layout this build does not know.
+    Reset,
+}
+
+/// What a takeover did.
+#[derive(Debug, serde::Serialize)]
+pub struct Takeover {
+    pub from: String,
+    pub to: String,
+    pub maps: Vec<(&'static str, Carried)>,
+    /// Pods whose every link now runs this build's programs.
+    pub pods: usize,
+    /// Pods some link of which could not be moved (they keep the old build's program there).
+    pub failed: Vec<String>,
+}
+
+struct MapPlan {
+    layout: &'static MapLayout,
+    /// The pinned map of the old build and its layout version, if it is pinned.
+    old: Option<(OwnedFd, u32)>,
+    carried: Carried,
+}
+
+fn same_definition(pinned: &MapDefinition, ours: &aya_obj::Map) -> bool {
+    pinned.map_type == ours.map_type()
+        && pinned.key_size == ours.key_size()
+        && pinned.value_size == ours.value_size()
+        && pinned.max_entries == ours.max_entries()
+        && pinned.map_flags == ours.map_flags()
+}
+
+/// Whether this build reads counters written in `version` of `map`.
+fn counters_readable(map: &str, version: u32) -> bool {
+    let probe = [0u8; 128];
+    match map {
+        "POD_COUNTERS" => pod_counters_from(version, &probe).is_some(),
+        "NODE_ERRORS" => node_error_from(version, &probe).is_some(),
+        _ => false,
+    }
+}
+
+/// Decides each map's fate; an error if some map cannot be carried (nothing has changed then).
+fn plan(paths: &Paths, from: &NodeRecord) -> Result<Vec<MapPlan>, LoadError> {
+    let ours = object_maps()?;
+    MAP_LAYOUTS
+        .iter()
+        .map(|layout| {
+            let definition = ours
+                .get(layout.name)
+                .ok_or(LoadError::MissingProgram(layout.name))?;
+            let version = from.layout_version(layout.name);
+            let old = sys::obj_get(&from.maps_dir(paths).join(layout.name)).ok();
+            let pinned = old
+                .as_ref()
+                .and_then(|fd| sys::map_definition(fd.as_fd()).ok());
+            let carried = match pinned {
+                // Gone (a damaged node): the old programs hold it; nothing can be read from it.
+                None => Carried::Rebuilt,
+                Some(p) if version == layout.version && same_definition(&p, definition) => {
+                    Carried::Kept
+                }
+                Some(p) => match layout.carry {
+                    Carry::FromRecords | Carry::FromSockets => Carried::Rebuilt,
+                    Carry::Counters if counters_readable(layout.name, version) => Carried::Migrated,
+                    Carry::Counters => Carried::Reset,
+                    Carry::Live if version > layout.version => {
+                        return Err(LoadError::NewerLayout {
+                            map: layout.name,
+                            pinned: version,
+                            known: layout.version,
+                            node: from.build(),
+                            this: build_name(),
+                        })
+                    }
+                    // Same entries, another capacity: copied as they are.
+                    Carry::Live
+                        if version == layout.version
+                            && p.map_type == definition.map_type()
+                            && p.key_size == definition.key_size()
+                            && p.value_size == definition.value_size()
+                            && p.map_type != BPF_MAP_TYPE_SK_STORAGE =>
+                    {
+                        Carried::Migrated
+                    }
+                    Carry::Live => {
+                        return Err(LoadError::CannotCarry {
+                            map: layout.name,
+                            node: from.build(),
+                            this: build_name(),
+                            reason: format!(
+                                "its layout v{version} ({} byte values) differs from this build's v{} ({} byte values), and the state of open connections it holds has no conversion",
+                                p.value_size,
+                                layout.version,
+                                definition.value_size()
+                            ),
+                        })
+                    }
+                },
+            };
+            Ok(MapPlan {
+                layout,
+                old: old.map(|fd| (fd, version)),
+                carried,
+            })
+        })
+        .collect()
+}
+
+const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
+
+/// Takes the node over from the build that `from` names. The caller holds the node lock.
+pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError> {
+    let plans = plan(paths, from)?;
+    tracing::info!(from = %from.build(), to = %build_name(), "taking the node over");
+    let dir = paths.build_pin_dir(&object_id());
+    // A takeover by this build that died half-way left pins here; its pods are moved again.
+    let _ = fs::remove_dir_all(&dir);
+    let map_pins: Vec<(&'static str, PathBuf)> = plans
+        .iter()
+        .map(|p| {
+            let path = if p.carried == Carried::Kept {
+                from.maps_dir(paths).join(p.layout.name)
+            } else {
+                dir.join("maps").join(p.layout.name)
+            };
+            (p.layout.name, path)
+        })
+        .collect();
+    let unavailable = load_and_pin(&dir, &map_pins)?;
+    let takeover_error = |path: &Path, reason: String| LoadError::Takeover {
+        path: path.to_path_buf(),
+        reason,
+    };
+    // Kept maps get a pin of their own under the new directory, so the old one can go.
+    for p in plans.iter().filter(|p| p.carried == Carried::Kept) {
+        let (fd, _) = p.old.as_ref().expect("kept maps are pinned");
+        let path = dir.join("maps").join(p.layout.name);
+        sys::obj_pin(fd.as_fd(), &path).map_err(|e| takeover_error(&path, e.to_string()))?;
+    }
+    let to = NodeRecord::this_build(paths, unavailable);
+    let mut maps = open_maps(&to.maps_dir(paths))?;
+    let programs = node::open_programs(paths, &to)?;
+    let pods: Vec<PodRecord> = record::load_all(paths)
+        .map_err(|e| takeover_error(&paths.records_dir(), e.to_string()))?
+        .into_iter()
+        .filter(|r| r.mode == Mode::Ebpf)
+        .collect();
+    let carried = |name: &str| {
+        plans
+            .iter()
+            .find(|p| p.layout.name == name)
+            .map(|p| p.carried)
+    };
+    let rebuilt_from_records = plans
+        .iter()
+        .any(|p| p.layout.carry == Carry::FromRecords && p.carried != Carried::Kept);
+    let listeners_rebuilt = carried("INBOUND_LISTENERS") != Some(Carried::Kept);
+
+    // Before the swap: everything the new programs read.
+    let mut seen_listeners: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); pods.len()];
+    for (pod, seen) in pods.iter().zip(seen_listeners.iter_mut()) {
+        if rebuilt_from_records {
+            pod_maps::install(&mut maps, pod.netns_cookie, &pod.config)
+                .map_err(|e| takeover_error(&pod.netns, e.to_string()))?;
+        }
+        if listeners_rebuilt {
+            adopt_pod_listeners(&mut maps, pod, seen);
+        }
+    }
+    copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
+
+    let mut failed = Vec::new();
+    for pod in &pods {
+        if let Err(e) = move_pod(paths, pod, &programs) {
+            tracing::error!(netns = %pod.netns.display(), error = %e, "moving the pod's links to the new programs");
+            failed.push(format!("{}: {e}", pod.netns.display()));
+        }
+    }
+
+    // After the swap: what the old programs wrote meanwhile.
+    if listeners_rebuilt {
+        for (pod, seen) in pods.iter().zip(seen_listeners.iter_mut()) {
+            adopt_pod_listeners(&mut maps, pod, seen);
+        }
+    }
+    copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
+    add_counters(&plans, &to.maps_dir(paths))?;
+
+    to.save(paths)?;
+    remove_pins_of(paths, from);
+    let report = Takeover {
+        from: from.build(),
+        to: to.build(),
+        maps: plans.iter().map(|p| (p.layout.name, p.carried)).collect(),
+        pods: pods.len() - failed.len(),
+        failed,
+    };
+    tracing::info!(?report, "took the node over");
+    Ok(report)
+}
+
+/// Registers the pod's listeners not yet in `seen` with the new listener map.
+fn adopt_pod_listeners(maps: &mut node::Maps, pod: &PodRecord, seen: &mut BTreeSet<u64>) {
+    let result = with_target(pod, |target| {
+        adopt::adopt_listeners_except(maps, target, &pod.config, seen).map_err(|e| e.to_string())
+    });
+    if let Err(e) = result {
+        tracing::warn!(netns = %pod.netns.display(), error = %e, "registering the pod's listeners with the new map");
+    }
+}
+
+/// Runs `f` with the pod's netns and cgroup opened.
+fn with_target<T>(
+    pod: &PodRecord,
+    f: impl FnOnce(&PodTarget<'_>) -> Result<T, String>,
+) -> Result<T, String> {
+    let netns = crate::netns::Netns::open(&pod.netns).map_err(|e| e.to_string())?;
+    let cgroup =
+        fs::File::open(&pod.cgroup).map_err(|e| format!("{}: {e}", pod.cgroup.display()))?;
+    f(&PodTarget {
+        netns_cookie: pod.netns_cookie,
+        netns_path: &pod.netns,
+        netns: netns.file(),
+        cgroup_path: &pod.cgroup,
+        cgroup: &cgroup,
+    })
+}
+
+/// Points each of the pod's links at this build's program for its hook, creates the links this
+/// build needs that the pod lacks, and removes those of hooks this build does not run for it.
+pub(super) fn move_pod(
+    paths: &Paths,
+    pod: &PodRecord,
+    programs: &[(Hook, OwnedFd)],
+) -> Result<usize, String> {
+    let dir = paths.pod_links_dir(pod.netns_cookie);
+    let mut moved = 0;
+    let mut wanted = BTreeSet::new();
+    for (hook, prog) in programs.iter().filter(|(h, _)| h.needed_by(&pod.config)) {
+        wanted.insert(hook.program);
+        let pin = dir.join(hook.program);
+        match sys::obj_get(&pin) {
+            Ok(link) => {
+                let runs = sys::link_prog_id(link.as_fd()).map_err(|e| e.to_string())?;
+                if runs == sys::prog_id(prog.as_fd()).map_err(|e| e.to_string())? {
+                    continue;
+                }
+                sys::link_update(link.as_fd(), prog.as_fd(), None)
+                    .map_err(|e| format!("updating the {} link: {e}", hook.hook))?;
+            }
+            Err(_) => {
+                with_target(pod, |target| {
+                    let on = match hook.target {
+                        Target::Cgroup => target.cgroup.as_fd(),
+                        Target::Netns => target.netns.as_fd(),
+                    };
+                    let link = sys::link_create(prog.as_fd(), on, hook.attach_type)
+                        .map_err(|e| format!("linking {}: {e}", hook.hook))?;
+                    sys::obj_pin(link.as_fd(), &pin)
+                        .map_err(|e| format!("pinning {}: {e}", pin.display()))
+                })?;
+            }
+        }
+        moved += 1;
+    }
+    for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if wanted.iter().any(|w| name == *w) {
+            continue;
+        }
+        if let Ok(link) = sys::obj_get(&entry.path()) {
+            let _ = sys::link_detach(link.as_fd());
+        }
+        let _ = fs::remove_file(entry.path());
+        moved += 1;
+    }
+    Ok(moved)
+}
+
+/// Copies the entries of a migrated live map that the new one lacks (before the swap, and again
+/// after it for what the old programs wrote meanwhile).
+fn copy_live(plans: &[MapPlan], new_dir: &Path, name: &str) -> Result<(), LoadError> {
+    let Some(plan) = plans.iter().find(|p| p.layout.name == name) else {
+        return Ok(());
+    };
+    let (Carried::Migrated, Some((old, _))) = (plan.carried, plan.old.as_ref()) else {
+        return Ok(());
+    };
+    const NOEXIST: u64 = 1;
+    let path = new_dir.join(name);
+    let new = sys::obj_get(&path).map_err(|e| LoadError::Takeover {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    for_each_entry(old, |key, value| {
+        let _ = sys::map_update(new.as_fd(), key, value, NOEXIST);
+    })
+    .map_err(|e| LoadError::Takeover {
+        path,
+        reason: e.to_string(),
+    })
+}
+
+/// Adds the counts of the old counter maps to the new ones, converted from their layout, once
+/// no pod runs the old programs.
+fn add_counters(plans: &[MapPlan], new_dir: &Path) -> Result<(), LoadError> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Takeover {
+        path: "/sys/devices/system/cpu/possible".into(),
+        reason: e.to_string(),
+    })?;
+    for plan in plans.iter().filter(|p| p.carried == Carried::Migrated) {
+        let (Carry::Counters, Some((old, version))) = (plan.layout.carry, plan.old.as_ref()) else {
+            continue;
+        };
+        let path = new_dir.join(plan.layout.name);
+        let error = |e: std::io::Error| LoadError::Takeover {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        let new = sys::obj_get(&path).map_err(error)?;
+        let new_size = sys::map_definition(new.as_fd()).map_err(error)?.value_size as usize;
+        let old_size = sys::map_definition(old.as_fd()).map_err(error)?.value_size as usize;
+        let (old_slot, new_slot) = (old_size.next_multiple_of(8), new_size.next_multiple_of(8));
+        for_each_entry(old, |key, old_values| {
+            let mut values = vec![0u8; new_slot * cpus];
+            if sys::map_lookup(new.as_fd(), key, &mut values).is_err() {
+                // The pod is gone from the new map: its counts go with it.
+                return;
+            }
+            for cpu in 0..cpus {
+                let from = &old_values[cpu * old_slot..][..old_size];
+                let into = &mut values[cpu * new_slot..][..new_size];
+                add_converted(plan.layout.name, *version, from, into);
+            }
+            let _ = sys::map_update(new.as_fd(), key, &values, 0);
+        })
+        .map_err(error)?;
+    }
+    Ok(())
+}
+
+/// `into += from`, field by field, `from` read in layout `version`.
+fn add_converted(map: &str, version: u32, from: &[u8], into: &mut [u8]) {
+    use capture_common::config::PodCounters;
+    match map {
+        "POD_COUNTERS" => {
+            let (Some(old), Some(new)) = (
+                pod_counters_from(version, from),
+                pod_counters_from(
+                    capture_common::layout::layout_of(map).map_or(0, |l| l.version),
+                    into,
+                ),
+            ) else {
+                return;
+            };
+            let sum: PodCounters = new.plus(&old);
+            // SAFETY: PodCounters is repr(C) plain data of exactly `into`'s length.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((&raw const sum).cast::<u8>(), size_of::<PodCounters>())
+            };
+            into[..bytes.len()].copy_from_slice(bytes);
+        }
+        "NODE_ERRORS" => {
+            if let (Some(old), Some(new)) =
+                (node_error_from(version, from), node_error_from(1, into))
+            {
+                into[..8].copy_from_slice(&(old + new).to_ne_bytes());
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Calls `f` with each entry of a hash-like map (values of per-CPU maps: one slot per CPU).
+fn for_each_entry(map: &OwnedFd, mut f: impl FnMut(&[u8], &[u8])) -> std::io::Result<()> {
+    let definition = sys::map_definition(map.as_fd())?;
+    let per_cpu = matches!(definition.map_type, 5 | 6 | 10);
+    let cpus = if per_cpu {
+        aya::util::nr_cpus().map_err(|(_, e)| e)?
+    } else {
+        1
+    };
+    let slot = if per_cpu {
+        (definition.value_size as usize).next_multiple_of(8)
+    } else {
+        definition.value_size as usize
+    };
+    let mut key = vec![0u8; definition.key_size as usize];
+    let mut next = key.clone();
+    let mut value = vec![0u8; slot * cpus];
+    let mut first = true;
+    while sys::map_next_key(map.as_fd(), (!first).then_some(&key[..]), &mut next)? {
+        first = false;
+        std::mem::swap(&mut key, &mut next);
+        if sys::map_lookup(map.as_fd(), &key, &mut value).is_ok() {
+            f(&key, &value);
+        }
+    }
+    Ok(())
+}
+
+/// Removes the old build's pins once nothing needs them (its programs and the maps only they
+/// used are freed with the last link), and any other build's leftovers.
+fn remove_pins_of(paths: &Paths, from: &NodeRecord) {
+    if from.pin_dir.is_empty() {
+        for dir in [from.programs_dir(paths), from.maps_dir(paths)] {
+            for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let _ = fs::remove_file(entry.path());
+            }
+            let _ = fs::remove_dir(&dir);
+        }
+    }
+    let ours = paths.build_pin_dir(&object_id());
+    for entry in fs::read_dir(paths.builds_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.path() != ours {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Moves the links of pods that do not run this build's programs (a takeover that died after
+/// moving some of them, before the record said so). The caller holds the node lock.
+pub fn converge(paths: &Paths, record: &NodeRecord) -> Result<usize, LoadError> {
+    let programs = node::open_programs(paths, record)?;
+    let pods = record::load_all(paths).map_err(|e| LoadError::Takeover {
+        path: paths.records_dir(),
+        reason: e.to_string(),
+    })?;
+    let mut moved = 0;
+    for pod in pods
+        .iter()
+        .filter(|r| r.mode == Mode::Ebpf && r.netns.exists())
+    {
+        match move_pod(paths, pod, &programs) {
+            Ok(0) => {}
+            Ok(_) => moved += 1,
+            Err(e) => {
+                tracing::warn!(netns = %pod.netns.display(), error = %e, "moving the pod's links to the node's programs");
+            }
+        }
+    }
+    Ok(moved)
+}
