@@ -47,6 +47,24 @@ const POD_COUNTERS_VERSION: u32 = 1;
 #[cfg(capture_layout_next)]
 const POD_COUNTERS_VERSION: u32 = 2;
 
+/// `HANDOFF`'s capacity: connections between the app's `ESTABLISHED` and the proxy's accept.
+/// The next-layout variant holds more (a definition change that keeps the layout, so that a
+/// takeover copies the entries).
+#[cfg(not(capture_layout_next))]
+pub const MAX_HANDOFFS: u32 = 65536;
+#[cfg(capture_layout_next)]
+pub const MAX_HANDOFFS: u32 = 65536 + 4096;
+
+/// Pods one node can capture at once.
+pub const MAX_PODS: u32 = 4096;
+
+/// `INBOUND_LISTENERS`'s capacity: every pod's listener slots, both families. The variant's is
+/// larger, so that a takeover between the two registers every pod's listeners again.
+#[cfg(not(capture_layout_next))]
+pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOTS;
+#[cfg(capture_layout_next)]
+pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOTS + 1024;
+
 /// This build's maps, in the order user space pins them.
 pub const MAP_LAYOUTS: [MapLayout; 9] = [
     MapLayout {

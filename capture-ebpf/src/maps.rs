@@ -9,21 +9,20 @@ use aya_ebpf::{
 use capture_common::{
     config::{ListKind, PodConfig, PodCounters, NODE_ERROR_KINDS},
     decision::PodLists,
-    keys::{
-        CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS,
-    },
+    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
+    layout,
     state::{OriginalDst, SockState},
 };
 
 /// Pods one node can capture at once.
-const MAX_PODS: usize = 4096;
+const MAX_PODS: usize = layout::MAX_PODS as usize;
 /// Port-list entries over all pods.
 const MAX_PORT_ENTRIES: usize = 65536;
 /// CIDR-list entries over all pods.
 const MAX_CIDR_ENTRIES: usize = 16384;
 /// Connections between the app's `ESTABLISHED` and the proxy's accept. Entries normally live for
 /// one handshake; LRU eviction bounds what a lost handshake leaves behind.
-const MAX_HANDOFFS: usize = 65536;
+const MAX_HANDOFFS: usize = layout::MAX_HANDOFFS as usize;
 
 #[btf_map]
 pub static POD_CONFIGS: HashMap<u64, PodConfig, MAX_PODS> = HashMap::new();
@@ -46,7 +45,7 @@ pub static INBOUND_PODS: HashMap<PodAddrKey, u64, { 2 * MAX_PODS }> = HashMap::n
 
 /// Each pod's inbound listener (15006) per family, registered when the proxy calls listen().
 #[btf_map]
-pub static INBOUND_LISTENERS: SockHash<ListenerKey, { 2 * MAX_PODS * LISTENER_SLOTS as usize }> =
+pub static INBOUND_LISTENERS: SockHash<ListenerKey, { layout::MAX_INBOUND_LISTENERS as usize }> =
     SockHash::new();
 
 #[btf_map]

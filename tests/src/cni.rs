@@ -172,7 +172,14 @@ impl Node {
 
     /// Starts the agent with `extra` arguments and waits until /readyz says so.
     pub fn start_agent_with(&self, mode: &str, extra: &[&str]) -> Agent {
-        let mut cmd = Command::new(crate::topology::capture_bin());
+        let agent = self.spawn_agent_of(&crate::topology::capture_bin(), mode, extra);
+        agent.wait_ready();
+        agent
+    }
+
+    /// Starts the agent of the `capture` binary `bin` (another build) and returns at once.
+    pub fn spawn_agent_of(&self, bin: &Path, mode: &str, extra: &[&str]) -> Agent {
+        let mut cmd = Command::new(bin);
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)
             .arg("--state-dir")
@@ -190,18 +197,10 @@ impl Node {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        let agent = Agent {
+        Agent {
             child: Some(child),
             http: self.http,
-        };
-        // Generous: under emulation (the kernel matrix) the agent's start-up probe, which loads
-        // and attaches every program, alone can take half a minute.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while agent.get("/readyz").is_none_or(|(code, _)| code != 200) {
-            assert!(Instant::now() < deadline, "the agent did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
         }
-        agent
     }
 
     /// A new pod: netns and kubelet-style cgroup, not yet on the network.
@@ -561,6 +560,30 @@ impl Agent {
             panic!("{problems}\nin the scrape:\n{}", resp.body);
         }
         resp.body
+    }
+
+    /// Waits until /readyz says ready.
+    pub fn wait_ready(&self) {
+        // Generous: under emulation (the kernel matrix) the agent's start-up probe, which loads
+        // and attaches every program, alone can take half a minute.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.get("/readyz").is_none_or(|(code, _)| code != 200) {
+            assert!(Instant::now() < deadline, "the agent did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the agent answers /readyz at all; its answer.
+    #[must_use]
+    pub fn wait_answer(&self, path: &str) -> (u16, String) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(answer) = self.get(path) {
+                return answer;
+            }
+            assert!(Instant::now() < deadline, "the agent never answered {path}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILL, as a node under pressure or a crash would.

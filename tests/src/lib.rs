@@ -8,7 +8,7 @@ pub mod probe;
 pub mod promtool;
 pub mod topology;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Panics unless running as root: these tests load BPF programs and create namespaces.
 pub fn require_root() {
@@ -42,6 +42,34 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
     candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
         panic!("{name} not built next to {}; run `cargo xtask test` (it builds every binary first) or set {env}", exe.display())
     })
+}
+
+/// The `capture` binary of the next-layout variant (`CAPTURE_LAYOUT_VARIANT=next`), which
+/// `cargo xtask test` builds into `target/variant`: another build whose pod-config and counter
+/// maps differ, for the upgrade and rollback tests. `$CAPTURE_VARIANT_BIN` overrides it.
+pub fn variant_capture_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CAPTURE_VARIANT_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/variant/<profile>/capture
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("profile directory");
+    let profile = profile_dir.file_name().expect("profile name");
+    let bin = profile_dir
+        .parent()
+        .expect("target directory")
+        .join("variant")
+        .join(profile)
+        .join("capture");
+    assert!(
+        bin.is_file(),
+        "{} is not built; run `cargo xtask test` (it builds the variant) or set CAPTURE_VARIANT_BIN",
+        bin.display()
+    );
+    bin
 }
 
 pub mod bench;

@@ -44,6 +44,9 @@ pub struct Topology {
     pub dirs: CaptureDirs,
     /// Environment for every `capture` run (e.g. `CAPTURE_REFUSE_HOOKS`).
     pub capture_env: Vec<(&'static str, String)>,
+    /// The pod's addresses (`POD_IP4`, `POD_IP6` unless numbered).
+    pub ip4: String,
+    pub ip6: String,
 }
 
 /// The pod's address on the VM link, and the VM's.
@@ -58,6 +61,12 @@ impl Topology {
 
     /// As `new`, sharing another topology's capture directories (several pods on one "node").
     pub fn with_dirs(dirs: CaptureDirs) -> Self {
+        Self::numbered(dirs, 0)
+    }
+
+    /// As `with_dirs`, with the pod on subnet `n` (10.1.n.10, fd00:1:n::10; 0 is `POD_IP4` and
+    /// `POD_IP6`), so that many pods of one node have addresses of their own.
+    pub fn numbered(dirs: CaptureDirs, n: u8) -> Self {
         require_root();
         let pod = Pod {
             cgroup: CgroupGuard::new("capture-pod"),
@@ -68,16 +77,24 @@ impl Topology {
         ip(&[
             "-n", p, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", r,
         ]);
-        for (ns, v4, v6) in [
-            (p, "10.1.0.10/24", "fd00:1::10/64"),
-            (r, "10.1.0.1/24", "fd00:1::1/64"),
-        ] {
-            ip(&["-n", ns, "addr", "add", v4, "dev", "eth0"]);
-            ip(&["-n", ns, "addr", "add", v6, "dev", "eth0", "nodad"]);
+        let (ip4, ip6) = (format!("10.1.{n}.10"), format!("fd00:1:{n:x}::10"));
+        let (gw4, gw6) = (format!("10.1.{n}.1"), format!("fd00:1:{n:x}::1"));
+        for (ns, v4, v6) in [(p, &ip4, &ip6), (r, &gw4, &gw6)] {
+            ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ]);
             ip(&["-n", ns, "link", "set", "eth0", "up"]);
         }
-        ip(&["-n", p, "route", "add", "default", "via", "10.1.0.1"]);
-        ip(&["-n", p, "-6", "route", "add", "default", "via", "fd00:1::1"]);
+        ip(&["-n", p, "route", "add", "default", "via", &gw4]);
+        ip(&["-n", p, "-6", "route", "add", "default", "via", &gw6]);
         for prefix in ["10.0.0.0/16", "10.2.0.0/16", "10.96.0.0/16", "1.0.0.0/8"] {
             ip(&["-n", r, "route", "add", "local", prefix, "dev", "lo"]);
         }
@@ -99,6 +116,8 @@ impl Topology {
             vm: None,
             dirs,
             capture_env: Vec::new(),
+            ip4,
+            ip6,
         }
     }
 
@@ -135,7 +154,7 @@ impl Topology {
         ip(&["-n", p, "link", "set", "eth1", "up"]);
         ip(&["-n", v, "link", "set", "eth0", "up"]);
         ip(&["-n", v, "route", "add", "default", "via", POD_VM_IP]);
-        ip(&["-n", r, "route", "add", "10.3.0.0/24", "via", POD_IP4]);
+        ip(&["-n", r, "route", "add", "10.3.0.0/24", "via", &self.ip4]);
         crate::guards::run(Command::new("ip").args([
             "netns",
             "exec",
@@ -176,7 +195,8 @@ impl Topology {
 
     /// `capture attach` for this pod (both pod IPs) plus `extra`, returning the raw output.
     pub fn try_attach(&self, extra: &[&str]) -> Output {
-        self.try_attach_with_ips(&[POD_IP4, POD_IP6], extra)
+        let (ip4, ip6) = (self.ip4.clone(), self.ip6.clone());
+        self.try_attach_with_ips(&[&ip4, &ip6], extra)
     }
 
     /// `capture attach` naming only `pod_ips` as the pod's addresses.
@@ -362,6 +382,18 @@ impl Topology {
     /// A TCP connection with default options.
     pub fn tcp(&self, who: &Who, to: &str) -> Outcome {
         self.connect(who, to, &ConnectOpts::default())
+    }
+
+    /// A connection of `who` to `to` held open (`capture-probe hold`): release it with a line
+    /// to get what it saw first and what it sees then.
+    #[must_use]
+    pub fn spawn_holder(&self, who: &Who, to: &str, udp: bool) -> ChildGuard {
+        let mut cmd = self.probe_in_pod(who);
+        cmd.arg("hold").arg(to);
+        if udp {
+            cmd.arg("--udp");
+        }
+        ChildGuard::spawn_ready(&mut cmd)
     }
 
     /// Starts a probe in the pod netns but outside its cgroup, waiting for a line on stdin

@@ -120,6 +120,26 @@ fn build() -> Result<()> {
         .args(TEST_FEATURES))
 }
 
+/// The `capture` binary of the next map layouts (capture-common's `layout` module), in its own
+/// target directory: the other build that the upgrade and rollback tests take a node to and back.
+fn build_variant() -> Result<()> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| std::path::PathBuf::from("target"), Into::into)
+        .join("variant");
+    run(cargo()
+        .env("CAPTURE_LAYOUT_VARIANT", "next")
+        .env("CARGO_TARGET_DIR", target)
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            "capture-user",
+            "--bin",
+            "capture",
+        ])
+        .args(TEST_FEATURES))
+}
+
 /// `cargo test`, streaming its output, then one closing line that totals every test binary
 /// (cargo's own last line is often a doc-test run with nothing in it).
 fn test(args: &[String]) -> Result<()> {
@@ -204,6 +224,7 @@ fn run_task(task: Task) -> Result<()> {
             require_root("cargo xtask test")?;
             setup::setup()?;
             build()?;
+            build_variant()?;
             test(&args)
         }
         Task::Lint => {
@@ -257,6 +278,7 @@ fn run_task(task: Task) -> Result<()> {
             setup::setup()?;
             setup::install(setup::tools::VM_TOOLS)?;
             build()?;
+            build_variant()?;
             vm::run(vm::Options {
                 kernels,
                 timeout_secs,

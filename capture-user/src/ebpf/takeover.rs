@@ -180,6 +180,8 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
         reason,
     };
     // Kept maps get a pin of their own under the new directory, so the old one can go.
+    let maps_dir = dir.join("maps");
+    fs::create_dir_all(&maps_dir).map_err(|e| takeover_error(&maps_dir, e.to_string()))?;
     for p in plans.iter().filter(|p| p.carried == Carried::Kept) {
         let (fd, _) = p.old.as_ref().expect("kept maps are pinned");
         let path = dir.join("maps").join(p.layout.name);

@@ -59,6 +59,15 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         argv: Vec<String>,
     },
+    /// Connect (TCP) or exchange once (UDP), print `ready`, wait for a line on stdin, then ask
+    /// again on the same socket and print the first and second outcomes: what an established
+    /// connection sees before and after a change to the node.
+    Hold {
+        to: SocketAddr,
+        /// Use UDP (a connected socket: send, expect the echo).
+        #[arg(long)]
+        udp: bool,
+    },
     /// Connect once and print the outcome.
     Connect {
         #[arg(long)]
@@ -189,23 +198,40 @@ fn stream_hops(stream: &TcpStream) -> Option<u32> {
     (rc == 0).then_some(v as u32)
 }
 
+/// What the server sees of an accepted connection, asked afresh each time.
+fn describe(name: &str, stream: &TcpStream) -> Value {
+    let local = stream.local_addr().ok();
+    let ipv6 = local.is_some_and(|a| {
+        a.is_ipv6() && !matches!(a.ip(), std::net::IpAddr::V6(v) if v.to_ipv4_mapped().is_some())
+    });
+    json!({
+        "server": name,
+        "local": local.map(|a| a.to_string()),
+        "peer": stream.peer_addr().ok().map(|a| a.to_string()),
+        "orig": original_dst(stream, ipv6),
+        // Another SOL_IP/SOL_IPV6 option, to show capture leaves other getsockopt calls alone.
+        "ttl": if ipv6 { stream_hops(stream) } else { stream.ttl().ok() },
+    })
+}
+
+/// Answers each connection with what it sees of it, and again for every line the client sends
+/// (a held connection asks again later), until the client closes.
 fn serve_tcp(name: String, listener: TcpListener) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
-        let local = stream.local_addr().ok();
-        let ipv6 = local.is_some_and(|a| {
-            a.is_ipv6()
-                && !matches!(a.ip(), std::net::IpAddr::V6(v) if v.to_ipv4_mapped().is_some())
+        let name = name.clone();
+        std::thread::spawn(move || {
+            let _ = writeln!(stream, "{}", describe(&name, &stream));
+            let Ok(reader) = stream.try_clone() else {
+                return;
+            };
+            for line in BufReader::new(reader).lines() {
+                if line.is_err() {
+                    break;
+                }
+                let _ = writeln!(stream, "{}", describe(&name, &stream));
+            }
         });
-        let line = json!({
-            "server": name,
-            "local": local.map(|a| a.to_string()),
-            "peer": stream.peer_addr().ok().map(|a| a.to_string()),
-            "orig": original_dst(&stream, ipv6),
-            // Another SOL_IP/SOL_IPV6 option, to show capture leaves other getsockopt calls alone.
-            "ttl": if ipv6 { stream_hops(&stream) } else { stream.ttl().ok() },
-        });
-        let _ = writeln!(stream, "{line}");
     }
 }
 
@@ -409,6 +435,79 @@ fn connect(
     json!({ "ok": true, "local": local, "peer": peer, "reply": reply })
 }
 
+/// One more exchange on an open socket: the server's fresh answer, and the peer as the app sees
+/// it now.
+fn ask_again(fd: &std::os::fd::OwnedFd, udp: bool) -> Value {
+    use nix::sys::socket::{getpeername, SockaddrStorage};
+    let peer = getpeername::<SockaddrStorage>(fd.as_raw_fd())
+        .ok()
+        .map(|a| a.to_string());
+    let dup = fd.try_clone().unwrap_or_else(|e| die(e));
+    if udp {
+        let sock = UdpSocket::from(dup);
+        if let Err(e) = sock.send(b"again") {
+            return json!({ "ok": false, "error": errno_name(&e), "peer": peer });
+        }
+        let mut buf = [0u8; 1500];
+        return match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                let mut reply: Value = serde_json::from_slice(&buf[..n]).unwrap_or(Value::Null);
+                reply["reply_from"] = json!(from.to_string());
+                json!({ "ok": true, "peer": peer, "reply": reply })
+            }
+            Err(e) => json!({ "ok": false, "error": errno_name(&e), "peer": peer }),
+        };
+    }
+    let mut stream = TcpStream::from(dup);
+    if let Err(e) = writeln!(stream, "again") {
+        return json!({ "ok": false, "error": errno_name(&e), "peer": peer });
+    }
+    let mut line = String::new();
+    match BufReader::new(&mut stream).read_line(&mut line) {
+        Ok(n) if n > 0 => json!({
+            "ok": true,
+            "peer": peer,
+            "reply": serde_json::from_str::<Value>(line.trim()).unwrap_or(Value::Null),
+        }),
+        Ok(_) => json!({ "ok": false, "error": "closed", "peer": peer }),
+        Err(e) => json!({ "ok": false, "error": errno_name(&e), "peer": peer }),
+    }
+}
+
+fn hold(to: SocketAddr, udp: bool) -> Value {
+    use nix::sys::socket::{getpeername, SockaddrStorage};
+    let fd = new_socket(to, udp, false);
+    let timeout = nix::sys::time::TimeVal::new(5, 0);
+    let _ = nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &timeout);
+    if let Err(e) = nix::sys::socket::connect(fd.as_raw_fd(), &sockaddr_of(to, false)) {
+        return json!({ "ok": false, "error": errno_name(&std::io::Error::from(e)) });
+    }
+    let first = if udp {
+        ask_again(&fd, true)
+    } else {
+        let mut stream = TcpStream::from(fd.try_clone().unwrap_or_else(|e| die(e)));
+        let mut line = String::new();
+        let _ = BufReader::new(&mut stream).read_line(&mut line);
+        let peer = getpeername::<SockaddrStorage>(fd.as_raw_fd())
+            .ok()
+            .map(|a| a.to_string());
+        json!({
+            "ok": !line.is_empty(),
+            "peer": peer,
+            "reply": serde_json::from_str::<Value>(line.trim()).unwrap_or(Value::Null),
+        })
+    };
+    if first["ok"] != json!(true) {
+        return json!({ "ok": false, "first": first });
+    }
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    let mut go = String::new();
+    let _ = std::io::stdin().read_line(&mut go);
+    let second = ask_again(&fd, udp);
+    json!({ "ok": true, "first": first, "second": second })
+}
+
 fn main() {
     let args = Args::parse();
     enter(&args);
@@ -421,6 +520,11 @@ fn main() {
         } => {
             drop_privileges(&args);
             serve(tcp, udp, *transparent, *reuseport)
+        }
+        Cmd::Hold { to, udp } => {
+            drop_privileges(&args);
+            let out = hold(*to, *udp);
+            println!("{out}");
         }
         Cmd::Exec { argv } => {
             use std::os::unix::process::CommandExt as _;

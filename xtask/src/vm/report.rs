@@ -168,6 +168,11 @@ pub const CAPABILITIES: &[Capability] = &[
         except: LIFECYCLE_ELSEWHERE,
     },
     Capability {
+        name: "live node (upgrade and rollback, adoption, ownership)",
+        tests: &[("upgrade", "*"), ("live_node", "*")],
+        except: &[],
+    },
+    Capability {
         name: "CNI plugin and agent",
         tests: &[("cni", "*")],
         except: &[],

@@ -1,0 +1,349 @@
+//! Upgrading and rolling back a live node, as a DaemonSet's rolling update does it: the agent of
+//! one build stops, the agent of another starts over the pins the first left, while the node's
+//! pods keep opening connections and hold others open. The other build is the next-layout variant
+//! (`cargo xtask test` builds it): its pod-config and counter maps have another layout, so the
+//! upgrade rebuilds one and migrates the other, and the rollback rebuilds one and resets the other.
+
+use std::{
+    path::Path,
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Mutex,
+    },
+    time::Duration,
+};
+
+use capture_tests::{
+    cni::{Agent, Node},
+    guards::ChildGuard,
+    probe::Who,
+    topology::{capture_bin, node_pin_dir, Topology},
+    variant_capture_bin,
+};
+use serde_json::Value;
+
+const PODS: u8 = 20;
+const NAMESERVER: &str = "10.96.0.10";
+
+/// Every fourth pod runs on iptables (auto mode's fallback, or a pod annotated so).
+fn on_iptables(i: u8) -> bool {
+    i % 4 == 3
+}
+
+/// `capture status --json` by `bin` over the node's directories.
+fn status_by(bin: &Path, topo: &Topology) -> Value {
+    let out = Command::new(bin)
+        .arg("--bpffs")
+        .arg(&topo.dirs.bpffs)
+        .arg("--state-dir")
+        .arg(&topo.dirs.state)
+        .args(["status", "--json"])
+        .output()
+        .expect("capture status");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+/// The ids bpftool gives the programs or maps pinned in `dir`.
+fn pinned_ids(kind: &str, dir: &Path) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("pin dir").flatten() {
+        let out = Command::new("bpftool")
+            .args(["-j", kind, "show", "pinned"])
+            .arg(entry.path())
+            .output()
+            .expect("bpftool");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        ids.push(v["id"].as_u64().unwrap_or_else(|| panic!("{kind} {v}")));
+    }
+    ids.sort_unstable();
+    ids
+}
+
+/// Those of `ids` the kernel still has after a few seconds (it frees them after a grace period).
+fn still_loaded(kind: &str, ids: &[u64]) -> Vec<u64> {
+    let loaded = || -> Vec<u64> {
+        ids.iter()
+            .copied()
+            .filter(|id| {
+                Command::new("bpftool")
+                    .args([kind, "show", "id", &id.to_string()])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .collect()
+    };
+    for _ in 0..50 {
+        if loaded().is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    loaded()
+}
+
+/// The links of every pod (ids), in pin order.
+fn link_ids(bpffs: &Path) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for pod in std::fs::read_dir(bpffs.join("pods"))
+        .expect("pods")
+        .flatten()
+    {
+        ids.extend(pinned_ids("link", &pod.path()));
+    }
+    ids
+}
+
+/// Checks the whole node after a takeover by `bin`: every pod in force, every ebpf pod on `build`.
+fn assert_node_on(bin: &Path, pods: &[Topology], build: &str, phase: &str) {
+    let status = status_by(bin, &pods[0]);
+    assert_eq!(status["node_build"], build, "{phase}: {status}");
+    let listed = status["pods"].as_array().expect("pods");
+    assert_eq!(listed.len(), pods.len(), "{phase}: {status}");
+    for pod in listed {
+        assert_eq!(pod["in_force"], true, "{phase}: {pod}");
+        if pod["mode"] == "ebpf" {
+            assert_eq!(pod["program_build"], build, "{phase}: {pod}");
+        } else {
+            assert_eq!(pod["program_build"], Value::Null, "{phase}: {pod}");
+        }
+    }
+}
+
+/// One round of traffic through pod `topo`: outbound to a remote service, inbound to the app,
+/// and a DNS query; every answer must come from the proxy with the original destination.
+fn exchange(topo: &Topology) -> Result<(), String> {
+    let out = topo.tcp(&Who::app(), "10.0.0.5:80");
+    if out.server().as_deref() != Some("outbound") || out.orig().as_deref() != Some("10.0.0.5:80") {
+        return Err(format!("outbound from {}: {out:?}", topo.ip4));
+    }
+    let to = format!("{}:8080", topo.ip4);
+    let inbound = topo.connect_from_remote(&to);
+    if inbound.server().as_deref() != Some("inbound") || inbound.orig().as_deref() != Some(&to) {
+        return Err(format!("inbound to {to}: {inbound:?}"));
+    }
+    Ok(())
+}
+
+/// A connection held open across the takeovers, and what it must still see afterwards.
+struct Held {
+    guard: ChildGuard,
+    pod: String,
+    udp: bool,
+}
+
+fn check_held(held: Held) {
+    let out = held.guard.release_and_wait("go\n");
+    let v: Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{}: {e}: {out}", held.pod));
+    let (first, second) = (&v["first"], &v["second"]);
+    assert_eq!(second["ok"], true, "{}: {v}", held.pod);
+    if held.udp {
+        // The DNS proxy's reply still comes from the nameserver, as the app asked it.
+        let ns = format!("{NAMESERVER}:53");
+        assert_eq!(
+            first["reply"]["reply_from"],
+            ns.as_str(),
+            "{}: {v}",
+            held.pod
+        );
+        assert_eq!(
+            second["reply"]["reply_from"],
+            ns.as_str(),
+            "{}: {v}",
+            held.pod
+        );
+        assert_eq!(second["reply"]["server"], "dns", "{}: {v}", held.pod);
+    } else {
+        // The app's getpeername and the proxy's SO_ORIGINAL_DST, asked again after two swaps.
+        for seen in [first, second] {
+            assert_eq!(seen["peer"], "10.0.0.5:80", "{}: {v}", held.pod);
+            assert_eq!(seen["reply"]["server"], "outbound", "{}: {v}", held.pod);
+            assert_eq!(seen["reply"]["orig"], "10.0.0.5:80", "{}: {v}", held.pod);
+        }
+    }
+}
+
+/// Sets its flag when dropped: the traffic threads stop also when an assertion fails, rather
+/// than keeping the scope (and the test) alive forever.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Stops `agent` as a rolling update does, and starts the agent of `bin` in its place.
+fn replace_agent(node: &Node, agent: &mut Agent, bin: &Path) -> Agent {
+    agent.stop();
+    let next = node.spawn_agent_of(bin, "ebpf", &[]);
+    next.wait_ready();
+    next
+}
+
+#[test]
+fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
+    let (old_bin, new_bin) = (capture_bin(), variant_capture_bin());
+    let node = Node::new();
+    let mut pods: Vec<Topology> = (1..=PODS)
+        .map(|i| Topology::numbered(node.dirs.shared(), i))
+        .collect();
+    for (i, topo) in (1..=PODS).zip(pods.iter_mut()) {
+        let mode = if on_iptables(i) { "iptables" } else { "ebpf" };
+        topo.attach(&[
+            "--mode",
+            mode,
+            "--redirect-dns",
+            "--dns-nameserver",
+            NAMESERVER,
+        ]);
+        topo.start_all();
+        topo.start_dns_proxy();
+    }
+    let old_build = status_by(&old_bin, &pods[0])["build"]
+        .as_str()
+        .expect("build")
+        .to_string();
+    let new_build = status_by(&new_bin, &pods[0])["build"]
+        .as_str()
+        .expect("build")
+        .to_string();
+    assert_ne!(old_build, new_build, "the variant is another build");
+    let mut agent = node.spawn_agent_of(&old_bin, "ebpf", &[]);
+    agent.wait_ready();
+    assert_node_on(&old_bin, &pods, &old_build, "before the upgrade");
+    let old_programs = pinned_ids("prog", &node_pin_dir(&node.dirs.bpffs).join("programs"));
+    let links = link_ids(&node.dirs.bpffs);
+
+    let held: Vec<Held> = pods
+        .iter()
+        .flat_map(|topo| {
+            [
+                Held {
+                    guard: topo.spawn_holder(&Who::app(), "10.0.0.5:80", false),
+                    pod: topo.ip4.clone(),
+                    udp: false,
+                },
+                Held {
+                    guard: topo.spawn_holder(&Who::app(), &format!("{NAMESERVER}:53"), true),
+                    pod: topo.ip4.clone(),
+                    udp: true,
+                },
+            ]
+        })
+        .collect();
+
+    let phase = AtomicUsize::new(0);
+    let per_phase: [AtomicUsize; 3] = Default::default();
+    let failures = Mutex::new(Vec::new());
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for lane in 0..2 {
+            let (pods, phase, per_phase, failures, stop) =
+                (&pods, &phase, &per_phase, &failures, &stop);
+            s.spawn(move || {
+                for topo in pods.iter().skip(lane).step_by(2).cycle() {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let now = phase.load(Ordering::Acquire);
+                    match exchange(topo) {
+                        Ok(()) => {
+                            per_phase[now].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => failures.lock().unwrap().push(format!("phase {now}: {e}")),
+                    }
+                }
+            });
+        }
+        let _stop_traffic = StopOnDrop(&stop);
+        let settle = || std::thread::sleep(Duration::from_secs(2));
+        settle();
+
+        // Upgrade: the variant takes over in place.
+        agent = replace_agent(&node, &mut agent, &new_bin);
+        phase.store(1, Ordering::Release);
+        assert_node_on(&new_bin, &pods, &new_build, "after the upgrade");
+        let metrics = agent.checked_metrics();
+        for series in [
+            format!("capture_agent_build{{build=\"{new_build}\"}} 1"),
+            format!("capture_node_program_build{{build=\"{new_build}\"}} 1"),
+        ] {
+            assert!(metrics.contains(&series), "{series} in\n{metrics}");
+        }
+        assert!(
+            metrics.contains(&format!("build=\"{new_build}\"}} 1"))
+                && metrics.contains("capture_pod_program_build{"),
+            "{metrics}"
+        );
+        let new_programs = pinned_ids("prog", &node_pin_dir(&node.dirs.bpffs).join("programs"));
+        let new_maps = pinned_ids("map", &node_pin_dir(&node.dirs.bpffs).join("maps"));
+        assert_eq!(
+            still_loaded("prog", &old_programs),
+            Vec::<u64>::new(),
+            "the old build's programs are gone once no link runs them"
+        );
+        assert_eq!(
+            link_ids(&node.dirs.bpffs),
+            links,
+            "the links are updated in place"
+        );
+        settle();
+
+        // Rollback: the first build takes the node back.
+        agent = replace_agent(&node, &mut agent, &old_bin);
+        phase.store(2, Ordering::Release);
+        assert_node_on(&old_bin, &pods, &old_build, "after the rollback");
+        assert_eq!(
+            link_ids(&node.dirs.bpffs),
+            links,
+            "the links are updated in place"
+        );
+        assert_eq!(still_loaded("prog", &new_programs), Vec::<u64>::new());
+        let kept = pinned_ids("map", &node_pin_dir(&node.dirs.bpffs).join("maps"));
+        let left: Vec<u64> = still_loaded("map", &new_maps)
+            .into_iter()
+            .filter(|id| !kept.contains(id))
+            .collect();
+        assert_eq!(
+            left,
+            Vec::<u64>::new(),
+            "maps only the variant used are gone"
+        );
+        settle();
+    });
+
+    let failures = failures.into_inner().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} failed exchanges:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let counts: Vec<usize> = per_phase
+        .iter()
+        .map(|n| n.load(Ordering::Relaxed))
+        .collect();
+    eprintln!("exchanges per phase (old, upgraded, rolled back): {counts:?}");
+    for (i, n) in per_phase.iter().enumerate() {
+        assert!(n.load(Ordering::Relaxed) > 0, "no traffic in phase {i}");
+    }
+    for h in held {
+        check_held(h);
+    }
+
+    // Everything goes with the pods: no program, map or link of either build is left.
+    let programs = pinned_ids("prog", &node_pin_dir(&node.dirs.bpffs).join("programs"));
+    let maps = pinned_ids("map", &node_pin_dir(&node.dirs.bpffs).join("maps"));
+    agent.stop();
+    for topo in &pods {
+        let out = topo.detach();
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert_eq!(still_loaded("link", &links), Vec::<u64>::new());
+    std::fs::remove_dir_all(&node.dirs.bpffs).expect("removing the node's pins");
+    assert_eq!(still_loaded("prog", &programs), Vec::<u64>::new());
+    assert_eq!(still_loaded("map", &maps), Vec::<u64>::new());
+}
