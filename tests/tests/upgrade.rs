@@ -347,3 +347,88 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
     assert_eq!(still_loaded("prog", &programs), Vec::<u64>::new());
     assert_eq!(still_loaded("map", &maps), Vec::<u64>::new());
 }
+
+/// Pins a build cannot understand: the node record says the socket-state map, which holds the
+/// state of open connections, has a layout newer than any this build knows (as a newer build
+/// would leave it). The agent says so and stays up, not ready; the running programs stay in
+/// force; and once the pins are ones it knows, it takes the node over.
+#[test]
+fn a_build_that_meets_a_newer_layout_leaves_the_programs_in_force_and_says_why() {
+    let new_bin = variant_capture_bin();
+    let node = Node::new();
+    let mut topo = Topology::numbered(node.dirs.shared(), 1);
+    topo.attach(&[]);
+    topo.start_all();
+    let mut late = Topology::numbered(node.dirs.shared(), 2);
+    late.start_all();
+    exchange(&topo).expect("captured before");
+
+    let record_path = node.dirs.state.join("node.json");
+    let original = std::fs::read_to_string(&record_path).expect("node record");
+    let mut record: Value = serde_json::from_str(&original).expect("node record JSON");
+    record["layouts"]["SOCKET_STATES"] = 9.into();
+    std::fs::write(&record_path, record.to_string()).expect("writing the node record");
+
+    let mut agent = node.spawn_agent_of(&new_bin, "ebpf", &[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (code, body) = loop {
+        let (code, body) = agent.wait_answer("/readyz");
+        if body.contains("SOCKET_STATES") || std::time::Instant::now() > deadline {
+            break (code, body);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(code, 503, "{body}");
+    for expected in ["layout version 9", "stay in force"] {
+        assert!(body.contains(expected), "/readyz says {expected:?}: {body}");
+    }
+    exchange(&topo).expect("the running programs stay in force");
+
+    // Another build's CLI does not attach a pod on top of programs it did not load.
+    let out = Command::new(&new_bin)
+        .arg("--bpffs")
+        .arg(&node.dirs.bpffs)
+        .arg("--state-dir")
+        .arg(&node.dirs.state)
+        .args(["attach", "--netns"])
+        .arg(late.pod.netns.path())
+        .arg("--cgroup")
+        .arg(&late.pod.cgroup.path)
+        .args(["--pod-ip", &late.ip4])
+        .output()
+        .expect("capture attach");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("this node's programs are capture build")
+            && stderr.contains("takes the node over"),
+        "{stderr}"
+    );
+    exchange(&topo).expect("still captured");
+    let doctor = Command::new(&new_bin)
+        .arg("--bpffs")
+        .arg(&node.dirs.bpffs)
+        .arg("--state-dir")
+        .arg(&node.dirs.state)
+        .arg("doctor")
+        .output()
+        .expect("capture doctor");
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        said.contains("would NOT take the node over") && said.contains("SOCKET_STATES"),
+        "{said}"
+    );
+
+    // With pins it understands, the same build takes over.
+    agent.stop();
+    std::fs::write(&record_path, original).expect("restoring the node record");
+    let agent = node.spawn_agent_of(&new_bin, "ebpf", &[]);
+    agent.wait_ready();
+    exchange(&topo).expect("captured after the takeover");
+    let status = status_by(&new_bin, &topo);
+    assert_eq!(status["node_build"], status["build"], "{status}");
+    assert_eq!(
+        status["pods"][0]["program_build"], status["build"],
+        "{status}"
+    );
+}

@@ -185,10 +185,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::Doctor { json } => {
             let probe = crate::probe::probe();
+            let builds = crate::ebpf::takeover::preview(&paths);
             if json {
-                println!("{}", serde_json::to_string_pretty(&probe)?);
+                let report = serde_json::json!({ "probe": probe, "builds": builds });
+                println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", render_probe(&probe));
+                print!("{}", crate::cli::render::render_builds(&builds));
             }
         }
         Command::Status { json } => {

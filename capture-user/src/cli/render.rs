@@ -55,6 +55,37 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
     out
 }
 
+/// Which builds the node has met, and what a takeover by this one would do.
+#[must_use]
+pub fn render_builds(builds: &crate::ebpf::takeover::Builds) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("this binary: build {}\n", builds.this);
+    let _ = match &builds.node {
+        Some(node) => writeln!(
+            out,
+            "node programs: build {node}, used by {} pod(s)",
+            builds.pods
+        ),
+        None => writeln!(out, "node programs: none pinned"),
+    };
+    match &builds.takeover {
+        None => {}
+        Some(Ok(maps)) => {
+            let _ = writeln!(out, "this build's agent would take the node over in place:");
+            for (map, carried) in maps {
+                let _ = writeln!(out, "  {map:<18} {carried:?}");
+            }
+        }
+        Some(Err(why)) => {
+            let _ = writeln!(
+                out,
+                "this build's agent would NOT take the node over: {why}"
+            );
+        }
+    }
+    out
+}
+
 /// The human-readable status table.
 #[must_use]
 pub fn render_status(status: &NodeStatus) -> String {

@@ -472,6 +472,36 @@ fn remove_pins_of(paths: &Paths, from: &NodeRecord) {
     }
 }
 
+/// Which builds a node has met, for `capture doctor`: this binary's, the node's, and what this
+/// build's agent would do with each map if it started now.
+#[derive(Debug, serde::Serialize)]
+pub struct Builds {
+    pub this: String,
+    pub node: Option<String>,
+    /// Pods using the node's programs.
+    pub pods: usize,
+    /// What a takeover by this build would do with each map (none when the node is this
+    /// build's or has no programs), or why it would stop.
+    pub takeover: Option<Result<Vec<(&'static str, Carried)>, String>>,
+}
+
+/// Looks, changes nothing.
+#[must_use]
+pub fn preview(paths: &Paths) -> Builds {
+    let record = node::read_node_record(paths);
+    let takeover = record.as_ref().filter(|r| !r.is_this_build()).map(|r| {
+        plan(paths, r)
+            .map(|plans| plans.iter().map(|p| (p.layout.name, p.carried)).collect())
+            .map_err(|e| e.to_string())
+    });
+    Builds {
+        this: build_name(),
+        node: record.map(|r| r.build()),
+        pods: node::pods_use_programs(paths),
+        takeover,
+    }
+}
+
 /// Moves the links of pods that do not run this build's programs (a takeover that died after
 /// moving some of them, before the record said so). The caller holds the node lock.
 pub fn converge(paths: &Paths, record: &NodeRecord) -> Result<usize, LoadError> {
