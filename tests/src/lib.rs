@@ -48,11 +48,21 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
 /// `cargo xtask test` builds into `target/variant`: another build whose pod-config and counter
 /// maps differ, for the upgrade and rollback tests. `$CAPTURE_VARIANT_BIN` overrides it.
 pub fn variant_capture_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("CAPTURE_VARIANT_BIN") {
+    other_build("variant", "CAPTURE_VARIANT_BIN")
+}
+
+/// The `capture` binary of the previous release, built from the git history by `cargo xtask
+/// test` into `target/previous`. `$CAPTURE_PREVIOUS_BIN` overrides it.
+pub fn previous_release_capture_bin() -> PathBuf {
+    other_build("previous", "CAPTURE_PREVIOUS_BIN")
+}
+
+fn other_build(dir: &str, env: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
         return p.into();
     }
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/variant/<profile>/capture
+    // target/<profile>/deps/<test> -> target/<dir>/<profile>/capture
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
@@ -61,12 +71,12 @@ pub fn variant_capture_bin() -> PathBuf {
     let bin = profile_dir
         .parent()
         .expect("target directory")
-        .join("variant")
+        .join(dir)
         .join(profile)
         .join("capture");
     assert!(
         bin.is_file(),
-        "{} is not built; run `cargo xtask test` (it builds the variant) or set CAPTURE_VARIANT_BIN",
+        "{} is not built; run `cargo xtask test` (it builds it) or set {env}",
         bin.display()
     );
     bin

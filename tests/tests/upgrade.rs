@@ -17,6 +17,7 @@ use std::{
 use capture_tests::{
     cni::{Agent, Node},
     guards::ChildGuard,
+    previous_release_capture_bin,
     probe::Who,
     topology::{capture_bin, node_pin_dir, Topology},
     variant_capture_bin,
@@ -431,4 +432,106 @@ fn a_build_that_meets_a_newer_layout_leaves_the_programs_in_force_and_says_why()
         status["pods"][0]["program_build"], status["build"],
         "{status}"
     );
+}
+
+/// The previous release (built from the git history) pinned its programs at the top of the
+/// bpffs directory and named no layouts. This build takes such a node over in place. Rolled back
+/// to, that release cannot take the node back (it predates takeovers): it loads programs of its
+/// own for new pods, and the running pods keep this build's, captured. Upgraded again, this
+/// build moves them onto its programs with the state of their open connections, which lives in
+/// the maps the pods ran with, not in the ones the old release pinned last.
+#[test]
+fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_it() {
+    let (previous, current) = (previous_release_capture_bin(), capture_bin());
+    let node = Node::new();
+    let mut pods: Vec<Topology> = (1..=4)
+        .map(|i| Topology::numbered(node.dirs.shared(), i))
+        .collect();
+    for (i, topo) in (1..=4).zip(pods.iter_mut()) {
+        let mode = if on_iptables(i) { "iptables" } else { "ebpf" };
+        let out = Command::new(&previous)
+            .arg("--bpffs")
+            .arg(&topo.dirs.bpffs)
+            .arg("--state-dir")
+            .arg(&topo.dirs.state)
+            .args(["attach", "--netns"])
+            .arg(topo.pod.netns.path())
+            .arg("--cgroup")
+            .arg(&topo.pod.cgroup.path)
+            .args(["--pod-ip", &topo.ip4, "--pod-ip", &topo.ip6, "--mode", mode])
+            .args(["--redirect-dns", "--dns-nameserver", NAMESERVER])
+            .output()
+            .expect("capture attach (previous release)");
+        assert!(out.status.success(), "{out:?}");
+        topo.start_all();
+        topo.start_dns_proxy();
+    }
+    let legacy_programs = pinned_ids("prog", &node.dirs.bpffs.join("programs"));
+    let mut agent = node.spawn_agent_of(&previous, "ebpf", &[]);
+    agent.wait_ready();
+    let links = link_ids(&node.dirs.bpffs);
+    let held: Vec<Held> = pods
+        .iter()
+        .flat_map(|topo| {
+            [
+                Held {
+                    guard: topo.spawn_holder(&Who::app(), "10.0.0.5:80", false),
+                    pod: topo.ip4.clone(),
+                    udp: false,
+                },
+                Held {
+                    guard: topo.spawn_holder(&Who::app(), &format!("{NAMESERVER}:53"), true),
+                    pod: topo.ip4.clone(),
+                    udp: true,
+                },
+            ]
+        })
+        .collect();
+    let build = status_by(&current, &pods[0])["build"]
+        .as_str()
+        .expect("build")
+        .to_string();
+    let all_exchange = |phase: &str| {
+        for topo in &pods {
+            if let Err(e) = exchange(topo) {
+                panic!("{phase}: {e}");
+            }
+        }
+    };
+    all_exchange("on the previous release");
+
+    agent = replace_agent(&node, &mut agent, &current);
+    all_exchange("upgraded");
+    assert_node_on(&current, &pods, &build, "upgraded");
+    assert!(
+        !node.dirs.bpffs.join("programs").exists() && !node.dirs.bpffs.join("maps").exists(),
+        "the previous release's pins are gone"
+    );
+    assert_eq!(still_loaded("prog", &legacy_programs), Vec::<u64>::new());
+    assert_eq!(
+        link_ids(&node.dirs.bpffs),
+        links,
+        "the links are updated in place"
+    );
+
+    agent = replace_agent(&node, &mut agent, &previous);
+    all_exchange("rolled back to the previous release");
+
+    agent = replace_agent(&node, &mut agent, &current);
+    all_exchange("upgraded again");
+    assert_node_on(&current, &pods, &build, "upgraded again");
+    assert_eq!(
+        link_ids(&node.dirs.bpffs),
+        links,
+        "the links are updated in place"
+    );
+    for h in held {
+        check_held(h);
+    }
+    agent.stop();
+    for topo in &pods {
+        let out = topo.detach();
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert_eq!(still_loaded("link", &links), Vec::<u64>::new());
 }

@@ -3,12 +3,14 @@
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
 
+mod builds;
 mod setup;
 mod vm;
 
 use std::process::Command;
 
 use anyhow::{bail, Context as _, Result};
+use builds::{build, build_previous_release, build_variant};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -35,7 +37,9 @@ enum Task {
     /// (needs root; a few minutes, most of it downloads).
     SetupCheck,
     /// Build every binary of the default members (the kernel programs are built and embedded by
-    /// capture-user's build.rs; capture-ebpf itself only builds for BPF).
+    /// capture-user's build.rs; capture-ebpf itself only builds for BPF), and the two other
+    /// builds of `capture` the upgrade tests use: the next-layout variant and the previous
+    /// release (from the git history).
     Build,
     /// Run every test: unit tests and the privileged end-to-end suite (needs root).
     Test {
@@ -106,39 +110,13 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
 /// The features the end-to-end tests need of the binaries they run: the test-only switches stay
 /// out of every other build (a release build at the workspace root among them).
-const TEST_FEATURES: [&str; 2] = ["--features", "capture-user/test-hooks"];
-
-fn build() -> Result<()> {
-    run(cargo()
-        .args(["build", "--bins", "--locked"])
-        .args(TEST_FEATURES))
-}
-
-/// The `capture` binary of the next map layouts (capture-common's `layout` module), in its own
-/// target directory: the other build that the upgrade and rollback tests take a node to and back.
-fn build_variant() -> Result<()> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| std::path::PathBuf::from("target"), Into::into)
-        .join("variant");
-    run(cargo()
-        .env("CAPTURE_LAYOUT_VARIANT", "next")
-        .env("CARGO_TARGET_DIR", target)
-        .args([
-            "build",
-            "--locked",
-            "-p",
-            "capture-user",
-            "--bin",
-            "capture",
-        ])
-        .args(TEST_FEATURES))
-}
+pub const TEST_FEATURES: [&str; 2] = ["--features", "capture-user/test-hooks"];
 
 /// `cargo test`, streaming its output, then one closing line that totals every test binary
 /// (cargo's own last line is often a doc-test run with nothing in it).
@@ -218,13 +196,16 @@ fn run_task(task: Task) -> Result<()> {
         }
         Task::Build => {
             setup::setup()?;
-            build()
+            build()?;
+            build_variant()?;
+            build_previous_release()
         }
         Task::Test { args } => {
             require_root("cargo xtask test")?;
             setup::setup()?;
             build()?;
             build_variant()?;
+            build_previous_release()?;
             test(&args)
         }
         Task::Lint => {
@@ -279,6 +260,7 @@ fn run_task(task: Task) -> Result<()> {
             setup::install(setup::tools::VM_TOOLS)?;
             build()?;
             build_variant()?;
+            build_previous_release()?;
             vm::run(vm::Options {
                 kernels,
                 timeout_secs,

@@ -7,7 +7,7 @@ use std::{
     ffi::CString,
     io,
     os::{
-        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
         unix::ffi::OsStrExt as _,
     },
     path::Path,
@@ -19,6 +19,7 @@ const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -233,4 +234,40 @@ pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> 
     attr.put_u64(16, value.as_ptr() as u64);
     attr.put_u64(24, flags);
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// An fd for the program with kernel id `id`.
+pub fn prog_by_id(id: u32) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, id);
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: a new fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The ids of the maps a program uses (`struct bpf_prog_info`: `nr_map_ids` at 52, `map_ids`
+/// at 56).
+pub fn prog_map_ids(prog: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 32];
+    let mut info = [0u8; 64];
+    info[52..56].copy_from_slice(&(ids.len() as u32).to_ne_bytes());
+    info[56..64].copy_from_slice(&(ids.as_mut_ptr() as u64).to_ne_bytes());
+    obj_info(prog, &mut info)?;
+    let count = (u32_at(&info, 52) as usize).min(ids.len());
+    Ok(ids[..count].to_vec())
+}
+
+/// An fd for the map with kernel id `id`, and its name (as the kernel keeps it: 15 bytes).
+pub fn map_by_id(id: u32) -> io::Result<(OwnedFd, String)> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, id);
+    let fd = bpf(BPF_MAP_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: a new fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut info = [0u8; 40];
+    obj_info(fd.as_fd(), &mut info)?;
+    let name = &info[24..40];
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let name = String::from_utf8_lossy(&name[..len]).into_owned();
+    Ok((fd, name))
 }

@@ -87,8 +87,56 @@ fn counters_readable(map: &str, version: u32) -> bool {
     }
 }
 
+/// The maps the pods' programs run with, by name: the state of open connections is in those,
+/// whichever build's pins are recorded (a build from before takeovers, rolled back to, pins
+/// maps of its own that the running pods never used).
+fn maps_in_use(paths: &Paths, pods: &[PodRecord]) -> Vec<(String, OwnedFd)> {
+    let mut found: Vec<(String, OwnedFd)> = Vec::new();
+    let Some(pod) = pods
+        .iter()
+        .find(|p| paths.pod_links_dir(p.netns_cookie).exists())
+    else {
+        return found;
+    };
+    let links = fs::read_dir(paths.pod_links_dir(pod.netns_cookie));
+    for entry in links.into_iter().flatten().flatten() {
+        let Ok(link) = sys::obj_get(&entry.path()) else {
+            continue;
+        };
+        let Ok(prog) = sys::link_prog_id(link.as_fd()).and_then(sys::prog_by_id) else {
+            continue;
+        };
+        for id in sys::prog_map_ids(prog.as_fd()).unwrap_or_default() {
+            if let Ok((map, name)) = sys::map_by_id(id) {
+                if !found.iter().any(|(n, _)| *n == name) {
+                    found.push((name, map));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The kernel keeps 15 bytes of a map's name.
+fn kernel_name(name: &str) -> &str {
+    &name[..name.len().min(15)]
+}
+
+/// The node's ebpf pods, as their records say.
+fn ebpf_pods(paths: &Paths) -> Result<Vec<PodRecord>, record::RecordError> {
+    Ok(record::load_all(paths)?
+        .into_iter()
+        .filter(|r| r.mode == Mode::Ebpf)
+        .collect())
+}
+
 /// Decides each map's fate; an error if some map cannot be carried (nothing has changed then).
-fn plan(paths: &Paths, from: &NodeRecord) -> Result<Vec<MapPlan>, LoadError> {
+/// The live state comes from the maps the pods run with (`in_use`), the rest from the pins.
+fn plan(
+    paths: &Paths,
+    from: &NodeRecord,
+    mut in_use: Vec<(String, OwnedFd)>,
+) -> Result<Vec<MapPlan>, LoadError> {
     let ours = object_maps()?;
     MAP_LAYOUTS
         .iter()
@@ -97,7 +145,16 @@ fn plan(paths: &Paths, from: &NodeRecord) -> Result<Vec<MapPlan>, LoadError> {
                 .get(layout.name)
                 .ok_or(LoadError::MissingProgram(layout.name))?;
             let version = from.layout_version(layout.name);
-            let old = sys::obj_get(&from.maps_dir(paths).join(layout.name)).ok();
+            let running = (layout.carry == Carry::Live)
+                .then(|| {
+                    in_use
+                        .iter()
+                        .position(|(n, _)| n == kernel_name(layout.name))
+                        .map(|i| in_use.swap_remove(i).1)
+                })
+                .flatten();
+            let old = running
+                .or_else(|| sys::obj_get(&from.maps_dir(paths).join(layout.name)).ok());
             let pinned = old
                 .as_ref()
                 .and_then(|fd| sys::map_definition(fd.as_fd()).ok());
@@ -158,60 +215,54 @@ const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
 
 /// Takes the node over from the build that `from` names. The caller holds the node lock.
 pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError> {
-    let plans = plan(paths, from)?;
-    tracing::info!(from = %from.build(), to = %build_name(), "taking the node over");
-    let dir = paths.build_pin_dir(&object_id());
-    // A takeover by this build that died half-way left pins here; its pods are moved again.
-    let _ = fs::remove_dir_all(&dir);
-    let map_pins: Vec<(&'static str, PathBuf)> = plans
-        .iter()
-        .map(|p| {
-            let path = if p.carried == Carried::Kept {
-                from.maps_dir(paths).join(p.layout.name)
-            } else {
-                dir.join("maps").join(p.layout.name)
-            };
-            (p.layout.name, path)
-        })
-        .collect();
-    let unavailable = load_and_pin(&dir, &map_pins)?;
     let takeover_error = |path: &Path, reason: String| LoadError::Takeover {
         path: path.to_path_buf(),
         reason,
     };
-    // Kept maps get a pin of their own under the new directory, so the old one can go.
+    let pods = ebpf_pods(paths).map_err(|e| takeover_error(&paths.records_dir(), e.to_string()))?;
+    let plans = plan(paths, from, maps_in_use(paths, &pods))?;
+    tracing::info!(from = %from.build(), to = %build_name(), "taking the node over");
+    let dir = paths.build_pin_dir(&object_id());
+    // A takeover by this build that died half-way left pins here; its pods are moved again.
+    let _ = fs::remove_dir_all(&dir);
+    // Kept maps are pinned under the new directory first, where the loader finds and uses them;
+    // the others are created there.
     let maps_dir = dir.join("maps");
     fs::create_dir_all(&maps_dir).map_err(|e| takeover_error(&maps_dir, e.to_string()))?;
     for p in plans.iter().filter(|p| p.carried == Carried::Kept) {
-        let (fd, _) = p.old.as_ref().expect("kept maps are pinned");
-        let path = dir.join("maps").join(p.layout.name);
+        let (fd, _) = p.old.as_ref().expect("kept maps are open");
+        let path = maps_dir.join(p.layout.name);
         sys::obj_pin(fd.as_fd(), &path).map_err(|e| takeover_error(&path, e.to_string()))?;
     }
+    let map_pins: Vec<(&'static str, PathBuf)> = plans
+        .iter()
+        .map(|p| (p.layout.name, maps_dir.join(p.layout.name)))
+        .collect();
+    let unavailable = load_and_pin(&dir, &map_pins)?;
     let to = NodeRecord::this_build(paths, unavailable);
     let mut maps = open_maps(&to.maps_dir(paths))?;
     let programs = node::open_programs(paths, &to)?;
-    let pods: Vec<PodRecord> = record::load_all(paths)
-        .map_err(|e| takeover_error(&paths.records_dir(), e.to_string()))?
-        .into_iter()
-        .filter(|r| r.mode == Mode::Ebpf)
-        .collect();
     let carried = |name: &str| {
         plans
             .iter()
             .find(|p| p.layout.name == name)
             .map(|p| p.carried)
     };
-    let rebuilt_from_records = plans
-        .iter()
-        .any(|p| p.layout.carry == Carry::FromRecords && p.carried != Carried::Kept);
     let listeners_rebuilt = carried("INBOUND_LISTENERS") != Some(Carried::Kept);
 
-    // Before the swap: everything the new programs read.
+    // Before the swap: everything the new programs read. Kept maps are written too: a build
+    // from before takeovers existed, rolled back to, loads maps of its own that lack the pods it
+    // did not attach, and the writes are the same values for every pod it did.
     let mut seen_listeners: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); pods.len()];
+    // A pod whose entries cannot be written stays on the old programs, which keep the old maps.
+    let mut failed = Vec::new();
+    let mut stays = BTreeSet::new();
     for (pod, seen) in pods.iter().zip(seen_listeners.iter_mut()) {
-        if rebuilt_from_records {
-            pod_maps::install(&mut maps, pod.netns_cookie, &pod.config)
-                .map_err(|e| takeover_error(&pod.netns, e.to_string()))?;
+        if let Err(e) = pod_maps::install(&mut maps, pod.netns_cookie, &pod.config) {
+            tracing::error!(netns = %pod.netns.display(), error = %e, "writing the pod's entries into the new maps; it stays on the old programs");
+            failed.push(format!("{}: {e}", pod.netns.display()));
+            stays.insert(pod.netns_cookie);
+            continue;
         }
         if listeners_rebuilt {
             adopt_pod_listeners(&mut maps, pod, seen);
@@ -219,8 +270,10 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
     }
     copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
 
-    let mut failed = Vec::new();
     for pod in &pods {
+        if stays.contains(&pod.netns_cookie) {
+            continue;
+        }
         if let Err(e) = move_pod(paths, pod, &programs) {
             tracing::error!(netns = %pod.netns.display(), error = %e, "moving the pod's links to the new programs");
             failed.push(format!("{}: {e}", pod.netns.display()));
@@ -490,7 +543,8 @@ pub struct Builds {
 pub fn preview(paths: &Paths) -> Builds {
     let record = node::read_node_record(paths);
     let takeover = record.as_ref().filter(|r| !r.is_this_build()).map(|r| {
-        plan(paths, r)
+        let pods = ebpf_pods(paths).unwrap_or_default();
+        plan(paths, r, maps_in_use(paths, &pods))
             .map(|plans| plans.iter().map(|p| (p.layout.name, p.carried)).collect())
             .map_err(|e| e.to_string())
     });

@@ -37,6 +37,9 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("/usr/lib/cni/bridge", "containernetworking-plugins"),
     tool("/usr/lib/cni/host-local", "containernetworking-plugins"),
     tool("promtool", "prometheus"),
+    // The upgrade tests build the previous release from the repository's history.
+    tool("git", "git"),
+    tool("tar", "tar"),
 ];
 
 /// What `cargo xtask vm` adds on the host: apt and dpkg fetch and unpack the kernels, kmod
