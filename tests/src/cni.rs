@@ -521,7 +521,8 @@ impl Agent {
     #[must_use]
     pub fn request(&self, method: &str, path: &str) -> Option<HttpResponse> {
         let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        // Generous: under emulation, with traffic running, a scrape of many pods takes seconds.
+        s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
         write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
         let mut resp = String::new();
         s.read_to_string(&mut resp).ok()?;

@@ -212,8 +212,8 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
         .expect("build")
         .to_string();
     assert_ne!(old_build, new_build, "the variant is another build");
-    let mut agent = node.spawn_agent_of(&old_bin, "ebpf", &[]);
-    agent.wait_ready();
+    // The old build's pins, as its agent or its CLI leaves them (its agent's start would only
+    // adopt them; the kernel matrix spares it).
     assert_node_on(&old_bin, &pods, &old_build, "before the upgrade");
     let old_programs = pinned_ids("prog", &node_pin_dir(&node.dirs.bpffs).join("programs"));
     let links = link_ids(&node.dirs.bpffs);
@@ -240,7 +240,7 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
     let per_phase: [AtomicUsize; 3] = Default::default();
     let failures = Mutex::new(Vec::new());
     let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
+    let mut agent = std::thread::scope(|s| {
         for lane in 0..2 {
             let (pods, phase, per_phase, failures, stop) =
                 (&pods, &phase, &per_phase, &failures, &stop);
@@ -264,7 +264,8 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
         settle();
 
         // Upgrade: the variant takes over in place.
-        agent = replace_agent(&node, &mut agent, &new_bin);
+        let mut agent = node.spawn_agent_of(&new_bin, "ebpf", &[]);
+        agent.wait_ready();
         phase.store(1, Ordering::Release);
         assert_node_on(&new_bin, &pods, &new_build, "after the upgrade");
         let metrics = agent.checked_metrics();
@@ -314,6 +315,7 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
             "maps only the variant used are gone"
         );
         settle();
+        agent
     });
 
     let failures = failures.into_inner().unwrap();
@@ -467,8 +469,6 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
         topo.start_dns_proxy();
     }
     let legacy_programs = pinned_ids("prog", &node.dirs.bpffs.join("programs"));
-    let mut agent = node.spawn_agent_of(&previous, "ebpf", &[]);
-    agent.wait_ready();
     let links = link_ids(&node.dirs.bpffs);
     let held: Vec<Held> = pods
         .iter()
@@ -500,7 +500,8 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
     };
     all_exchange("on the previous release");
 
-    agent = replace_agent(&node, &mut agent, &current);
+    let mut agent = node.spawn_agent_of(&current, "ebpf", &[]);
+    agent.wait_ready();
     all_exchange("upgraded");
     assert_node_on(&current, &pods, &build, "upgraded");
     assert!(
