@@ -26,6 +26,32 @@ pub fn ip(args: &[&str]) -> String {
     run(Command::new("ip").args(args))
 }
 
+/// `ip -n NETNS -batch -`: several commands in one run (a topology's set-up, one process per
+/// netns rather than one per command, which counts under emulation).
+pub fn ip_batch(netns: &str, commands: &[String]) {
+    use std::io::Write as _;
+    let mut child = Command::new("ip")
+        .args(["-n", netns, "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running ip -batch");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(commands.join("\n").as_bytes())
+        .expect("writing ip's batch");
+    let out = child.wait_with_output().expect("ip -batch");
+    assert!(
+        out.status.success(),
+        "ip -n {netns} -batch failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        commands.join("\n")
+    );
+}
+
 /// A named network namespace (`ip netns add`), deleted on drop.
 pub struct NetnsGuard {
     pub name: String,

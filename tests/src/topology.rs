@@ -10,7 +10,7 @@ use std::{
 
 use crate::{
     built_binary,
-    guards::{ip, CaptureDirs, CgroupGuard, ChildGuard, NetnsGuard},
+    guards::{ip, ip_batch, CaptureDirs, CgroupGuard, ChildGuard, NetnsGuard},
     probe::{probe_bin, ConnectOpts, Outcome, Who},
     require_root,
 };
@@ -74,41 +74,34 @@ impl Topology {
         };
         let remote = NetnsGuard::new("capture-remote");
         let (p, r) = (pod.netns.name.as_str(), remote.name.as_str());
-        ip(&[
-            "-n", p, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", r,
-        ]);
         let (ip4, ip6) = (format!("10.1.{n}.10"), format!("fd00:1:{n:x}::10"));
         let (gw4, gw6) = (format!("10.1.{n}.1"), format!("fd00:1:{n:x}::1"));
-        for (ns, v4, v6) in [(p, &ip4, &ip6), (r, &gw4, &gw6)] {
-            ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", "eth0"]);
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                "eth0",
-                "nodad",
-            ]);
-            ip(&["-n", ns, "link", "set", "eth0", "up"]);
-        }
-        ip(&["-n", p, "route", "add", "default", "via", &gw4]);
-        ip(&["-n", p, "-6", "route", "add", "default", "via", &gw6]);
-        for prefix in ["10.0.0.0/16", "10.2.0.0/16", "10.96.0.0/16", "1.0.0.0/8"] {
-            ip(&["-n", r, "route", "add", "local", prefix, "dev", "lo"]);
-        }
-        ip(&[
-            "-n",
-            r,
-            "-6",
-            "route",
-            "add",
-            "local",
+        ip_batch(
+            p,
+            &[
+                format!("link add eth0 type veth peer name eth0 netns {r}"),
+                format!("addr add {ip4}/24 dev eth0"),
+                format!("addr add {ip6}/64 dev eth0 nodad"),
+                "link set eth0 up".into(),
+                format!("route add default via {gw4}"),
+                format!("route add default via {gw6}"),
+            ],
+        );
+        let mut remote_setup = vec![
+            format!("addr add {gw4}/24 dev eth0"),
+            format!("addr add {gw6}/64 dev eth0 nodad"),
+            "link set eth0 up".into(),
+        ];
+        for prefix in [
+            "10.0.0.0/16",
+            "10.2.0.0/16",
+            "10.96.0.0/16",
+            "1.0.0.0/8",
             "fd00:2::/64",
-            "dev",
-            "lo",
-        ]);
+        ] {
+            remote_setup.push(format!("route add local {prefix} dev lo"));
+        }
+        ip_batch(r, &remote_setup);
         Self {
             servers: Vec::new(),
             pod,

@@ -5,6 +5,7 @@
 //! upgrade rebuilds one and migrates the other, and the rollback rebuilds one and resets the other.
 
 use std::{
+    os::fd::AsFd as _,
     path::Path,
     process::Command,
     sync::{
@@ -22,6 +23,7 @@ use capture_tests::{
     topology::{capture_bin, node_pin_dir, Topology},
     variant_capture_bin,
 };
+use capture_user::ebpf::sys;
 use serde_json::Value;
 
 const PODS: u8 = 20;
@@ -46,33 +48,34 @@ fn status_by(bin: &Path, topo: &Topology) -> Value {
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
 
-/// The ids bpftool gives the programs or maps pinned in `dir`.
+/// The kernel's ids of the programs, maps or links pinned in `dir` (`kind` names which, as
+/// bpftool does).
 fn pinned_ids(kind: &str, dir: &Path) -> Vec<u64> {
-    let mut ids = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("pin dir").flatten() {
-        let out = Command::new("bpftool")
-            .args(["-j", kind, "show", "pinned"])
-            .arg(entry.path())
-            .output()
-            .expect("bpftool");
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        ids.push(v["id"].as_u64().unwrap_or_else(|| panic!("{kind} {v}")));
-    }
+    let mut ids: Vec<u64> = std::fs::read_dir(dir)
+        .expect("pin dir")
+        .flatten()
+        .map(|entry| {
+            let fd = sys::obj_get(&entry.path())
+                .unwrap_or_else(|e| panic!("{kind} {}: {e}", entry.path().display()));
+            u64::from(sys::obj_id(fd.as_fd()).expect("object id"))
+        })
+        .collect();
     ids.sort_unstable();
     ids
 }
 
-/// Those of `ids` the kernel still has after a few seconds (it frees them after a grace period).
+/// Those of `ids` that bpftool still lists after a few seconds (the kernel frees objects after
+/// a grace period).
 fn still_loaded(kind: &str, ids: &[u64]) -> Vec<u64> {
     let loaded = || -> Vec<u64> {
+        let out = Command::new("bpftool")
+            .args(["-j", kind, "show"])
+            .output()
+            .expect("bpftool");
+        let listed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
         ids.iter()
             .copied()
-            .filter(|id| {
-                Command::new("bpftool")
-                    .args([kind, "show", "id", &id.to_string()])
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            })
+            .filter(|id| listed.iter().any(|v| v["id"].as_u64() == Some(*id)))
             .collect()
     };
     for _ in 0..50 {

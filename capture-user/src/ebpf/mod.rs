@@ -4,6 +4,7 @@ mod adopt;
 pub mod hook_probe;
 pub mod hooks;
 pub mod loader;
+mod migrate;
 pub mod netns_cookie;
 pub mod node;
 mod pod_maps;

@@ -271,3 +271,10 @@ pub fn map_by_id(id: u32) -> io::Result<(OwnedFd, String)> {
     let name = String::from_utf8_lossy(&name[..len]).into_owned();
     Ok((fd, name))
 }
+
+/// The kernel's id of a program, map or link (each info struct has it second).
+pub fn obj_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u8; 8];
+    obj_info(fd, &mut info)?;
+    Ok(u32_at(&info, 4))
+}

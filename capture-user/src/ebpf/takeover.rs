@@ -26,6 +26,7 @@ use super::{
     adopt,
     hooks::{Hook, Target},
     loader::{build_name, object_id, object_maps, LoadError},
+    migrate,
     node::{self, load_and_pin, open_maps, NodeRecord},
     pod_maps,
     sys::{self, MapDefinition},
@@ -62,11 +63,11 @@ pub struct Takeover {
     pub failed: Vec<String>,
 }
 
-struct MapPlan {
-    layout: &'static MapLayout,
+pub(super) struct MapPlan {
+    pub(super) layout: &'static MapLayout,
     /// The pinned map of the old build and its layout version, if it is pinned.
-    old: Option<(OwnedFd, u32)>,
-    carried: Carried,
+    pub(super) old: Option<(OwnedFd, u32)>,
+    pub(super) carried: Carried,
 }
 
 fn same_definition(pinned: &MapDefinition, ours: &aya_obj::Map) -> bool {
@@ -268,7 +269,7 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
             adopt_pod_listeners(&mut maps, pod, seen);
         }
     }
-    copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
+    migrate::copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
 
     for pod in &pods {
         if stays.contains(&pod.netns_cookie) {
@@ -286,8 +287,8 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
             adopt_pod_listeners(&mut maps, pod, seen);
         }
     }
-    copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
-    add_counters(&plans, &to.maps_dir(paths))?;
+    migrate::copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
+    migrate::add_counters(&plans, &to.maps_dir(paths))?;
 
     to.save(paths)?;
     remove_pins_of(paths, from);
@@ -378,128 +379,6 @@ pub(super) fn move_pod(
         moved += 1;
     }
     Ok(moved)
-}
-
-/// Copies the entries of a migrated live map that the new one lacks (before the swap, and again
-/// after it for what the old programs wrote meanwhile).
-fn copy_live(plans: &[MapPlan], new_dir: &Path, name: &str) -> Result<(), LoadError> {
-    let Some(plan) = plans.iter().find(|p| p.layout.name == name) else {
-        return Ok(());
-    };
-    let (Carried::Migrated, Some((old, _))) = (plan.carried, plan.old.as_ref()) else {
-        return Ok(());
-    };
-    const NOEXIST: u64 = 1;
-    let path = new_dir.join(name);
-    let new = sys::obj_get(&path).map_err(|e| LoadError::Takeover {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    for_each_entry(old, |key, value| {
-        let _ = sys::map_update(new.as_fd(), key, value, NOEXIST);
-    })
-    .map_err(|e| LoadError::Takeover {
-        path,
-        reason: e.to_string(),
-    })
-}
-
-/// Adds the counts of the old counter maps to the new ones, converted from their layout, once
-/// no pod runs the old programs.
-fn add_counters(plans: &[MapPlan], new_dir: &Path) -> Result<(), LoadError> {
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Takeover {
-        path: "/sys/devices/system/cpu/possible".into(),
-        reason: e.to_string(),
-    })?;
-    for plan in plans.iter().filter(|p| p.carried == Carried::Migrated) {
-        let (Carry::Counters, Some((old, version))) = (plan.layout.carry, plan.old.as_ref()) else {
-            continue;
-        };
-        let path = new_dir.join(plan.layout.name);
-        let error = |e: std::io::Error| LoadError::Takeover {
-            path: path.clone(),
-            reason: e.to_string(),
-        };
-        let new = sys::obj_get(&path).map_err(error)?;
-        let new_size = sys::map_definition(new.as_fd()).map_err(error)?.value_size as usize;
-        let old_size = sys::map_definition(old.as_fd()).map_err(error)?.value_size as usize;
-        let (old_slot, new_slot) = (old_size.next_multiple_of(8), new_size.next_multiple_of(8));
-        for_each_entry(old, |key, old_values| {
-            let mut values = vec![0u8; new_slot * cpus];
-            if sys::map_lookup(new.as_fd(), key, &mut values).is_err() {
-                // The pod is gone from the new map: its counts go with it.
-                return;
-            }
-            for cpu in 0..cpus {
-                let from = &old_values[cpu * old_slot..][..old_size];
-                let into = &mut values[cpu * new_slot..][..new_size];
-                add_converted(plan.layout.name, *version, from, into);
-            }
-            let _ = sys::map_update(new.as_fd(), key, &values, 0);
-        })
-        .map_err(error)?;
-    }
-    Ok(())
-}
-
-/// `into += from`, field by field, `from` read in layout `version`.
-fn add_converted(map: &str, version: u32, from: &[u8], into: &mut [u8]) {
-    use capture_common::config::PodCounters;
-    match map {
-        "POD_COUNTERS" => {
-            let (Some(old), Some(new)) = (
-                pod_counters_from(version, from),
-                pod_counters_from(
-                    capture_common::layout::layout_of(map).map_or(0, |l| l.version),
-                    into,
-                ),
-            ) else {
-                return;
-            };
-            let sum: PodCounters = new.plus(&old);
-            // SAFETY: PodCounters is repr(C) plain data of exactly `into`'s length.
-            let bytes = unsafe {
-                std::slice::from_raw_parts((&raw const sum).cast::<u8>(), size_of::<PodCounters>())
-            };
-            into[..bytes.len()].copy_from_slice(bytes);
-        }
-        "NODE_ERRORS" => {
-            if let (Some(old), Some(new)) =
-                (node_error_from(version, from), node_error_from(1, into))
-            {
-                into[..8].copy_from_slice(&(old + new).to_ne_bytes());
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Calls `f` with each entry of a hash-like map (values of per-CPU maps: one slot per CPU).
-fn for_each_entry(map: &OwnedFd, mut f: impl FnMut(&[u8], &[u8])) -> std::io::Result<()> {
-    let definition = sys::map_definition(map.as_fd())?;
-    let per_cpu = matches!(definition.map_type, 5 | 6 | 10);
-    let cpus = if per_cpu {
-        aya::util::nr_cpus().map_err(|(_, e)| e)?
-    } else {
-        1
-    };
-    let slot = if per_cpu {
-        (definition.value_size as usize).next_multiple_of(8)
-    } else {
-        definition.value_size as usize
-    };
-    let mut key = vec![0u8; definition.key_size as usize];
-    let mut next = key.clone();
-    let mut value = vec![0u8; slot * cpus];
-    let mut first = true;
-    while sys::map_next_key(map.as_fd(), (!first).then_some(&key[..]), &mut next)? {
-        first = false;
-        std::mem::swap(&mut key, &mut next);
-        if sys::map_lookup(map.as_fd(), &key, &mut value).is_ok() {
-            f(&key, &value);
-        }
-    }
-    Ok(())
 }
 
 /// Removes the old build's pins once nothing needs them (its programs and the maps only they
