@@ -6,6 +6,7 @@ pub mod guards;
 pub mod kernel;
 pub mod probe;
 pub mod promtool;
+pub mod socket_lb;
 pub mod topology;
 
 use std::path::{Path, PathBuf};

@@ -163,6 +163,8 @@ impl Agent {
                 proxy_uids: self.cfg.proxy_uids.clone(),
                 proxy_gids: self.cfg.proxy_gids.clone(),
                 mesh: self.cfg.mesh.clone(),
+                // Only capture-cni asks the agent to attach.
+                defaults: crate::config::Defaults::IstioCni,
             },
             mode: self.mode,
             pod: Some(pod.pod.clone()),

@@ -54,6 +54,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     proxy_uids: proxy_uid.unwrap_or_default().0,
                     proxy_gids: proxy_gid.unwrap_or_default().0,
                     mesh: mesh.into_defaults(),
+                    defaults: crate::config::Defaults::IstioInit,
                 },
                 mode: node_mode,
                 pod: None,
@@ -186,12 +187,23 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Doctor { json } => {
             let probe = crate::probe::probe();
             let builds = crate::ebpf::takeover::preview(&paths);
+            let foreign = crate::cgroup::cgroup2_mount()
+                .map(|root| {
+                    let pods = crate::record::load_all(&paths).unwrap_or_default();
+                    crate::ebpf::foreign::above_pods(&root, &pods)
+                })
+                .unwrap_or_default();
             if json {
-                let report = serde_json::json!({ "probe": probe, "builds": builds });
+                let report = serde_json::json!({
+                    "probe": probe,
+                    "builds": builds,
+                    "foreign_programs_above_pods": foreign,
+                });
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", render_probe(&probe));
                 print!("{}", crate::cli::render::render_builds(&builds));
+                print!("{}", crate::cli::render::render_foreign(&foreign));
             }
         }
         Command::Status { json } => {

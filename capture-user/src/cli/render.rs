@@ -86,6 +86,29 @@ pub fn render_builds(builds: &crate::ebpf::takeover::Builds) -> String {
     out
 }
 
+/// Other programs on the cgroups above the pods, which run after capture's.
+#[must_use]
+pub fn render_foreign(foreign: &[crate::ebpf::foreign::ForeignProgram]) -> String {
+    use std::fmt::Write as _;
+    if foreign.is_empty() {
+        return "programs of others above the pod cgroups: none\n".into();
+    }
+    let mut out = String::from(
+        "programs of others above the pod cgroups (the kernel runs them after capture's):\n",
+    );
+    for p in foreign {
+        let _ = writeln!(
+            out,
+            "  {} {}: program {} ({})",
+            p.cgroup.display(),
+            p.hook,
+            p.id,
+            p.name
+        );
+    }
+    out
+}
+
 /// The human-readable status table.
 #[must_use]
 pub fn render_status(status: &NodeStatus) -> String {

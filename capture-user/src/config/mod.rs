@@ -171,6 +171,25 @@ pub struct MeshDefaults {
     pub drop_invalid: bool,
 }
 
+/// Whose defaults fill in what a pod's annotations leave out: Istio's two capture paths differ
+/// (spec section A, E.21).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Defaults {
+    /// istio-init's, as the sidecar injector passes them: inbound excludes 15090, 15021, the
+    /// annotation's ports, then the status port; no outbound port excluded. The CLI's.
+    #[default]
+    IstioInit,
+    /// Istio CNI's: inbound excludes are the annotation's ports followed by 15020, 15021 and
+    /// 15090; outbound 15020 is excluded unless the pod names its own outbound exclusions. The
+    /// CNI path's.
+    IstioCni,
+}
+
+/// The status port Istio CNI excludes from outbound capture when a pod names no outbound
+/// exclusions, and the inbound ports it always excludes, in its order.
+pub const CNI_DEFAULT_OUTBOUND_EXCLUDED_PORT: u16 = 15020;
+pub const CNI_ALWAYS_EXCLUDED_INBOUND_PORTS: [u16; 3] = [15020, 15021, 15090];
+
 /// What the caller knows about a pod before validation.
 #[derive(Clone, Debug, Default)]
 pub struct PodSpec {
@@ -181,6 +200,7 @@ pub struct PodSpec {
     /// Empty means "the same as the uids", as with `istio-iptables -g`.
     pub proxy_gids: Vec<u32>,
     pub mesh: MeshDefaults,
+    pub defaults: Defaults,
 }
 
 impl CaptureConfig {
@@ -255,10 +275,11 @@ impl CaptureConfig {
             .map_or(Ok(Vec::new()), |v| {
                 parse_ports(ANN_INCLUDE_OUTBOUND_PORTS, v)
             })?;
-        let exclude_outbound_ports = ann(ANN_EXCLUDE_OUTBOUND_PORTS)
-            .map_or(Ok(Vec::new()), |v| {
-                parse_ports(ANN_EXCLUDE_OUTBOUND_PORTS, v)
-            })?;
+        let exclude_outbound_ports = match (ann(ANN_EXCLUDE_OUTBOUND_PORTS), spec.defaults) {
+            (Some(v), _) => parse_ports(ANN_EXCLUDE_OUTBOUND_PORTS, v)?,
+            (None, Defaults::IstioCni) => vec![CNI_DEFAULT_OUTBOUND_EXCLUDED_PORT],
+            (None, Defaults::IstioInit) => Vec::new(),
+        };
         let include_inbound_ports = match ann(ANN_INCLUDE_INBOUND_PORTS) {
             None => Selection::All,
             Some(v) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
@@ -267,12 +288,25 @@ impl CaptureConfig {
             None => DEFAULT_STATUS_PORT,
             Some(v) => parse_port(ANN_STATUS_PORT, v, v.trim())?,
         };
-        // The injector's order: 15090, 15021, the annotation's ports, then the status port.
-        let mut exclude_inbound_ports = ALWAYS_EXCLUDED_INBOUND_PORTS.to_vec();
-        if let Some(v) = ann(ANN_EXCLUDE_INBOUND_PORTS) {
-            exclude_inbound_ports.extend(parse_ports(ANN_EXCLUDE_INBOUND_PORTS, v)?);
-        }
-        exclude_inbound_ports.push(status_port);
+        let annotated_inbound_excludes = ann(ANN_EXCLUDE_INBOUND_PORTS)
+            .map_or(Ok(Vec::new()), |v| {
+                parse_ports(ANN_EXCLUDE_INBOUND_PORTS, v)
+            })?;
+        let mut exclude_inbound_ports = match spec.defaults {
+            // The injector's order: 15090, 15021, the annotation's ports, then the status port.
+            Defaults::IstioInit => [
+                &ALWAYS_EXCLUDED_INBOUND_PORTS[..],
+                &annotated_inbound_excludes,
+                &[status_port],
+            ]
+            .concat(),
+            // Istio CNI's: the annotation's ports, then always 15020, 15021, 15090.
+            Defaults::IstioCni => [
+                &annotated_inbound_excludes[..],
+                &CNI_ALWAYS_EXCLUDED_INBOUND_PORTS,
+            ]
+            .concat(),
+        };
         let mut seen = Vec::new();
         exclude_inbound_ports.retain(|p| {
             if seen.contains(p) {

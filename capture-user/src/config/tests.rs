@@ -156,3 +156,35 @@ fn ipv4_loopback_cidr() {
         assert!(CaptureConfig::from_pod(&s).is_err(), "{bad}");
     }
 }
+
+fn cni_spec(annotations: &[(&str, &str)]) -> PodSpec {
+    PodSpec {
+        defaults: Defaults::IstioCni,
+        ..spec(annotations)
+    }
+}
+
+#[test]
+fn the_cni_path_applies_istio_cnis_defaults() {
+    // Spec A, E.21, T37: outbound 15020 is excluded unless the pod names its own exclusions.
+    let c = CaptureConfig::from_pod(&cni_spec(&[])).unwrap();
+    assert_eq!(c.exclude_outbound_ports, vec![15020]);
+    assert_eq!(c.exclude_inbound_ports, vec![15020, 15021, 15090]);
+    let c = CaptureConfig::from_pod(&cni_spec(&[(ANN_EXCLUDE_OUTBOUND_PORTS, "443")])).unwrap();
+    assert_eq!(c.exclude_outbound_ports, vec![443]);
+    // The annotation's ports first, then 15020, 15021, 15090, each once; the status port
+    // annotation is istio-init's alone.
+    let c = CaptureConfig::from_pod(&cni_spec(&[
+        (ANN_EXCLUDE_INBOUND_PORTS, "9000,15021"),
+        (ANN_STATUS_PORT, "15999"),
+    ]))
+    .unwrap();
+    assert_eq!(c.exclude_inbound_ports, vec![9000, 15021, 15020, 15090]);
+}
+
+#[test]
+fn the_cli_keeps_istio_inits_defaults() {
+    let c = CaptureConfig::from_pod(&spec(&[])).unwrap();
+    assert!(c.exclude_outbound_ports.is_empty());
+    assert_eq!(c.exclude_inbound_ports, vec![15090, 15021, 15020]);
+}

@@ -1,6 +1,7 @@
 //! The ebpf backend: the node's programs attached to a pod's cgroup, its config in the maps.
 
 mod adopt;
+pub mod foreign;
 pub mod hook_probe;
 pub mod hooks;
 pub mod loader;

@@ -23,6 +23,7 @@ fn pod_config(
             .collect::<BTreeMap<_, _>>(),
         proxy_uids: uids.to_vec(),
         proxy_gids: Vec::new(),
+        defaults: crate::config::Defaults::IstioInit,
         mesh,
     })
     .unwrap()

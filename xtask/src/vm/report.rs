@@ -174,7 +174,7 @@ pub const CAPABILITIES: &[Capability] = &[
     },
     Capability {
         name: "CNI plugin and agent",
-        tests: &[("cni", "*")],
+        tests: &[("cni", "*"), ("cni_defaults", "*"), ("coexistence", "*")],
         except: &[],
     },
     Capability {

@@ -1,0 +1,79 @@
+//! capture next to a network plugin's own cgroup programs: a socket load balancer attached at
+//! the top of the pods' cgroup tree, as Cilium's kube-proxy replacement attaches one at the root.
+//! The kernel runs a pod cgroup's programs before its parents', so capture decides first.
+
+use std::net::SocketAddrV4;
+
+use capture_tests::{
+    cni::{CgroupDriver, Node, MESHED},
+    probe::{connect_with, probe_in, Outcome, Who},
+    socket_lb::{SocketLb, PROGRAM_NAME},
+    topology::capture_bin,
+};
+
+const SERVICE: &str = "10.96.0.50:80";
+
+fn served_by(got: &Outcome, server: &str, context: &str) {
+    assert_eq!(got.server().as_deref(), Some(server), "{context}: {got:?}");
+}
+
+#[test]
+fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    let mut meshed = node.pod("meshed", CgroupDriver::Cgroupfs, MESHED);
+    let mut backend = node.pod("backend", CgroupDriver::Systemd, &[]);
+    node.add(&mut meshed).expect("ADD meshed");
+    node.add(&mut backend).expect("ADD backend");
+    let _servers = [meshed.start_servers(), backend.start_servers()];
+    let to_backend: SocketAddrV4 = format!("{}:8080", backend.ip()).parse().unwrap();
+    let _lb = SocketLb::attach(&node.cgroup_root, SERVICE.parse().unwrap(), to_backend)
+        .expect("attaching the socket load balancer");
+
+    // The app's connection to the service reaches its proxy, which learns the service address
+    // (as under iptables capture): the balancer saw only 127.0.0.1:15001.
+    let app = connect_with(meshed.app_client(), SERVICE);
+    served_by(&app, "outbound", "the app's connection to the service");
+    assert_eq!(app.orig().as_deref(), Some(SERVICE), "{app:?}");
+
+    // The proxy's own connection passes capture, and the balancer sends it to the backend.
+    let proxy = probe_in(
+        &meshed.netns.path(),
+        Some(&meshed.cgroup),
+        Some(&Who::proxy()),
+    );
+    let via_lb = connect_with(proxy, SERVICE);
+    served_by(&via_lb, "app", "the proxy's connection to the service");
+    assert_eq!(
+        via_lb.server_local(),
+        Some(to_backend.to_string()),
+        "{via_lb:?}"
+    );
+
+    // A pod capture leaves alone has only the balancer.
+    let plain = connect_with(backend.app_client(), SERVICE);
+    served_by(&plain, "app", "an unmeshed pod's connection to the service");
+
+    // `capture doctor` names the balancer and where it is attached.
+    let out = std::process::Command::new(capture_bin())
+        .arg("--bpffs")
+        .arg(&node.dirs.bpffs)
+        .arg("--state-dir")
+        .arg(&node.dirs.state)
+        .args(["doctor", "--json"])
+        .output()
+        .expect("capture doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor JSON");
+    let foreign = report["foreign_programs_above_pods"]
+        .as_array()
+        .expect("foreign programs");
+    assert!(
+        foreign.iter().any(|p| p["name"] == PROGRAM_NAME
+            && p["hook"] == "cgroup/connect4"
+            && p["cgroup"] == node.cgroup_root.display().to_string()),
+        "{report}"
+    );
+
+    node.del(&meshed).expect("DEL meshed");
+    node.del(&backend).expect("DEL backend");
+}
