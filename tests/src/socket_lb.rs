@@ -60,25 +60,50 @@ pub struct SocketLb {
 impl SocketLb {
     /// Loads the program and links it to `cgroup`'s connect4 hook.
     pub fn attach(cgroup: &Path, service: SocketAddrV4, backend: SocketAddrV4) -> io::Result<Self> {
+        // Before 5.11 a program's memory counts against RLIMIT_MEMLOCK, compared with all that
+        // root has locked (the agents' maps among it): without this, 5.10 says EPERM.
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: a plain setrlimit call with a valid struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
         let insns = program(service, backend);
         let license = c"GPL";
+        let mut log = vec![0u8; 65536];
         let mut attr = [0u8; 128];
         attr[0..4].copy_from_slice(&BPF_PROG_TYPE_CGROUP_SOCK_ADDR.to_ne_bytes());
         attr[4..8].copy_from_slice(&((insns.len() / 8) as u32).to_ne_bytes());
         attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
         attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+        attr[24..28].copy_from_slice(&1u32.to_ne_bytes());
+        attr[28..32].copy_from_slice(&(log.len() as u32).to_ne_bytes());
+        attr[32..40].copy_from_slice(&(log.as_mut_ptr() as u64).to_ne_bytes());
         attr[48..48 + PROGRAM_NAME.len()].copy_from_slice(PROGRAM_NAME.as_bytes());
         attr[68..72].copy_from_slice(&BPF_CGROUP_INET4_CONNECT.to_ne_bytes());
         // SAFETY: `attr` is a zero-padded bpf_attr for BPF_PROG_LOAD whose pointers outlive the call.
         let fd =
             unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_LOAD, attr.as_mut_ptr(), attr.len()) };
         if fd < 0 {
-            return Err(io::Error::last_os_error());
+            let e = io::Error::last_os_error();
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "loading: {e}; verifier: {}",
+                    String::from_utf8_lossy(&log[..end])
+                ),
+            ));
         }
         // SAFETY: a new fd that nothing else owns.
         let prog = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         let target = std::fs::File::open(cgroup)?;
-        let link = sys::link_create(prog.as_fd(), target.as_fd(), BPF_CGROUP_INET4_CONNECT)?;
+        let link = sys::link_create(prog.as_fd(), target.as_fd(), BPF_CGROUP_INET4_CONNECT)
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("linking to {}: {e}", cgroup.display()))
+            })?;
         Ok(Self { _link: link })
     }
 }
