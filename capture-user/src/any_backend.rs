@@ -82,7 +82,7 @@ impl AnyBackend {
 /// The node's existing backends, each opened at most once (for read-only passes over many pods).
 pub struct ExistingBackends<'p> {
     paths: &'p Paths,
-    opened: Vec<(Mode, Option<AnyBackend>)>,
+    opened: Vec<(Mode, Result<AnyBackend, String>)>,
 }
 
 impl<'p> ExistingBackends<'p> {
@@ -94,16 +94,17 @@ impl<'p> ExistingBackends<'p> {
         }
     }
 
-    /// The backend for `mode`, or `None` if it is not present on this node.
-    pub fn get(&mut self, mode: Mode) -> Option<&AnyBackend> {
+    /// The backend for `mode`, or why it cannot be opened on this node (not loaded, or pinned
+    /// by a build whose maps this one cannot read).
+    pub fn get(&mut self, mode: Mode) -> Result<&AnyBackend, &str> {
         let i = match self.opened.iter().position(|(m, _)| *m == mode) {
             Some(i) => i,
             None => {
-                self.opened
-                    .push((mode, AnyBackend::existing(self.paths, mode).ok()));
+                let opened = AnyBackend::existing(self.paths, mode).map_err(|e| e.to_string());
+                self.opened.push((mode, opened));
                 self.opened.len() - 1
             }
         };
-        self.opened[i].1.as_ref()
+        self.opened[i].1.as_ref().map_err(String::as_str)
     }
 }

@@ -237,13 +237,13 @@ pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus
 
 fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatus {
     let (missing, counters, program_build) = match backends.get(record.mode) {
-        Some(b) => (
+        Ok(b) => (
             b.missing(&record),
             b.counters(&record),
             b.program_build(&record),
         ),
-        None => (
-            vec![format!("the node's {} backend (not loaded)", record.mode)],
+        Err(why) => (
+            vec![format!("the node's {} backend ({why})", record.mode)],
             None,
             None,
         ),

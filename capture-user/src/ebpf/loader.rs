@@ -52,6 +52,8 @@ pub enum LoadError {
         this: String,
         reason: String,
     },
+    #[error("not loaded: no node record at {0}")]
+    NotLoaded(PathBuf),
     #[error("taking over {path}: {reason}")]
     Takeover { path: PathBuf, reason: String },
 }

@@ -192,7 +192,8 @@ pub(super) fn open_programs(
 /// Opens the pinned programs and maps. Those of another build are opened only if every map has
 /// this build's layout (status, detach and the takeover itself read them).
 pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
-    let record = read_node_record(paths).unwrap_or_else(NodeRecord::unrecorded);
+    let record =
+        read_node_record(paths).ok_or_else(|| LoadError::NotLoaded(paths.node_record_path()))?;
     if let Some(layout) = MAP_LAYOUTS
         .iter()
         .find(|l| record.layout_version(l.name) != l.version)
@@ -252,17 +253,6 @@ impl NodeRecord {
                 .map(|l| (l.name.to_string(), l.version))
                 .collect(),
             unavailable,
-        }
-    }
-
-    /// A node with pins but no record: the pins' layout is unknown, so nothing is taken as it is.
-    fn unrecorded() -> Self {
-        Self {
-            object_id: "unrecorded".into(),
-            build: String::new(),
-            pin_dir: String::new(),
-            layouts: BTreeMap::new(),
-            unavailable: Vec::new(),
         }
     }
 
