@@ -2,6 +2,7 @@
 //! old pods must not take capture away from the pods that hold those addresses now.
 
 use std::{
+    os::fd::AsFd as _,
     path::Path,
     process::Command,
     time::{Duration, Instant},
@@ -12,6 +13,7 @@ use capture_tests::{
     probe::{Outcome, Who},
     topology::{capture_bin, cgroup_programs, Topology, POD_IP4},
 };
+use capture_user::ebpf::sys;
 
 /// The pod in `topo`'s status (the node's only pod with that netns).
 fn pod_status(topo: &Topology) -> serde_json::Value {
@@ -278,4 +280,53 @@ fn a_reuseport_group_keeps_inbound_working_while_one_listener_remains() {
     let got = topo.connect_from_remote(&to);
     assert_ne!(got.server().as_deref(), Some("app"), "{got:?}");
     assert!(got.server().is_none(), "refused with no listener: {got:?}");
+}
+
+/// The node's program and map pins are lost (removed by hand, a bpffs that was not the host's)
+/// while the pods' links remain: the agent loads the programs afresh, writes every pod's entries
+/// into the new maps, then moves the pods' links onto the new programs, so they stay captured.
+#[test]
+fn an_agent_that_finds_the_node_pins_gone_restores_every_pod() {
+    let node = Node::new();
+    let mut topo = Topology::with_dirs(node.dirs.shared());
+    topo.start_all();
+    topo.attach(&[]);
+    assert_proxy_reached_both_ways(&topo, "attached");
+    std::fs::remove_dir_all(node.dirs.bpffs.join("builds")).expect("removing the node's pins");
+    let mut agent = node.spawn_agent_of(&capture_bin(), "ebpf", &[]);
+    agent.wait_ready();
+    assert_proxy_reached_both_ways(&topo, "after the agent reloaded the node's programs");
+    let status = pod_status(&topo);
+    assert_eq!(status["in_force"], true, "{status}");
+    assert_eq!(
+        status["program_build"],
+        topo.status()["node_build"],
+        "{status}"
+    );
+
+    // The pod's links are lost too: the next agent start links the recorded pod again.
+    agent.stop();
+    for dir in std::fs::read_dir(node.dirs.bpffs.join("pods"))
+        .expect("link pins")
+        .flatten()
+    {
+        for link in std::fs::read_dir(dir.path())
+            .expect("a pod's links")
+            .flatten()
+        {
+            if let Ok(fd) = sys::obj_get(&link.path()) {
+                let _ = sys::link_detach(fd.as_fd());
+            }
+        }
+        std::fs::remove_dir_all(dir.path()).expect("removing a pod's link pins");
+    }
+    assert_eq!(
+        pod_status(&topo)["in_force"],
+        false,
+        "the pod lost its links"
+    );
+    let agent = node.spawn_agent_of(&capture_bin(), "ebpf", &[]);
+    agent.wait_ready();
+    assert_proxy_reached_both_ways(&topo, "after the agent linked the pod again");
+    assert_eq!(pod_status(&topo)["in_force"], true);
 }

@@ -353,6 +353,7 @@ pub(super) fn move_pod(
                     .map_err(|e| format!("updating the {} link: {e}", hook.hook))?;
             }
             Err(_) => {
+                fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
                 with_target(pod, |target| {
                     let on = match hook.target {
                         Target::Cgroup => target.cgroup.as_fd(),
@@ -439,15 +440,22 @@ pub fn preview(paths: &Paths) -> Builds {
 /// moving some of them, before the record said so). The caller holds the node lock.
 pub fn converge(paths: &Paths, record: &NodeRecord) -> Result<usize, LoadError> {
     let programs = node::open_programs(paths, record)?;
-    let pods = record::load_all(paths).map_err(|e| LoadError::Takeover {
+    let mut maps = open_maps(&record.maps_dir(paths))?;
+    let pods = ebpf_pods(paths).map_err(|e| LoadError::Takeover {
         path: paths.records_dir(),
         reason: e.to_string(),
     })?;
     let mut moved = 0;
-    for pod in pods
-        .iter()
-        .filter(|r| r.mode == Mode::Ebpf && r.netns.exists())
-    {
+    for pod in pods.iter().filter(|r| r.netns.exists()) {
+        // The node's maps lack the pod (its pins were lost and loaded afresh): its entries first,
+        // or the programs it is moved to would refuse its connections.
+        if maps.pod_configs.get(&pod.netns_cookie, 0).is_err() {
+            if let Err(e) = pod_maps::install(&mut maps, pod.netns_cookie, &pod.config) {
+                tracing::error!(netns = %pod.netns.display(), error = %e, "writing the pod's entries into the node's maps; its links stay as they are");
+                continue;
+            }
+            tracing::warn!(netns = %pod.netns.display(), "the node's maps lacked the pod; its entries are written again");
+        }
         match move_pod(paths, pod, &programs) {
             Ok(0) => {}
             Ok(_) => moved += 1,
