@@ -137,6 +137,27 @@ struct Held {
     udp: bool,
 }
 
+/// In every pod, an outbound TCP connection and a DNS exchange over a connected UDP socket,
+/// held open.
+fn hold_connections(pods: &[Topology]) -> Vec<Held> {
+    pods.iter()
+        .flat_map(|topo| {
+            [
+                Held {
+                    guard: topo.spawn_holder(&Who::app(), "10.0.0.5:80", false),
+                    pod: topo.ip4.clone(),
+                    udp: false,
+                },
+                Held {
+                    guard: topo.spawn_holder(&Who::app(), &format!("{NAMESERVER}:53"), true),
+                    pod: topo.ip4.clone(),
+                    udp: true,
+                },
+            ]
+        })
+        .collect()
+}
+
 fn check_held(held: Held) {
     let out = held.guard.release_and_wait("go\n");
     let v: Value =
@@ -221,23 +242,7 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
     let old_programs = pinned_ids("prog", &node_pin_dir(&node.dirs.bpffs).join("programs"));
     let links = link_ids(&node.dirs.bpffs);
 
-    let held: Vec<Held> = pods
-        .iter()
-        .flat_map(|topo| {
-            [
-                Held {
-                    guard: topo.spawn_holder(&Who::app(), "10.0.0.5:80", false),
-                    pod: topo.ip4.clone(),
-                    udp: false,
-                },
-                Held {
-                    guard: topo.spawn_holder(&Who::app(), &format!("{NAMESERVER}:53"), true),
-                    pod: topo.ip4.clone(),
-                    udp: true,
-                },
-            ]
-        })
-        .collect();
+    let held = hold_connections(&pods);
 
     let phase = AtomicUsize::new(0);
     let per_phase: [AtomicUsize; 3] = Default::default();
@@ -473,23 +478,7 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
     }
     let legacy_programs = pinned_ids("prog", &node.dirs.bpffs.join("programs"));
     let links = link_ids(&node.dirs.bpffs);
-    let held: Vec<Held> = pods
-        .iter()
-        .flat_map(|topo| {
-            [
-                Held {
-                    guard: topo.spawn_holder(&Who::app(), "10.0.0.5:80", false),
-                    pod: topo.ip4.clone(),
-                    udp: false,
-                },
-                Held {
-                    guard: topo.spawn_holder(&Who::app(), &format!("{NAMESERVER}:53"), true),
-                    pod: topo.ip4.clone(),
-                    udp: true,
-                },
-            ]
-        })
-        .collect();
+    let held = hold_connections(&pods);
     let build = status_by(&current, &pods[0])["build"]
         .as_str()
         .expect("build")

@@ -16,6 +16,16 @@ use crate::{cargo, run, TEST_FEATURES};
 /// node record names no layouts.
 pub const PREVIOUS_RELEASE: &str = "e293887832a27a4329a7b1687c88fb9a080f08bf";
 
+/// `cargo` arguments that build the `capture` binary alone.
+const BUILD_CAPTURE: [&str; 6] = [
+    "build",
+    "--locked",
+    "-p",
+    "capture-user",
+    "--bin",
+    "capture",
+];
+
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), Into::into)
 }
@@ -33,14 +43,7 @@ pub fn build_variant() -> Result<()> {
     run(cargo()
         .env("CAPTURE_LAYOUT_VARIANT", "next")
         .env("CARGO_TARGET_DIR", target_dir().join("variant"))
-        .args([
-            "build",
-            "--locked",
-            "-p",
-            "capture-user",
-            "--bin",
-            "capture",
-        ])
+        .args(BUILD_CAPTURE)
         .args(TEST_FEATURES))
 }
 
@@ -67,14 +70,7 @@ pub fn build_previous_release() -> Result<()> {
     run(cargo()
         .current_dir(&src)
         .env("CARGO_TARGET_DIR", std::path::absolute(&out)?)
-        .args([
-            "build",
-            "--locked",
-            "-p",
-            "capture-user",
-            "--bin",
-            "capture",
-        ])
+        .args(BUILD_CAPTURE)
         .args(TEST_FEATURES))
 }
 
