@@ -83,6 +83,7 @@ fn other_build(dir: &str, env: &str) -> PathBuf {
     bin
 }
 
+pub mod agent;
 pub mod bench;
 pub mod cases;
 pub mod cni;

@@ -1,0 +1,140 @@
+//! The capture agent a test started: its HTTP endpoint (health, readiness, metrics checked as
+//! Prometheus takes them) and how it stops.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    process::Child,
+    time::{Duration, Instant},
+};
+
+use crate::cni::METRICS_CONTENT_TYPE;
+
+/// The running agent, killed on drop.
+pub struct Agent {
+    pub(crate) child: Option<Child>,
+    pub(crate) http: u16,
+}
+
+/// One answer of the agent's HTTP endpoint.
+pub struct HttpResponse {
+    pub code: u16,
+    /// Header lines as sent, `Name: value` each.
+    pub head: String,
+    pub body: String,
+}
+
+impl HttpResponse {
+    /// The value of header `name` (any case).
+    #[must_use]
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+impl Agent {
+    /// A plain TCP connection to the agent's HTTP port.
+    #[must_use]
+    pub fn connect(&self) -> TcpStream {
+        TcpStream::connect(("127.0.0.1", self.http)).expect("connecting to the agent's HTTP port")
+    }
+
+    /// Sends `method path` on a new connection and reads the answer to the end (the agent closes
+    /// each connection after one response).
+    #[must_use]
+    pub fn request(&self, method: &str, path: &str) -> Option<HttpResponse> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
+        // Generous: under emulation, with traffic running, a scrape of many pods takes seconds.
+        s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).ok()?;
+        let code = resp.split_whitespace().nth(1)?.parse().ok()?;
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+        let head = head.split_once("\r\n").map_or("", |(_, h)| h);
+        Some(HttpResponse {
+            code,
+            head: head.replace("\r\n", "\n"),
+            body: body.to_string(),
+        })
+    }
+
+    /// `GET path` on the agent's HTTP port: (status code, body).
+    #[must_use]
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.request("GET", path).map(|r| (r.code, r.body))
+    }
+
+    /// A scrape of /metrics, checked the way Prometheus would take it: status 200, the content
+    /// type of the Prometheus text format, nothing `promtool check metrics` objects to, and each
+    /// family's lines in one group.
+    #[must_use]
+    pub fn checked_metrics(&self) -> String {
+        let resp = self.request("GET", "/metrics").expect("scraping /metrics");
+        assert_eq!(resp.code, 200, "{}", resp.body);
+        assert_eq!(
+            resp.header("content-type"),
+            Some(METRICS_CONTENT_TYPE),
+            "{}",
+            resp.head
+        );
+        let checked = crate::promtool::check_metrics(&resp.body)
+            .and_then(|()| crate::promtool::check_grouping(&resp.body));
+        if let Err(problems) = checked {
+            panic!("{problems}\nin the scrape:\n{}", resp.body);
+        }
+        resp.body
+    }
+
+    /// Waits until /readyz says ready.
+    pub fn wait_ready(&self) {
+        // Generous: under emulation (the kernel matrix) the agent's start-up probe, which loads
+        // and attaches every program, alone can take half a minute.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.get("/readyz").is_none_or(|(code, _)| code != 200) {
+            assert!(Instant::now() < deadline, "the agent did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the agent answers /readyz at all; its answer.
+    #[must_use]
+    pub fn wait_answer(&self, path: &str) -> (u16, String) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(answer) = self.get(path) {
+                return answer;
+            }
+            assert!(Instant::now() < deadline, "the agent never answered {path}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, as a node under pressure or a crash would.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait, as a rolling update would.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill_hard();
+    }
+}
