@@ -34,13 +34,19 @@ fn on_iptables(i: u8) -> bool {
     i % 4 == 3
 }
 
-/// `capture status --json` by `bin` over the node's directories.
-fn status_by(bin: &Path, topo: &Topology) -> Value {
-    let out = Command::new(bin)
-        .arg("--bpffs")
+/// `capture` of the build `bin`, over the node's directories.
+fn capture_of(bin: &Path, topo: &Topology) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--bpffs")
         .arg(&topo.dirs.bpffs)
         .arg("--state-dir")
-        .arg(&topo.dirs.state)
+        .arg(&topo.dirs.state);
+    cmd
+}
+
+/// `capture status --json` by `bin` over the node's directories.
+fn status_by(bin: &Path, topo: &Topology) -> Value {
+    let out = capture_of(bin, topo)
         .args(["status", "--json"])
         .output()
         .expect("capture status");
@@ -396,11 +402,7 @@ fn a_build_that_meets_a_newer_layout_leaves_the_programs_in_force_and_says_why()
     exchange(&topo).expect("the running programs stay in force");
 
     // Another build's CLI does not attach a pod on top of programs it did not load.
-    let out = Command::new(&new_bin)
-        .arg("--bpffs")
-        .arg(&node.dirs.bpffs)
-        .arg("--state-dir")
-        .arg(&node.dirs.state)
+    let out = capture_of(&new_bin, &topo)
         .args(["attach", "--netns"])
         .arg(late.pod.netns.path())
         .arg("--cgroup")
@@ -416,11 +418,7 @@ fn a_build_that_meets_a_newer_layout_leaves_the_programs_in_force_and_says_why()
         "{stderr}"
     );
     exchange(&topo).expect("still captured");
-    let doctor = Command::new(&new_bin)
-        .arg("--bpffs")
-        .arg(&node.dirs.bpffs)
-        .arg("--state-dir")
-        .arg(&node.dirs.state)
+    let doctor = capture_of(&new_bin, &topo)
         .arg("doctor")
         .output()
         .expect("capture doctor");
@@ -459,11 +457,7 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
         .collect();
     for (i, topo) in (1..=4).zip(pods.iter_mut()) {
         let mode = if on_iptables(i) { "iptables" } else { "ebpf" };
-        let out = Command::new(&previous)
-            .arg("--bpffs")
-            .arg(&topo.dirs.bpffs)
-            .arg("--state-dir")
-            .arg(&topo.dirs.state)
+        let out = capture_of(&previous, topo)
             .args(["attach", "--netns"])
             .arg(topo.pod.netns.path())
             .arg("--cgroup")
