@@ -13,7 +13,7 @@ use crate::{
     any_backend::{AnyBackend, BackendError, ExistingBackends},
     backend::PodTarget,
     cgroup::{self, CgroupError},
-    config::{CaptureConfig, ConfigError, PodSpec},
+    config::{CaptureConfig, ConfigError, FallbackCause, PodSpec},
     ebpf::{EbpfBackend, EbpfError},
     lock::NodeLock,
     netns::{Netns, NetnsError},
@@ -74,9 +74,9 @@ fn lock(paths: &Paths) -> Result<NodeLock, Error> {
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
 pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let config = CaptureConfig::from_pod(&req.spec)?;
-    let (mode, fallback_reason) = match (req.mode, config.ebpf_unsupported()) {
-        (Mode::Ebpf, Some(reason)) if req.allow_fallback => (Mode::Iptables, Some(reason)),
-        (Mode::Ebpf, Some(reason)) => return Err(Error::EbpfUnsupported(reason)),
+    let (mode, fallback) = match (req.mode, config.ebpf_unsupported()) {
+        (Mode::Ebpf, Some(gap)) if req.allow_fallback => (Mode::Iptables, Some(gap)),
+        (Mode::Ebpf, Some(gap)) => return Err(Error::EbpfUnsupported(gap.reason)),
         (mode, _) => (mode, None),
     };
     let netns = Netns::open(&req.netns)?;
@@ -108,7 +108,8 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         config,
         attached_at_unix: record::now_unix(),
         pod: req.pod.clone(),
-        fallback_reason,
+        fallback_cause: fallback.as_ref().map(|gap| gap.cause),
+        fallback_reason: fallback.map(|gap| gap.reason),
     };
     if record.config.pod_ip6.is_some() {
         crate::netns::add_inbound_passthrough_v6(&req.netns)?;
@@ -124,6 +125,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     match backend.attach(&target, &record.config) {
         Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if req.allow_fallback => {
             record.mode = Mode::Iptables;
+            record.fallback_cause = Some(FallbackCause::KernelHook);
             record.fallback_reason = Some(format!(
                 "this kernel refused {}, which the pod needs: {}",
                 missing.hook, missing.reason

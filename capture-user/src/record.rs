@@ -10,7 +10,11 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{config::CaptureConfig, fsutil::write_atomic, paths::Paths};
+use crate::{
+    config::{CaptureConfig, FallbackCause},
+    fsutil::write_atomic,
+    paths::Paths,
+};
 
 /// How a pod is captured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -52,9 +56,12 @@ pub struct PodRecord {
     pub attached_at_unix: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodRef>,
-    /// Why this pod runs on iptables although the node's mode is ebpf (auto mode).
+    /// Why this pod runs on iptables although the node's mode is ebpf (auto mode), in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_reason: Option<String>,
+    /// The same as one of a few causes; `None` in records from builds before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_cause: Option<FallbackCause>,
 }
 
 #[derive(Debug, thiserror::Error)]

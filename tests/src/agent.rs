@@ -3,7 +3,7 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::TcpStream,
+    net::{TcpStream, ToSocketAddrs},
     process::Child,
     time::{Duration, Instant},
 };
@@ -35,6 +35,52 @@ impl HttpResponse {
     }
 }
 
+/// Sends `method path` to `addr` on a new connection that asks to be closed after the answer,
+/// and reads the answer to the end; None when the server cannot be reached or answers nothing.
+/// A chunked body (Prometheus' larger answers) is put back together.
+#[must_use]
+pub fn http_request(addr: impl ToSocketAddrs, method: &str, path: &str) -> Option<HttpResponse> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    // Generous: under emulation, with traffic running, a scrape of many pods takes seconds.
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let code = resp.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let head = head.split_once("\r\n").map_or("", |(_, h)| h);
+    let mut resp = HttpResponse {
+        code,
+        head: head.replace("\r\n", "\n"),
+        body: body.to_string(),
+    };
+    if resp
+        .header("transfer-encoding")
+        .is_some_and(|te| te.eq_ignore_ascii_case("chunked"))
+    {
+        resp.body = unchunked(&resp.body)?;
+    }
+    Some(resp)
+}
+
+/// The data of a chunked HTTP/1.1 body: `<hex size>\r\n<data>\r\n` until a zero size.
+fn unchunked(mut rest: &str) -> Option<String> {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
+}
+
 impl Agent {
     /// A plain TCP connection to the agent's HTTP port.
     #[must_use]
@@ -46,20 +92,7 @@ impl Agent {
     /// each connection after one response).
     #[must_use]
     pub fn request(&self, method: &str, path: &str) -> Option<HttpResponse> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.http)).ok()?;
-        // Generous: under emulation, with traffic running, a scrape of many pods takes seconds.
-        s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).ok()?;
-        let code = resp.split_whitespace().nth(1)?.parse().ok()?;
-        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-        let head = head.split_once("\r\n").map_or("", |(_, h)| h);
-        Some(HttpResponse {
-            code,
-            head: head.replace("\r\n", "\n"),
-            body: body.to_string(),
-        })
+        http_request(("127.0.0.1", self.http), method, path)
     }
 
     /// `GET path` on the agent's HTTP port: (status code, body).

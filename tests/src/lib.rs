@@ -5,6 +5,7 @@
 pub mod guards;
 pub mod kernel;
 pub mod probe;
+pub mod prometheus;
 pub mod promtool;
 pub mod socket_lb;
 pub mod topology;

@@ -425,7 +425,7 @@ fn auto_mode_falls_back_per_pod_and_says_so() {
         .collect();
     assert_eq!(fallback.len(), 1, "{body}");
     assert!(
-        fallback[0].contains("pod=\"tproxy\"") && fallback[0].contains("TPROXY"),
+        fallback[0].contains("pod=\"tproxy\"") && fallback[0].contains("cause=\"tproxy\""),
         "{}",
         fallback[0]
     );

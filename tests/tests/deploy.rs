@@ -63,11 +63,19 @@ fn manifest_commands_parse() {
     for file in manifests() {
         for cmd in commands(&std::fs::read_to_string(&file).unwrap()) {
             assert!(cmd[0].ends_with("/capture"), "{}: {cmd:?}", file.display());
-            if let Err(e) = capture_user::cli::Cli::try_parse_from(&cmd) {
-                panic!(
-                    "{}: {cmd:?} is not a valid capture command line: {e}",
-                    file.display()
-                );
+            // Kubernetes substitutes `$(NODE_IP)` from the downward API, with a node's address of
+            // either family (an IPv6 one without brackets).
+            for node_ip in ["10.0.0.5", "fd00::5"] {
+                let cmd: Vec<String> = cmd
+                    .iter()
+                    .map(|a| a.replace("$(NODE_IP)", node_ip))
+                    .collect();
+                if let Err(e) = capture_user::cli::Cli::try_parse_from(&cmd) {
+                    panic!(
+                        "{}: {cmd:?} is not a valid capture command line: {e}",
+                        file.display()
+                    );
+                }
             }
             seen += 1;
         }
@@ -99,6 +107,10 @@ fn the_daemonset_mounts_what_the_agent_needs() {
         "privileged: true",
         "path: /readyz",
         "path: /healthz",
+        "fieldPath: status.hostIP",
+        "--metrics=$(NODE_IP):15301",
+        "prometheus.io/port: \"15301\"",
+        "containerPort: 15301",
     ] {
         assert!(yaml.contains(needle), "capture.yaml lacks {needle:?}");
     }

@@ -82,6 +82,7 @@ fn a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which() {
     assert_eq!(dns_record["mode"], "iptables", "{dns_record}");
     let reason = dns_record["fallback_reason"].as_str().unwrap_or_default();
     assert!(reason.contains("cgroup/recvmsg4"), "{reason}");
+    assert_eq!(dns_record["fallback_cause"], "kernel_hook", "{dns_record}");
     assert_eq!(mode_of(&plain)["mode"], "ebpf");
     assert_eq!(cgroup_programs(&plain.pod.cgroup.path).len(), 7);
     assert!(cgroup_programs(&dns_pod.pod.cgroup.path).is_empty());

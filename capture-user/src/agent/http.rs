@@ -1,5 +1,6 @@
-//! The agent's localhost HTTP endpoint: `/healthz`, `/readyz` and `/metrics`, served by hyper's
-//! HTTP/1 server, one request per connection.
+//! The agent's HTTP endpoints, served by hyper's HTTP/1 server, one request per connection:
+//! `/healthz`, `/readyz` and `/metrics` on localhost (`--http`), and optionally `/metrics` alone on
+//! the node's address for Prometheus (`--metrics`), so that health is never exposed off the node.
 //!
 //! A client cannot hold the agent's resources: a connection whose request head has not arrived
 //! within [`HEADER_READ_TIMEOUT`] is closed, none lives longer than [`CONNECTION_DEADLINE`]
@@ -30,8 +31,15 @@ const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 /// Connections served at once: far more than the kubelet's probes and a scraper need.
 const MAX_CONNECTIONS: usize = 64;
 
+/// What one listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    All,
+    MetricsOnly,
+}
+
 /// Accepts and serves connections on `listener` until the runtime stops.
-pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
+pub async fn serve(agent: Arc<Agent>, listener: TcpListener, endpoints: Endpoints) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         // Take a slot before accepting, so that extra clients wait in the backlog rather than
@@ -43,7 +51,7 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
             Ok((stream, _)) => {
                 let agent = Arc::clone(&agent);
                 tokio::spawn(async move {
-                    serve_connection(agent, stream).await;
+                    serve_connection(agent, stream, endpoints).await;
                     drop(slot);
                 });
             }
@@ -56,8 +64,8 @@ pub async fn serve(agent: Arc<Agent>, listener: TcpListener) {
     }
 }
 
-async fn serve_connection(agent: Arc<Agent>, stream: TcpStream) {
-    let service = service_fn(move |req| respond(Arc::clone(&agent), req));
+async fn serve_connection(agent: Arc<Agent>, stream: TcpStream, endpoints: Endpoints) {
+    let service = service_fn(move |req| respond(Arc::clone(&agent), req, endpoints));
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
@@ -81,14 +89,14 @@ enum Route {
     MethodNotAllowed,
 }
 
-fn route(method: &Method, path: &str) -> Route {
+fn route(method: &Method, path: &str, endpoints: Endpoints) -> Route {
     if method != Method::GET {
         return Route::MethodNotAllowed;
     }
-    match path {
-        "/healthz" => Route::Health,
-        "/readyz" => Route::Ready,
-        "/metrics" => Route::Metrics,
+    match (path, endpoints) {
+        ("/metrics", _) => Route::Metrics,
+        ("/healthz", Endpoints::All) => Route::Health,
+        ("/readyz", Endpoints::All) => Route::Ready,
         _ => Route::NotFound,
     }
 }
@@ -96,8 +104,9 @@ fn route(method: &Method, path: &str) -> Route {
 async fn respond(
     agent: Arc<Agent>,
     req: Request<Incoming>,
+    endpoints: Endpoints,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    Ok(match route(req.method(), req.uri().path()) {
+    Ok(match route(req.method(), req.uri().path(), endpoints) {
         Route::Health => text(StatusCode::OK, "ok\n"),
         Route::Ready if agent.is_ready() => text(StatusCode::OK, "ready\n"),
         Route::Ready => match agent.not_ready_reason() {
@@ -114,6 +123,9 @@ async fn respond(
                 format!("encoding the metrics failed: {e}\n"),
             ),
         },
+        Route::NotFound if endpoints == Endpoints::MetricsOnly => {
+            text(StatusCode::NOT_FOUND, "only /metrics here\n")
+        }
         Route::NotFound => text(StatusCode::NOT_FOUND, "try /healthz, /readyz or /metrics\n"),
         Route::MethodNotAllowed => {
             let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
@@ -157,7 +169,26 @@ mod tests {
             (Method::HEAD, "/healthz", Route::MethodNotAllowed),
             (Method::POST, "/metrics", Route::MethodNotAllowed),
         ] {
-            assert_eq!(route(&method, path), want, "{method} {path}");
+            assert_eq!(
+                route(&method, path, Endpoints::All),
+                want,
+                "{method} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_metrics_listener_serves_metrics_only() {
+        for (path, want) in [
+            ("/metrics", Route::Metrics),
+            ("/healthz", Route::NotFound),
+            ("/readyz", Route::NotFound),
+        ] {
+            assert_eq!(
+                route(&Method::GET, path, Endpoints::MetricsOnly),
+                want,
+                "{path}"
+            );
         }
     }
 }

@@ -7,7 +7,7 @@ use capture_common::config::PodCounters;
 
 use super::*;
 use crate::{
-    config::{CaptureConfig, PodSpec},
+    config::{CaptureConfig, FallbackCause, PodSpec},
     ops::{NodeStatus, PodStatus},
     record::{PodRecord, PodRef},
 };
@@ -42,6 +42,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
                 container_id: "sandbox".into(),
             }),
             fallback_reason: fallback.map(Into::into),
+            fallback_cause: fallback.map(|_| FallbackCause::Tproxy),
         },
         in_force: true,
         missing: Vec::new(),
@@ -118,9 +119,12 @@ fn pod_series_are_read_at_each_scrape() {
         ..PodCounters::default()
     };
     // How many of the two pods are captured, as the node's records would say.
-    let captured = Arc::new(Mutex::new(2));
+    let captured = Arc::new(Mutex::new(3));
     let shared = Arc::clone(&captured);
     let read = Box::new(move || {
+        let mut older = pod("older", Mode::Iptables, Some("fell back"), None);
+        // A record written before the cause was kept.
+        older.record.fallback_cause = None;
         let mut pods = vec![
             pod("web", Mode::Ebpf, None, Some(counters)),
             pod(
@@ -129,6 +133,7 @@ fn pod_series_are_read_at_each_scrape() {
                 Some("needs \"TPROXY\"\nmarks"),
                 None,
             ),
+            older,
         ];
         pods.truncate(*shared.lock().unwrap());
         Some(node(pods))
@@ -139,11 +144,14 @@ fn pod_series_are_read_at_each_scrape() {
     let web = "namespace=\"default\",pod=\"web\",netns=\"/var/run/netns/web\",mode=\"ebpf\"";
     let legacy =
         "namespace=\"default\",pod=\"legacy\",netns=\"/var/run/netns/legacy\",mode=\"iptables\"";
+    let older =
+        "namespace=\"default\",pod=\"older\",netns=\"/var/run/netns/older\",mode=\"iptables\"";
     for line in [
-        "capture_pods 2".to_string(),
+        "capture_pods 3".to_string(),
         format!("capture_pod_in_force{{{web}}} 1"),
         format!("capture_pod_in_force{{{legacy}}} 1"),
-        format!("capture_pod_fallback{{{legacy},reason=\"needs \\\"TPROXY\\\"\\nmarks\"}} 1"),
+        format!("capture_pod_fallback{{{legacy},cause=\"tproxy\"}} 1"),
+        format!("capture_pod_fallback{{{older},cause=\"unknown\"}} 1"),
         "# TYPE capture_pod_connections_total counter".to_string(),
         format!("capture_pod_connections_total{{{web},decision=\"redirected_outbound\"}} 5"),
         format!("capture_pod_connections_total{{{web},decision=\"error\"}} 1"),
@@ -156,7 +164,11 @@ fn pod_series_are_read_at_each_scrape() {
             "{line} missing from\n{text}"
         );
     }
-    assert_eq!(text.matches("capture_pod_fallback{").count(), 1, "{text}");
+    assert_eq!(text.matches("capture_pod_fallback{").count(), 2, "{text}");
+    assert!(
+        !text.contains("TPROXY"),
+        "a reason's words are no label value: {text}"
+    );
     assert_eq!(
         text.matches("capture_pod_connections_total{").count(),
         10,

@@ -47,6 +47,8 @@ pub struct AgentConfig {
     pub paths: Paths,
     pub socket: PathBuf,
     pub http: SocketAddr,
+    /// Where /metrics alone is also served (the node's address, for Prometheus).
+    pub metrics: Option<SocketAddr>,
     pub mode: ModeChoice,
     pub proxy_uids: Vec<u32>,
     pub proxy_gids: Vec<u32>,
@@ -310,6 +312,16 @@ fn bind_socket(path: &std::path::Path) -> Result<UnixListener, AgentError> {
     Ok(listener)
 }
 
+async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AgentError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| AgentError::Listen {
+            what,
+            addr: addr.to_string(),
+            source,
+        })
+}
+
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let probe = tokio::task::spawn_blocking(probe::probe)
         .await
@@ -317,13 +329,11 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let (mode, why) = probe::choose(cfg.mode, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
 
-    let http = TcpListener::bind(cfg.http)
-        .await
-        .map_err(|source| AgentError::Listen {
-            what: "http",
-            addr: cfg.http.to_string(),
-            source,
-        })?;
+    let http = bind_http("http", cfg.http).await?;
+    let metrics_http = match cfg.metrics {
+        Some(addr) => Some(bind_http("metrics", addr).await?),
+        None => None,
+    };
     let socket = bind_socket(&cfg.socket)?;
     let socket_path = cfg.socket.clone();
     let paths = cfg.paths.clone();
@@ -341,7 +351,14 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     });
     // Served from now on, so that /healthz answers and /readyz says "not ready" while the
     // programs load.
-    tokio::spawn(http::serve(Arc::clone(&agent), http));
+    tokio::spawn(http::serve(Arc::clone(&agent), http, http::Endpoints::All));
+    if let Some(listener) = metrics_http {
+        tokio::spawn(http::serve(
+            Arc::clone(&agent),
+            listener,
+            http::Endpoints::MetricsOnly,
+        ));
+    }
 
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
     let a = Arc::clone(&agent);
@@ -366,7 +383,12 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     }
     if !stopped {
         agent.set_ready(true);
-        info!(socket = %socket_path.display(), http = %agent.cfg.http, "ready");
+        info!(
+            socket = %socket_path.display(),
+            http = %agent.cfg.http,
+            metrics = ?agent.cfg.metrics,
+            "ready"
+        );
     }
 
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;

@@ -12,7 +12,10 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 
-use crate::ops::{NodeStatus, PodStatus};
+use crate::{
+    config::FallbackCause,
+    ops::{NodeStatus, PodStatus},
+};
 
 /// Reads the node's status for a scrape; None when it cannot be read (then the node's series
 /// are left out of that scrape).
@@ -69,14 +72,19 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
     let fallback: Vec<_> = pods
         .iter()
         .filter_map(|(labels, p)| {
-            let reason = p.record.fallback_reason.as_deref()?;
-            Some(((&labels[..], [("reason", reason)]), ConstGauge::new(1)))
+            p.record.fallback_reason.as_ref()?;
+            // A bounded label: the words are in `capture status`, not in the series.
+            let cause = p
+                .record
+                .fallback_cause
+                .map_or("unknown", FallbackCause::as_str);
+            Some(((&labels[..], [("cause", cause)]), ConstGauge::new(1)))
         })
         .collect();
     family(
         encoder,
         "capture_pod_fallback",
-        "Pods on iptables in auto mode because ebpf cannot serve them.",
+        "Pods on iptables in auto mode because ebpf cannot serve them, by cause (capture status gives the reason).",
         &fallback,
     )?;
 

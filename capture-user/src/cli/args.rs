@@ -5,7 +5,7 @@ use std::{net::IpAddr, path::PathBuf};
 use clap::{Parser, Subcommand};
 
 use crate::{
-    cli::values::{parse_annotation, parse_id_list, IdList},
+    cli::values::{parse_annotation, parse_id_list, parse_listen_addr, IdList},
     paths::{DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
     probe::ModeChoice,
 };
@@ -77,8 +77,12 @@ pub enum Command {
         #[arg(long)]
         socket: Option<PathBuf>,
         /// Where /healthz, /readyz and /metrics are served (keep it on localhost).
-        #[arg(long, default_value = "127.0.0.1:15300")]
+        #[arg(long, default_value = "127.0.0.1:15300", value_parser = parse_listen_addr)]
         http: std::net::SocketAddr,
+        /// Also serve /metrics alone here, for a Prometheus that scrapes the node's address (for
+        /// example `$(NODE_IP):15301`); health stays on --http.
+        #[arg(long, value_parser = parse_listen_addr)]
+        metrics: Option<std::net::SocketAddr>,
         /// ebpf, iptables, or auto (ebpf where the kernel supports every hook).
         #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
         mode: ModeChoice,

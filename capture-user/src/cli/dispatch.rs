@@ -106,6 +106,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Agent {
             socket,
             http,
+            metrics,
             mode,
             proxy_uid,
             proxy_gid,
@@ -126,6 +127,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 paths,
                 socket,
                 http,
+                metrics,
                 mode,
                 proxy_uids: proxy_uid.unwrap_or_default().0,
                 proxy_gids: proxy_gid.unwrap_or_default().0,

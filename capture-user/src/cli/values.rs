@@ -1,4 +1,6 @@
-//! Parsers for the command line's own value syntax (`KEY=VALUE`, id lists).
+//! Parsers for the command line's own value syntax (`KEY=VALUE`, id lists, listen addresses).
+
+use std::net::{IpAddr, SocketAddr};
 
 use crate::config::{values::items, ANN_EXCLUDE_OUTBOUND_PORTS};
 
@@ -27,6 +29,22 @@ pub fn parse_id_list(arg: &str) -> Result<IdList, String> {
         .map(IdList)
 }
 
+/// An `ADDRESS:PORT` to listen on. Besides Rust's own forms (`10.0.0.5:15301`,
+/// `[fd00::5]:15301`) it takes an IPv6 address without brackets (`fd00::5:15301`, the last
+/// field being the port): a manifest builds the argument as `$(NODE_IP):15301` from the node's
+/// address, which Kubernetes substitutes without brackets.
+pub fn parse_listen_addr(arg: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = arg.parse() {
+        return Ok(addr);
+    }
+    let bad =
+        || format!("{arg:?} is not ADDRESS:PORT (for example 10.0.0.5:15301 or [fd00::5]:15301)");
+    let (host, port) = arg.rsplit_once(':').ok_or_else(bad)?;
+    let ip: IpAddr = host.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok(SocketAddr::new(ip, port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +61,30 @@ mod tests {
             IdList(vec![1337, 1338])
         );
         assert!(parse_id_list("istio").is_err());
+    }
+
+    #[test]
+    fn listen_addresses_with_and_without_brackets() {
+        for (arg, want) in [
+            ("127.0.0.1:15300", "127.0.0.1:15300"),
+            ("[fd00::5]:15301", "[fd00::5]:15301"),
+            ("fd00::5:15301", "[fd00::5]:15301"),
+            ("::1:80", "[::1]:80"),
+            ("0.0.0.0:9", "0.0.0.0:9"),
+        ] {
+            assert_eq!(parse_listen_addr(arg).unwrap().to_string(), want, "{arg}");
+        }
+        for arg in [
+            "",
+            "10.0.0.5",
+            "10.0.0.5:",
+            ":15301",
+            "10.0.0.5:70000",
+            "$(NODE_IP):15301",
+            "fd00::5",
+        ] {
+            let e = parse_listen_addr(arg).unwrap_err();
+            assert!(e.contains("ADDRESS:PORT"), "{arg}: {e}");
+        }
     }
 }

@@ -348,25 +348,32 @@ impl CaptureConfig {
     /// Why the ebpf backend cannot capture this pod (the agent's `auto` mode then falls back to
     /// iptables for it), or `None`.
     #[must_use]
-    pub fn ebpf_unsupported(&self) -> Option<String> {
-        if self.interception_mode == InterceptionMode::Tproxy {
-            return Some(format!(
-                "{ANN_INTERCEPTION_MODE}=TPROXY: original-source connections from the proxy need TPROXY's marks and routing, which the ebpf backend does not implement"
-            ));
-        }
-        if !self.reroute_virtual_interfaces.is_empty() {
-            return Some(format!(
-                "{ANN_REROUTE_VIRTUAL_INTERFACES} ({}): forwarded traffic from virtual interfaces is not captured by the ebpf backend",
-                self.reroute_virtual_interfaces.join(",")
-            ));
-        }
-        if !self.exclude_interfaces.is_empty() {
-            return Some(format!(
-                "{ANN_EXCLUDE_INTERFACES} ({}): per-interface exclusion is not implemented by the ebpf backend",
-                self.exclude_interfaces.join(",")
-            ));
-        }
-        None
+    pub fn ebpf_unsupported(&self) -> Option<EbpfUnsupported> {
+        let (cause, reason) = if self.interception_mode == InterceptionMode::Tproxy {
+            (
+                FallbackCause::Tproxy,
+                format!("{ANN_INTERCEPTION_MODE}=TPROXY: original-source connections from the proxy need TPROXY's marks and routing, which the ebpf backend does not implement"),
+            )
+        } else if !self.reroute_virtual_interfaces.is_empty() {
+            (
+                FallbackCause::VirtualInterfaces,
+                format!(
+                    "{ANN_REROUTE_VIRTUAL_INTERFACES} ({}): forwarded traffic from virtual interfaces is not captured by the ebpf backend",
+                    self.reroute_virtual_interfaces.join(",")
+                ),
+            )
+        } else if !self.exclude_interfaces.is_empty() {
+            (
+                FallbackCause::ExcludeInterfaces,
+                format!(
+                    "{ANN_EXCLUDE_INTERFACES} ({}): per-interface exclusion is not implemented by the ebpf backend",
+                    self.exclude_interfaces.join(",")
+                ),
+            )
+        } else {
+            return None;
+        };
+        Some(EbpfUnsupported { cause, reason })
     }
 
     /// Does an include CIDR start at a loopback address? Istio then drops its `-o lo` RETURN rules.
@@ -381,3 +388,43 @@ impl CaptureConfig {
 
 #[cfg(test)]
 mod tests;
+
+/// Why a pod runs on iptables in a node whose mode is ebpf: one of a few fixed causes (a metric's
+/// label), the words for people being in [`EbpfUnsupported::reason`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackCause {
+    /// `interceptionMode: TPROXY`.
+    Tproxy,
+    /// `rerouteVirtualInterfaces`.
+    VirtualInterfaces,
+    /// `excludeInterfaces`.
+    ExcludeInterfaces,
+    /// The kernel refused a hook the pod needs.
+    KernelHook,
+}
+
+impl FallbackCause {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tproxy => "tproxy",
+            Self::VirtualInterfaces => "virtual_interfaces",
+            Self::ExcludeInterfaces => "exclude_interfaces",
+            Self::KernelHook => "kernel_hook",
+        }
+    }
+}
+
+/// What [`CaptureConfig::ebpf_unsupported`] finds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EbpfUnsupported {
+    pub cause: FallbackCause,
+    pub reason: String,
+}
+
+impl std::fmt::Display for EbpfUnsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}

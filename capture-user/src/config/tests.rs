@@ -131,9 +131,13 @@ fn interfaces_and_the_ebpf_fallback() {
         vec!["eth2", "eth3"],
         "the newer annotation wins"
     );
-    assert!(c.ebpf_unsupported().unwrap().contains("eth2,eth3"));
+    assert!(c.ebpf_unsupported().unwrap().reason.contains("eth2,eth3"));
     let c = CaptureConfig::from_pod(&spec(&[(ANN_EXCLUDE_INTERFACES, "eth9")])).unwrap();
-    assert!(c.ebpf_unsupported().unwrap().contains("excludeInterfaces"));
+    assert!(c
+        .ebpf_unsupported()
+        .unwrap()
+        .reason
+        .contains("excludeInterfaces"));
     assert!(CaptureConfig::from_pod(&spec(&[]))
         .unwrap()
         .ebpf_unsupported()

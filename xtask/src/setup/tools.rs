@@ -24,7 +24,8 @@ const fn tool(command: &'static str, package: &'static str) -> Tool {
 /// What `cargo xtask test`, `demo` and `bench` run, directly or through the capture binaries (the
 /// iptables backend runs the restore/save tools inside the pod netns with nsenter). The reference
 /// CNI plugins are run by path: the CNI tests chain capture-cni after them. promtool lints the
-/// agent's /metrics in the CNI tests (its package also ships a server: see services.rs).
+/// agent's /metrics in the CNI tests, and a Prometheus server scrapes a running agent in the
+/// metrics test (its unit stays masked: see services.rs; the test starts its own).
 pub const TEST_TOOLS: &[Tool] = &[
     tool("ip", "iproute2"),
     tool("bpftool", "bpftool"),
@@ -37,6 +38,7 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("/usr/lib/cni/bridge", "containernetworking-plugins"),
     tool("/usr/lib/cni/host-local", "containernetworking-plugins"),
     tool("promtool", "prometheus"),
+    tool("prometheus", "prometheus"),
     // The upgrade tests build the previous release from the repository's history.
     tool("git", "git"),
     tool("tar", "tar"),

@@ -174,7 +174,12 @@ pub const CAPABILITIES: &[Capability] = &[
     },
     Capability {
         name: "CNI plugin and agent",
-        tests: &[("cni", "*"), ("cni_defaults", "*"), ("coexistence", "*")],
+        tests: &[
+            ("cni", "*"),
+            ("cni_defaults", "*"),
+            ("coexistence", "*"),
+            ("prometheus", "*"),
+        ],
         except: &[],
     },
     Capability {
