@@ -206,24 +206,8 @@ impl Node {
 
     /// A new pod: netns and kubelet-style cgroup, not yet on the network.
     pub fn pod(&self, name: &str, driver: CgroupDriver, annotations: &[(&str, &str)]) -> Pod {
-        let uid = format!(
-            "{:08x}-1111-2222-3333-{:012x}",
-            std::process::id(),
-            rand_suffix()
-        );
-        let cgroup = match driver {
-            CgroupDriver::Cgroupfs => self
-                .cgroup_root
-                .join("kubepods/burstable")
-                .join(format!("pod{uid}")),
-            CgroupDriver::Systemd => self
-                .cgroup_root
-                .join("kubepods.slice/kubepods-besteffort.slice")
-                .join(format!(
-                    "kubepods-besteffort-pod{}.slice",
-                    uid.replace('-', "_")
-                )),
-        };
+        let uid = pod_uid();
+        let cgroup = self.pod_cgroup(driver, &uid);
         std::fs::create_dir_all(&cgroup).expect("pod cgroup");
         Pod {
             name: name.into(),
@@ -239,6 +223,12 @@ impl Node {
             ip: None,
             result: None,
         }
+    }
+
+    /// The cgroup kubelet gives pod `uid` under this node's kubepods tree with `driver`.
+    #[must_use]
+    pub fn pod_cgroup(&self, driver: CgroupDriver, uid: &str) -> PathBuf {
+        pod_cgroup_under(&self.cgroup_root, driver, uid)
     }
 
     fn find_plugin(&self, ty: &str) -> PathBuf {
@@ -325,7 +315,13 @@ impl Node {
             conf["prevResult"] = p.clone();
         }
         if conf["capabilities"]["io.kubernetes.cri.pod-annotations"] == json!(true) {
-            conf["runtimeConfig"] = json!({"io.kubernetes.cri.pod-annotations": pod.annotations});
+            // As containerd passes them: a pod without annotations has a nil map, `null`.
+            let annotations = if pod.annotations.is_empty() {
+                Value::Null
+            } else {
+                json!(pod.annotations)
+            };
+            conf["runtimeConfig"] = json!({"io.kubernetes.cri.pod-annotations": annotations});
         }
         conf
     }
@@ -389,6 +385,32 @@ impl Node {
     pub fn client(&self) -> Command {
         probe_in(&self.netns.path(), None, None)
     }
+}
+
+/// The cgroup kubelet gives pod `uid` with `driver`, under `root` (what stands for the top of
+/// kubelet's tree).
+#[must_use]
+pub fn pod_cgroup_under(root: &Path, driver: CgroupDriver, uid: &str) -> PathBuf {
+    match driver {
+        CgroupDriver::Cgroupfs => root.join("kubepods/burstable").join(format!("pod{uid}")),
+        CgroupDriver::Systemd => {
+            root.join("kubepods.slice/kubepods-besteffort.slice")
+                .join(format!(
+                    "kubepods-besteffort-pod{}.slice",
+                    uid.replace('-', "_")
+                ))
+        }
+    }
+}
+
+/// A fresh pod UID in the UUID form the API server gives.
+#[must_use]
+pub fn pod_uid() -> String {
+    format!(
+        "{:08x}-1111-2222-3333-{:012x}",
+        std::process::id(),
+        rand_suffix()
+    )
 }
 
 impl Default for Node {

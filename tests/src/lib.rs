@@ -88,4 +88,5 @@ pub mod agent;
 pub mod bench;
 pub mod cases;
 pub mod cni;
+pub mod containerd;
 pub mod enter;

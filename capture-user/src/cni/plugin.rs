@@ -45,7 +45,9 @@ fn container_id(args: &Args) -> Result<String, Error> {
 }
 
 /// The pod's annotations from the runtime's capability. Absent means the runtime was not asked
-/// for them: capture could not tell a meshed pod from another, so that is an error.
+/// for them: capture could not tell a meshed pod from another, so that is an error. `null` is a
+/// pod without annotations: containerd passes its pod's annotation map as it is, and an empty
+/// one is nil in Go.
 fn pod_annotations(args: &Args) -> Result<BTreeMap<String, String>, Error> {
     let missing = || {
         Error::InvalidNetworkConfig(format!(
@@ -57,6 +59,9 @@ fn pod_annotations(args: &Args) -> Result<BTreeMap<String, String>, Error> {
         .custom
         .get(POD_ANNOTATIONS_CAPABILITY)
         .ok_or_else(missing)?;
+    if raw.is_null() {
+        return Ok(BTreeMap::new());
+    }
     serde_json::from_value(raw.clone()).map_err(|e| {
         Error::FailedToDecode(format!("runtimeConfig {POD_ANNOTATIONS_CAPABILITY}: {e}"))
     })

@@ -68,6 +68,9 @@ enum Cmd {
         #[arg(long)]
         udp: bool,
     },
+    /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
+    /// process (the containerd tests' pause image runs it as PID 1).
+    Pause,
     /// Connect once and print the outcome.
     Connect {
         #[arg(long)]
@@ -508,6 +511,36 @@ fn hold(to: SocketAddr, udp: bool) -> Value {
     json!({ "ok": true, "first": first, "second": second })
 }
 
+/// As PID 1 a process gets no signal it has no handler for, so the signals that end it are
+/// blocked and taken with sigwait instead.
+fn pause() -> ! {
+    use nix::sys::{
+        signal::{SigSet, Signal},
+        wait::{waitpid, WaitPidFlag, WaitStatus},
+    };
+    let mut set = SigSet::empty();
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
+        set.add(sig);
+    }
+    set.thread_block()
+        .unwrap_or_else(|e| die(format!("blocking signals: {e}")));
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    loop {
+        match set.wait() {
+            Ok(Signal::SIGCHLD) => {
+                while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    if status == WaitStatus::StillAlive {
+                        break;
+                    }
+                }
+            }
+            Ok(_) => std::process::exit(0),
+            Err(e) => die(format!("sigwait: {e}")),
+        }
+    }
+}
+
 fn main() {
     let args = Args::parse();
     enter(&args);
@@ -520,6 +553,10 @@ fn main() {
         } => {
             drop_privileges(&args);
             serve(tcp, udp, *transparent, *reuseport)
+        }
+        Cmd::Pause => {
+            drop_privileges(&args);
+            pause()
         }
         Cmd::Hold { to, udp } => {
             drop_privileges(&args);

@@ -111,6 +111,7 @@ fn bpf_linker() -> Result<()> {
 /// every command is there, naming the package of any that is not.
 pub fn install(tools: &[Tool]) -> Result<()> {
     let missing = dpkg::missing(&tools::packages(tools), None)?;
+    refuse_conflicts(&missing)?;
     if !missing.is_empty() {
         println!("setup: installing Debian packages {}", missing.join(" "));
         services::keep_off(&missing)?;
@@ -132,6 +133,38 @@ pub fn install(tools: &[Tool]) -> Result<()> {
             std::env::var("PATH").unwrap_or_default(),
             absent.join(", ")
         );
+    }
+    Ok(())
+}
+
+/// Packages whose installation apt would resolve by removing another the machine relies on.
+const CONFLICTS: &[(&str, &str, &str)] = &[(
+    "containerd",
+    "containerd.io",
+    "Docker's containerd.io is installed, and apt would remove it to install Debian's containerd, \
+     which the containerd tests run: run the tests on a machine without Docker's packages, or \
+     install Debian's containerd yourself if you mean to replace it",
+)];
+
+/// Stops before apt removes a package the machine relies on to make room for one setup wants.
+fn refuse_conflicts(missing: &[&str]) -> Result<()> {
+    let wanted: Vec<&(&str, &str, &str)> = CONFLICTS
+        .iter()
+        .filter(|(package, _, _)| missing.contains(package))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let others: Vec<&str> = wanted.iter().map(|(_, other, _)| *other).collect();
+    let statuses = dpkg::statuses(&others, None)?;
+    for (_, other, why) in wanted {
+        if statuses
+            .get(other)
+            .and_then(Option::as_deref)
+            .is_some_and(dpkg::is_installed)
+        {
+            bail!("setup: {why}");
+        }
     }
     Ok(())
 }

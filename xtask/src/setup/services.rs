@@ -1,6 +1,7 @@
 //! Servers that come with a package setup installs only for a command: Debian's `prometheus`
 //! ships `promtool` (the tests lint the agent's metrics with it) together with the Prometheus
-//! server, and its postinst enables and starts that server.
+//! server, and `containerd` ships the node's container runtime as a unit (the tests start their
+//! own containerd, with directories of their own); each postinst enables and starts its server.
 //!
 //! Where the postinst would start it:
 //! - in a container without systemd (these machines, CI), invoke-rc.d asks policy-rc.d, which
@@ -8,7 +9,8 @@
 //!   clean root); without one and without an init, invoke-rc.d refuses by itself. Nothing starts.
 //! - on a host that runs systemd, `deb-systemd-invoke start` would start it at once and the
 //!   enabled unit at every boot: a Prometheus listening on every interface (port 9090), writing
-//!   its database under /var/lib/prometheus. Setup masks the unit before installing the package,
+//!   its database under /var/lib/prometheus, or a containerd serving /run/containerd and owning
+//!   /var/lib/containerd. Setup masks the unit before installing the package,
 //!   which the maintainer scripts respect (they only ever remove a mask they made themselves).
 
 use std::path::Path;
@@ -16,7 +18,10 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 
 /// Packages installed for a command, and the unit of the server each ships.
-pub const UNWANTED_SERVICES: &[(&str, &str)] = &[("prometheus", "prometheus.service")];
+pub const UNWANTED_SERVICES: &[(&str, &str)] = &[
+    ("prometheus", "prometheus.service"),
+    ("containerd", "containerd.service"),
+];
 
 /// Masks the units of those of `packages` that ship an unwanted server, on a host running
 /// systemd, before apt installs them.

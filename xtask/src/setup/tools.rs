@@ -42,6 +42,15 @@ pub const TEST_TOOLS: &[Tool] = &[
     // The upgrade tests build the previous release from the repository's history.
     tool("git", "git"),
     tool("tar", "tar"),
+    // The containerd tests: the runtime (started through nsenter in the test's node netns), the
+    // OCI runtime it runs containers with, ctr to import the hand-written images, ldd to find
+    // what the probe binary in those images loads. The CRI client crate's build script compiles
+    // the CRI protobuf definitions with protoc. containerd's unit stays masked (services.rs).
+    tool("containerd", "containerd"),
+    tool("runc", "runc"),
+    tool("ctr", "containerd"),
+    tool("ldd", "libc-bin"),
+    tool("protoc", "protobuf-compiler"),
 ];
 
 /// What `cargo xtask vm` adds on the host: apt and dpkg fetch and unpack the kernels, kmod

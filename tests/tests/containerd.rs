@@ -1,0 +1,241 @@
+//! capture driven by a real container runtime: Debian's containerd and runc, with the node's CNI
+//! configuration chained by `capture install-cni`, pods created through the CRI API as kubelet
+//! creates them (metadata, Istio annotations, the cgroup parent kubelet's cgroupfs driver gives),
+//! the proxy container running as uid 1337 and the app as uid 1000, each started by runc inside
+//! the sandbox.
+
+use capture_tests::{
+    cni::{Node, MESHED},
+    containerd::{Containerd, CriPod, PodSpec},
+    topology::{cgroup_programs, pinned_map_len, pod_pins_left},
+};
+
+/// The node and its runtime: capture-cni chained into the node's CNI configuration.
+fn node_with_containerd(mode: &str) -> (Node, capture_tests::agent::Agent, Containerd) {
+    let node = Node::new();
+    node.install_cni();
+    let agent = node.start_agent(mode);
+    let runtime = Containerd::start(&node);
+    (node, agent, runtime)
+}
+
+fn meshed(name: &str) -> PodSpec<'_> {
+    PodSpec {
+        name,
+        namespace: "default",
+        annotations: MESHED,
+        proxy: true,
+    }
+}
+
+fn run(runtime: &Containerd, spec: &PodSpec<'_>) -> CriPod {
+    runtime
+        .run_pod(spec)
+        .unwrap_or_else(|e| panic!("RunPodSandbox {}: {e}\n{}", spec.name, runtime.log_tail()))
+}
+
+/// The pod records the agent keeps.
+fn records(node: &Node) -> usize {
+    std::fs::read_dir(node.dirs.state.join("pods")).map_or(0, |d| d.count())
+}
+
+/// What a pod's traffic looks like in each direction, on real connections made inside its
+/// containers (CRI ExecSync, so as the container's user, in its cgroup).
+fn assert_captured(runtime: &Containerd, a: &CriPod, b: &CriPod, plain: &CriPod) {
+    // a's app calling b lands on a's own proxy, which can ask where it was going.
+    let got = runtime.connect_from(a, "app", &format!("{}:8080", b.ip));
+    got.assert_served_by("outbound", "a's app to b");
+    assert_eq!(got.orig(), Some(format!("{}:8080", b.ip)));
+    // A connection from another pod to a lands on a's inbound listener, original port intact.
+    let got = runtime.connect_from(plain, "app", &format!("{}:8080", a.ip));
+    got.assert_served_by("inbound", "another pod to a");
+    assert_eq!(got.orig(), Some(format!("{}:8080", a.ip)));
+    // The proxy's own connection goes where it asked.
+    let got = runtime.connect_from(a, "proxy", &format!("{}:8080", plain.ip));
+    got.assert_served_by("app", "a's proxy to the plain pod");
+}
+
+#[test]
+fn containerd_pods_are_captured_and_removal_leaves_nothing() {
+    let (node, _agent, runtime) = node_with_containerd("ebpf");
+    let (name, version) = runtime.version();
+    eprintln!("runtime: {name} {version}");
+    let a = run(&runtime, &meshed("a"));
+    let b = run(&runtime, &meshed("b"));
+    let plain = run(
+        &runtime,
+        &PodSpec {
+            name: "plain",
+            namespace: "default",
+            annotations: &[],
+            proxy: false,
+        },
+    );
+    let system = run(
+        &runtime,
+        &PodSpec {
+            name: "dns",
+            namespace: "kube-system",
+            ..meshed("dns")
+        },
+    );
+    for pod in [&a, &b] {
+        assert_eq!(
+            cgroup_programs(&pod.cgroup).len(),
+            7,
+            "{} is captured",
+            pod.name
+        );
+    }
+    for pod in [&plain, &system] {
+        assert!(
+            cgroup_programs(&pod.cgroup).is_empty(),
+            "{} is left alone",
+            pod.name
+        );
+    }
+    assert_eq!(records(&node), 2);
+
+    assert_captured(&runtime, &a, &b, &plain);
+    // b is captured the same way, on any port.
+    let got = runtime.connect_from(&b, "app", &format!("{}:9090", plain.ip));
+    got.assert_served_by("outbound", "b's app to the plain pod");
+    // The unmeshed and the kube-system pods are untouched both ways.
+    for (from, to) in [(&plain, &system), (&system, &plain)] {
+        let got = runtime.connect_from(from, "app", &format!("{}:8080", to.ip));
+        got.assert_served_by("app", &format!("{} to {}", from.name, to.name));
+    }
+
+    // StopPodSandbox tears the network down (CNI DEL): capture goes with it, while the cgroup,
+    // which kubelet removes only after RemovePodSandbox, is still there to look at.
+    runtime.cri().stop_pod(&a.id).expect("StopPodSandbox a");
+    assert!(
+        cgroup_programs(&a.cgroup).is_empty(),
+        "a keeps programs after StopPodSandbox"
+    );
+    assert_eq!(records(&node), 1, "a's record outlives StopPodSandbox");
+    for pod in [&a, &b, &plain, &system] {
+        runtime
+            .remove_pod(pod)
+            .unwrap_or_else(|e| panic!("removing {}: {e}", pod.name));
+        assert!(
+            !pod.netns.exists() || pod.netns.as_os_str().is_empty(),
+            "{} netns left",
+            pod.name
+        );
+    }
+    assert_eq!(records(&node), 0, "records left after RemovePodSandbox");
+    assert!(!pod_pins_left(&node.dirs.bpffs), "link pins left");
+    for map in [
+        "POD_CONFIGS",
+        "POD_COUNTERS",
+        "PORT_LISTS",
+        "CIDR_LISTS",
+        "INBOUND_PODS",
+        "INBOUND_LISTENERS",
+    ] {
+        assert_eq!(
+            pinned_map_len(&node.dirs.bpffs, map),
+            0,
+            "{map} keeps entries"
+        );
+    }
+}
+
+fn plain(name: &str) -> PodSpec<'_> {
+    PodSpec {
+        name,
+        namespace: "default",
+        annotations: &[],
+        proxy: false,
+    }
+}
+
+#[test]
+fn the_iptables_backend_through_containerd() {
+    let (node, _agent, runtime) = node_with_containerd("iptables");
+    let a = run(&runtime, &meshed("a"));
+    let b = run(&runtime, &meshed("b"));
+    let other = run(&runtime, &plain("plain"));
+    assert!(
+        cgroup_programs(&a.cgroup).is_empty(),
+        "iptables mode attaches no program"
+    );
+    assert_captured(&runtime, &a, &b, &other);
+    for pod in [&a, &b, &other] {
+        runtime.remove_pod(pod).expect("RemovePodSandbox");
+    }
+    assert_eq!(records(&node), 0, "records left after RemovePodSandbox");
+}
+
+#[test]
+fn a_pod_created_while_the_agent_is_down_starts_when_the_runtime_retries() {
+    let node = Node::new();
+    node.install_cni();
+    let runtime = Containerd::start(&node);
+
+    // With no agent, a meshed pod's sandbox fails and nothing of it is left to run.
+    let spec = meshed("early");
+    let config = runtime.prepare_pod(&spec);
+    let failed = runtime
+        .start_pod(&spec, &config)
+        .err()
+        .expect("a meshed pod must not start while the agent is down");
+    assert!(
+        failed.message().contains("capture-cni") && failed.message().contains("agent"),
+        "the runtime's error says capture's agent is missing: {failed}"
+    );
+    assert!(
+        runtime
+            .cri()
+            .list_pods()
+            .expect("ListPodSandbox")
+            .is_empty(),
+        "the failed sandbox is gone"
+    );
+    // An unmeshed pod does not need the agent.
+    let other = run(&runtime, &plain("plain"));
+
+    let _agent = node.start_agent("ebpf");
+    let late = runtime
+        .start_pod(&spec, &config)
+        .unwrap_or_else(|e| panic!("the retry after the agent came up: {e}"));
+    assert_eq!(cgroup_programs(&late.cgroup).len(), 7);
+    let got = runtime.connect_from(&late, "app", &format!("{}:8080", other.ip));
+    got.assert_served_by("outbound", "the late pod's app");
+    for pod in [&late, &other] {
+        runtime.remove_pod(pod).expect("RemovePodSandbox");
+    }
+    assert_eq!(records(&node), 0);
+}
+
+#[test]
+fn restarting_containerd_or_the_agent_changes_nothing_for_running_pods() {
+    let (node, mut agent, mut runtime) = node_with_containerd("ebpf");
+    let a = run(&runtime, &meshed("a"));
+    let b = run(&runtime, &meshed("b"));
+    let other = run(&runtime, &plain("plain"));
+    assert_captured(&runtime, &a, &b, &other);
+
+    runtime.restart();
+    assert_eq!(runtime.cri().list_pods().expect("ListPodSandbox").len(), 3);
+    assert_captured(&runtime, &a, &b, &other);
+
+    // The agent SIGKILLed: running pods stay captured by the kernel programs alone.
+    agent.kill_hard();
+    assert_captured(&runtime, &a, &b, &other);
+    let _agent = node.start_agent("ebpf");
+    assert_captured(&runtime, &a, &b, &other);
+    assert_eq!(cgroup_programs(&a.cgroup).len(), 7);
+    assert_eq!(records(&node), 2);
+    // And the restarted pair still captures a new pod.
+    let c = run(&runtime, &meshed("c"));
+    let got = runtime.connect_from(&c, "app", &format!("{}:8080", other.ip));
+    got.assert_served_by("outbound", "a pod made after both restarts");
+
+    for pod in [&a, &b, &c, &other] {
+        runtime.remove_pod(pod).expect("RemovePodSandbox");
+    }
+    assert_eq!(records(&node), 0);
+    assert!(!pod_pins_left(&node.dirs.bpffs), "link pins left");
+}
