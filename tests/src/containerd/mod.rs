@@ -90,8 +90,7 @@ pub struct Containerd {
     cri: Mutex<Cri>,
     /// Pod cgroups and netns paths made for this runtime's pods, removed on drop if still there.
     made: Mutex<Vec<PathBuf>>,
-    /// Directories containerd makes at fixed places (its shims' sockets and the containers'
-    /// FIFOs) that did not exist before: removed on drop when empty.
+    /// The [`FIXED_DIRS`] that did not exist before: removed on drop when empty.
     fixed_dirs: Vec<&'static Path>,
 }
 

@@ -44,12 +44,14 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("tar", "tar"),
     // The containerd tests: the runtime (started through nsenter in the test's node netns), the
     // OCI runtime it runs containers with, ctr to import the hand-written images, ldd to find
-    // what the probe binary in those images loads. The CRI client crate's build script compiles
-    // the CRI protobuf definitions with protoc. containerd's unit stays masked (services.rs).
+    // what the probe binary in those images loads and strip to leave its debug information out.
+    // The CRI client crate's build script compiles the CRI protobuf definitions with protoc.
+    // containerd's unit stays masked (services.rs).
     tool("containerd", "containerd"),
     tool("runc", "runc"),
     tool("ctr", "containerd"),
     tool("ldd", "libc-bin"),
+    tool("strip", "binutils"),
     tool("protoc", "protobuf-compiler"),
 ];
 

@@ -24,6 +24,9 @@ mkdir -p /run/lock
 mount -t bpf bpf /sys/fs/bpf || say "cannot mount bpffs"
 mount -t cgroup2 cgroup2 /sys/fs/cgroup || say "cannot mount cgroup2"
 mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
+# containerd 1.6's CNI library caches each network's result under /var/lib/cni, which its
+# configuration cannot move; the host's root is read-only here.
+mount -t tmpfs varlib /var/lib || say "cannot mount /var/lib"
 printf '#!/bin/sh\nexec /usr/sbin/modprobe -d /tmp/kroot "$@"\n' > /tmp/modprobe
 chmod +x /tmp/modprobe
 echo /tmp/modprobe > /proc/sys/kernel/modprobe
