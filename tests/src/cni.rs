@@ -180,7 +180,18 @@ impl Node {
 
     /// Starts the agent of the `capture` binary `bin` (another build) and returns at once.
     pub fn spawn_agent_of(&self, bin: &Path, mode: &str, extra: &[&str]) -> Agent {
-        let mut cmd = Command::new(bin);
+        self.spawn_agent_as(Command::new(bin), mode, extra)
+    }
+
+    /// Starts the agent with `cmd` (`capture`, or a command that runs it, such as nsenter into
+    /// another mount namespace) and waits until /readyz says so.
+    pub fn start_agent_as(&self, cmd: Command, mode: &str) -> Agent {
+        let agent = self.spawn_agent_as(cmd, mode, &[]);
+        agent.wait_ready();
+        agent
+    }
+
+    fn spawn_agent_as(&self, mut cmd: Command, mode: &str, extra: &[&str]) -> Agent {
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)
             .arg("--state-dir")

@@ -1,4 +1,4 @@
-//! What the running kernel offers, for tests that cover a feature some kernels lack. Such a test
+//! What the running kernel (or node) offers, for tests that cover a feature some lack. Such a test
 //! skips where the feature is missing and says why: it prints the reason and, when
 //! `CAPTURE_SKIP_LOG` is set (the kernel matrix, `cargo xtask vm`), appends
 //! `TEST<TAB>FEATURE<TAB>REASON` to that file, so that a skip on a kernel that should have the
@@ -13,6 +13,10 @@ use capture_user::ebpf::loader::{kernel_features, KernelFeatures};
 pub enum Feature {
     /// sock_ops may ask for the netns cookie (Linux 5.15+).
     SockOpsNetnsCookie,
+    /// The cpu controller is on cgroup v2 (not bound to a v1 hierarchy, as on a hybrid host):
+    /// runc's systemd driver in unified mode sets every container's cpu.weight. Not a kernel
+    /// feature but the node's set-up; the kernel matrix's guests mount cgroup v2 alone.
+    UnifiedCgroupControllers,
 }
 
 impl Feature {
@@ -20,6 +24,7 @@ impl Feature {
     pub fn name(self) -> &'static str {
         match self {
             Self::SockOpsNetnsCookie => "sock_ops_netns_cookie",
+            Self::UnifiedCgroupControllers => "unified_cgroup_controllers",
         }
     }
 }
@@ -36,6 +41,10 @@ fn features() -> KernelFeatures {
 pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
     let present = match feature {
         Feature::SockOpsNetnsCookie => features().sock_ops_netns_cookie,
+        Feature::UnifiedCgroupControllers => capture_user::cgroup::cgroup2_mount()
+            .ok()
+            .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())
+            .is_some_and(|c| c.split_whitespace().any(|c| c == "cpu")),
     };
     if !present {
         let test = std::thread::current()

@@ -7,7 +7,8 @@
 use capture_tests::{
     cni::{Node, MESHED},
     containerd::{Containerd, CriPod, PodSpec},
-    topology::{cgroup_programs, pinned_map_len, pod_pins_left},
+    kernel::{has_or_skip, Feature},
+    topology::{capture_bin, cgroup_programs, pinned_map_len, pod_pins_left},
 };
 
 /// The node and its runtime: capture-cni chained into the node's CNI configuration.
@@ -58,21 +59,41 @@ fn assert_captured(runtime: &Containerd, a: &CriPod, b: &CriPod, plain: &CriPod)
 #[test]
 fn containerd_pods_are_captured_and_removal_leaves_nothing() {
     let (node, _agent, runtime) = node_with_containerd("ebpf");
+    // runc writes cgroupfs itself: a container's cgroup is its id.
+    captured_then_removed(&node, &runtime, |name| {
+        name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+    });
+}
+
+#[test]
+fn the_systemd_cgroup_driver_captures_the_same() {
+    if !has_or_skip(
+        Feature::UnifiedCgroupControllers,
+        "the cpu controller is bound to a cgroup v1 hierarchy (a hybrid host), and runc's \
+         systemd driver sets every container's cpu.weight on cgroup v2",
+    ) {
+        return;
+    }
+    let node = Node::new();
+    node.install_cni();
+    let runtime = Containerd::start_systemd(&node);
+    let _agent = node.start_agent_as(runtime.inside(true, capture_bin()), "ebpf");
+    // runc asks systemd for each container's scope in the pod's slice.
+    captured_then_removed(&node, &runtime, |name| {
+        name.starts_with("cri-containerd-") && name.ends_with(".scope")
+    });
+}
+
+/// Meshed, unmeshed and kube-system pods on `runtime`, the traffic of each, then their removal.
+/// `container_cgroup` tells the cgroup the runtime gives a container under the pod's.
+fn captured_then_removed(node: &Node, runtime: &Containerd, container_cgroup: fn(&str) -> bool) {
     let (name, version) = runtime.version();
     eprintln!("runtime: {name} {version}");
-    let a = run(&runtime, &meshed("a"));
-    let b = run(&runtime, &meshed("b"));
-    let plain = run(
-        &runtime,
-        &PodSpec {
-            name: "plain",
-            namespace: "default",
-            annotations: &[],
-            proxy: false,
-        },
-    );
+    let a = run(runtime, &meshed("a"));
+    let b = run(runtime, &meshed("b"));
+    let plain = run(runtime, &plain("plain"));
     let system = run(
-        &runtime,
+        runtime,
         &PodSpec {
             name: "dns",
             namespace: "kube-system",
@@ -94,9 +115,28 @@ fn containerd_pods_are_captured_and_removal_leaves_nothing() {
             pod.name
         );
     }
-    assert_eq!(records(&node), 2);
+    assert_eq!(records(node), 2);
+    for pod in [&a, &b, &plain, &system] {
+        let containers: Vec<String> = std::fs::read_dir(&pod.cgroup)
+            .unwrap_or_else(|e| panic!("{}: {e}", pod.cgroup.display()))
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let want = if pod.containers.contains_key("proxy") {
+            3
+        } else {
+            2
+        };
+        assert_eq!(
+            containers.iter().filter(|c| container_cgroup(c)).count(),
+            want,
+            "{}'s containers (pause included) run in its cgroup: {containers:?}",
+            pod.name
+        );
+    }
 
-    assert_captured(&runtime, &a, &b, &plain);
+    assert_captured(runtime, &a, &b, &plain);
     // b is captured the same way, on any port.
     let got = runtime.connect_from(&b, "app", &format!("{}:9090", plain.ip));
     got.assert_served_by("outbound", "b's app to the plain pod");
@@ -113,7 +153,7 @@ fn containerd_pods_are_captured_and_removal_leaves_nothing() {
         cgroup_programs(&a.cgroup).is_empty(),
         "a keeps programs after StopPodSandbox"
     );
-    assert_eq!(records(&node), 1, "a's record outlives StopPodSandbox");
+    assert_eq!(records(node), 1, "a's record outlives StopPodSandbox");
     for pod in [&a, &b, &plain, &system] {
         runtime
             .remove_pod(pod)
@@ -124,7 +164,7 @@ fn containerd_pods_are_captured_and_removal_leaves_nothing() {
             pod.name
         );
     }
-    assert_eq!(records(&node), 0, "records left after RemovePodSandbox");
+    assert_eq!(records(node), 0, "records left after RemovePodSandbox");
     assert!(!pod_pins_left(&node.dirs.bpffs), "link pins left");
     for map in [
         "POD_CONFIGS",

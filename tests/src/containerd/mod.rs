@@ -9,14 +9,16 @@
 //! runtime through the CRI API (RunPodSandbox, CreateContainer, StartContainer, ExecSync,
 //! StopPodSandbox, RemovePodSandbox). Images come from [`image`], imported with `ctr`.
 //!
-//! kubelet and runtime use the cgroupfs driver here. The systemd driver cannot run on these
-//! machines: runc then creates every container's scope through systemd over D-Bus, and no
-//! systemd runs as PID 1 here. (containerd picks the systemd form of a container's cgroup path by
-//! the parent's `.slice` suffix alone, so a systemd-style parent under the cgroupfs driver would
-//! put the containers outside the pod cgroup: not a layout any node runs.)
+//! Both of kubelet's cgroup drivers: with cgroupfs, the test makes the pod cgroup itself and runc
+//! writes cgroupfs directly; with systemd ([`Containerd::start_systemd`]), runc creates every
+//! container's scope through systemd, so a systemd runs as PID 1 of namespaces of its own
+//! ([`systemd`]) and containerd and the agent run inside them.
 
+mod cleanup;
+mod config;
 pub mod cri;
 pub mod image;
+pub mod systemd;
 
 use std::{
     collections::BTreeMap,
@@ -27,14 +29,18 @@ use std::{
 };
 
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, Int64Value, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, PodSandboxConfig, PodSandboxMetadata,
 };
 use serde_json::Value;
 use tonic::Status;
 
-use self::{cri::Cri, image::PROBE};
+use self::{
+    cleanup::{cgroup_v1_mounts, kill_shims_of, mounts_under, remove_cgroup_everywhere},
+    config::{container_config, containerd_config, namespaces, pod_slice},
+    cri::Cri,
+    image::PROBE,
+    systemd::SystemdNode,
+};
 use crate::{
     cni::{pod_cgroup_under, pod_uid, remove_cgroup_tree, CgroupDriver, Node},
     probe::Outcome,
@@ -90,21 +96,51 @@ pub struct Containerd {
     cri: Mutex<Cri>,
     /// Pod cgroups and netns paths made for this runtime's pods, removed on drop if still there.
     made: Mutex<Vec<PathBuf>>,
-    /// The [`FIXED_DIRS`] that did not exist before: removed on drop when empty.
-    fixed_dirs: Vec<&'static Path>,
+    /// The systemd managing the node's cgroups (the systemd driver), or None (cgroupfs).
+    systemd: Option<SystemdNode>,
 }
 
-/// Where containerd 1.6 makes directories whatever its configuration says, deepest first.
+/// Where containerd 1.6 makes directories whatever its configuration says, deepest first: its
+/// shims' sockets, the containers' FIFOs, and its CNI library's cache of each network's result.
 const FIXED_DIRS: &[&str] = &[
     "/run/containerd/s",
     "/run/containerd/fifo",
     "/run/containerd",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
 ];
 
+/// The [`FIXED_DIRS`] that did not exist when this test process first started a containerd.
+/// Every runtime's drop removes those that are empty, so whichever of the tests running at once
+/// ends last leaves none behind, while one in use (a shim's socket, a cached result inside) stays.
+fn fixed_dirs_made_here() -> &'static [&'static Path] {
+    static MADE: std::sync::OnceLock<Vec<&'static Path>> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        FIXED_DIRS
+            .iter()
+            .map(Path::new)
+            .filter(|d| !d.exists())
+            .collect()
+    })
+}
+
 impl Containerd {
-    /// Starts a containerd for `node` and imports the test images into it.
+    /// Starts a containerd for `node` (kubelet's cgroupfs driver) and imports the test images.
     #[must_use]
     pub fn start(node: &Node) -> Self {
+        Self::start_with(node, None)
+    }
+
+    /// Starts systemd on the node's cgroup tree, then a containerd inside it with the systemd
+    /// cgroup driver, and imports the test images. Start the agent with
+    /// [`Self::inside`]`(true, capture)`, so that it sees the node's /run and cgroup mount (and
+    /// a /proc of its own PID namespace).
+    #[must_use]
+    pub fn start_systemd(node: &Node) -> Self {
+        Self::start_with(node, Some(SystemdNode::boot(&node.cgroup_root)))
+    }
+
+    fn start_with(node: &Node, systemd: Option<SystemdNode>) -> Self {
         let dir = std::env::temp_dir().join(unique("capture-containerd"));
         std::fs::create_dir_all(&dir).expect("the containerd directory");
         for plugin in REFERENCE_PLUGINS {
@@ -116,8 +152,12 @@ impl Containerd {
         }
         std::fs::create_dir_all(node.conf_dir()).expect("the CNI configuration directory");
         let socket = dir.join("containerd.sock");
-        std::fs::write(dir.join("config.toml"), config(&dir, &socket, node))
-            .expect("the containerd configuration");
+        std::fs::write(
+            dir.join("config.toml"),
+            containerd_config(&dir, &socket, node, systemd.is_some()),
+        )
+        .expect("the containerd configuration");
+        fixed_dirs_made_here();
         let cgroup_mount = capture_user::cgroup::cgroup2_mount().expect("cgroup2");
         let cri = Cri::connect(&socket).expect("a CRI client");
         // Made before anything can fail, so that drop cleans up after a failed start too.
@@ -130,13 +170,9 @@ impl Containerd {
             child: None,
             cri: Mutex::new(cri),
             made: Mutex::new(Vec::new()),
-            fixed_dirs: FIXED_DIRS
-                .iter()
-                .map(Path::new)
-                .filter(|d| !d.exists())
-                .collect(),
+            systemd,
         };
-        runtime.child = Some(spawn(&runtime.dir, &runtime.netns));
+        runtime.child = Some(runtime.spawn());
         runtime.wait_serving();
         runtime.import_images();
         runtime
@@ -157,7 +193,7 @@ impl Containerd {
     /// directories; the pods' shims and containers keep running meanwhile.
     pub fn restart(&mut self) {
         self.stop_daemon();
-        self.child = Some(spawn(&self.dir, &self.netns));
+        self.child = Some(self.spawn());
         self.wait_serving();
     }
 
@@ -172,10 +208,20 @@ impl Containerd {
     #[must_use]
     pub fn prepare_pod(&self, spec: &PodSpec<'_>) -> PodSandboxConfig {
         let uid = pod_uid();
-        let cgroup = self.pod_cgroup(&uid);
-        std::fs::create_dir_all(&cgroup).expect("the pod cgroup");
-        self.made.lock().unwrap().push(cgroup.clone());
-        self.sandbox_config(spec, &uid, &cgroup)
+        let parent = match &self.systemd {
+            // kubelet's systemd driver names the pod's slice; systemd makes its cgroup.
+            Some(systemd) => systemd.start_pod_slice(&uid).0,
+            None => {
+                let cgroup = self.pod_cgroup(&uid);
+                std::fs::create_dir_all(&cgroup).expect("the pod cgroup");
+                let rel = cgroup
+                    .strip_prefix(&self.cgroup_mount)
+                    .expect("under the cgroup2 mount");
+                Path::new("/").join(rel).display().to_string()
+            }
+        };
+        self.made.lock().unwrap().push(self.pod_cgroup(&uid));
+        self.sandbox_config(spec, &uid, parent)
     }
 
     /// RunPodSandbox with `config`, then the proxy (uid 1337, when the pod has one) and app
@@ -190,12 +236,7 @@ impl Containerd {
         self.start_sandbox(spec, uid, cgroup, config.clone())
     }
 
-    fn sandbox_config(&self, spec: &PodSpec<'_>, uid: &str, cgroup: &Path) -> PodSandboxConfig {
-        let parent = Path::new("/").join(
-            cgroup
-                .strip_prefix(&self.cgroup_mount)
-                .expect("under the cgroup2 mount"),
-        );
+    fn sandbox_config(&self, spec: &PodSpec<'_>, uid: &str, parent: String) -> PodSandboxConfig {
         let logs = self.dir.join("pods").join(uid);
         std::fs::create_dir_all(&logs).expect("the pod log directory");
         let labels = [
@@ -222,7 +263,7 @@ impl Containerd {
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect(),
             linux: Some(LinuxPodSandboxConfig {
-                cgroup_parent: parent.display().to_string(),
+                cgroup_parent: parent,
                 security_context: Some(LinuxSandboxSecurityContext {
                     namespace_options: Some(namespaces()),
                     ..Default::default()
@@ -280,7 +321,10 @@ impl Containerd {
     pub fn remove_pod(&self, pod: &CriPod) -> Result<(), Status> {
         self.cri().stop_pod(&pod.id)?;
         self.cri().remove_pod(&pod.id)?;
-        remove_cgroup_everywhere(&self.cgroup_mount, &pod.cgroup);
+        match &self.systemd {
+            Some(systemd) => systemd.stop_pod_slice(&pod_slice(&pod.uid)),
+            None => remove_cgroup_everywhere(&self.cgroup_mount, &pod.cgroup),
+        }
         Ok(())
     }
 
@@ -302,16 +346,80 @@ impl Containerd {
         Outcome::parse(&stdout)
     }
 
-    /// The last lines of containerd's log, for a failure message.
+    /// The last lines of containerd's log and the controllers of each cgroup of the node's
+    /// tree, for a failure message.
     #[must_use]
     pub fn log_tail(&self) -> String {
         let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        let mut out = lines[lines.len().saturating_sub(30)..].join("\n");
+        let mut dirs = vec![self.cgroup_mount.clone()];
+        let mut stack = vec![self.cgroup_root.clone()];
+        while let Some(dir) = stack.pop() {
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                stack.extend(
+                    entries
+                        .flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .map(|e| e.path()),
+                );
+            }
+            dirs.push(dir);
+        }
+        for dir in dirs {
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            out.push_str(&format!(
+                "\n{}: controllers [{}] enabled below [{}]",
+                dir.display(),
+                read("cgroup.controllers").trim(),
+                read("cgroup.subtree_control").trim()
+            ));
+        }
+        out
     }
 
+    /// The pod's cgroup as the host sees it.
     fn pod_cgroup(&self, uid: &str) -> PathBuf {
-        pod_cgroup_under(&self.cgroup_root, CgroupDriver::Cgroupfs, uid)
+        let driver = match self.systemd {
+            Some(_) => CgroupDriver::Systemd,
+            None => CgroupDriver::Cgroupfs,
+        };
+        pod_cgroup_under(&self.cgroup_root, driver, uid)
+    }
+
+    /// A command that runs `program` where containerd runs: on the host, or inside the systemd
+    /// node's mount namespace (and PID namespace, with `pid`).
+    #[must_use]
+    pub fn inside(&self, pid: bool, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match &self.systemd {
+            Some(systemd) => systemd.command(pid, program),
+            None => Command::new(program),
+        }
+    }
+
+    /// containerd in the node netns (network namespace only, or also the systemd node's mount
+    /// and PID namespaces), logging into its directory.
+    fn spawn(&self) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("containerd.log"))
+            .expect("the containerd log");
+        let mut cmd = Command::new("nsenter");
+        if let Some(systemd) = &self.systemd {
+            cmd.arg("-t")
+                .arg(systemd.pid.to_string())
+                .args(["--mount", "--cgroup", "--pid"]);
+        }
+        cmd.arg(format!("--net={}", self.netns.display()))
+            .arg("containerd")
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log);
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}; `cargo xtask setup` installs containerd"))
     }
 
     fn wait_serving(&self) {
@@ -420,105 +528,9 @@ impl Drop for Containerd {
             let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-        for dir in &self.fixed_dirs {
-            // Only when empty: another containerd may have started using it meanwhile.
+        for dir in fixed_dirs_made_here() {
             let _ = std::fs::remove_dir(dir);
         }
-    }
-}
-
-fn config(dir: &Path, socket: &Path, node: &Node) -> String {
-    let d = dir.display();
-    format!(
-        r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-
-[grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  # The pod sandbox's oom_score_adj is kept at containerd's own or above, as for a rootless
-  # containerd: where the tests run in a container without CAP_SYS_RESOURCE, runc could not
-  # lower it to kubelet's -998.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "{d}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{conf}"
-    max_conf_num = 1
-"#,
-        socket = socket.display(),
-        pause = image::PAUSE_IMAGE,
-        bin = node.plugin_dir.display(),
-        conf = node.conf_dir().display(),
-    )
-}
-
-/// containerd in `netns` (network namespace only), logging into `dir`.
-fn spawn(dir: &Path, netns: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("containerd.log"))
-        .expect("the containerd log");
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net={}", netns.display()))
-        .arg("containerd")
-        .arg("--config")
-        .arg(dir.join("config.toml"))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("the log"))
-        .stderr(log);
-    cmd.spawn()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e}; `cargo xtask setup` installs containerd"))
-}
-
-fn namespaces() -> NamespaceOption {
-    NamespaceOption {
-        network: NamespaceMode::Pod as i32,
-        pid: NamespaceMode::Container as i32,
-        ipc: NamespaceMode::Pod as i32,
-        ..Default::default()
-    }
-}
-
-fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
-    ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: name.to_string(),
-            attempt: 0,
-        }),
-        image: Some(cri::image_spec(image)),
-        log_path: format!("{name}.log"),
-        labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
-        linux: Some(LinuxContainerConfig {
-            security_context: Some(LinuxContainerSecurityContext {
-                run_as_user: Some(Int64Value { value: user }),
-                run_as_group: Some(Int64Value { value: user }),
-                namespace_options: Some(namespaces()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
     }
 }
 
@@ -532,62 +544,4 @@ fn netns_of(info: &std::collections::HashMap<String, String>) -> Option<PathBuf>
         .find(|n| n["type"] == "network")
         .and_then(|n| n["path"].as_str())
         .map(PathBuf::from)
-}
-
-/// Removes a pod cgroup in cgroup v2 and, on a hybrid host, in every v1 hierarchy runc used.
-fn remove_cgroup_everywhere(v2_mount: &Path, cgroup: &Path) {
-    remove_cgroup_tree(cgroup);
-    if let Ok(rel) = cgroup.strip_prefix(v2_mount) {
-        for mount in cgroup_v1_mounts() {
-            let mirror = mount.join(rel);
-            if mirror.exists() {
-                remove_cgroup_tree(&mirror);
-            }
-        }
-    }
-}
-
-fn cgroup_v1_mounts() -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/self/mounts")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_, point, fstype) = (f.next()?, f.next()?, f.next()?);
-            (fstype == "cgroup").then(|| PathBuf::from(point))
-        })
-        .collect()
-}
-
-/// Mount points at or below `dir`, deepest first.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let mut points: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4).map(PathBuf::from))
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    points
-}
-
-/// SIGKILLs the shims of the containerd serving `socket` (they outlive a killed containerd).
-fn kill_shims_of(socket: &Path) {
-    let needle = socket.display().to_string();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in procs.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains("containerd-shim") && cmdline.contains(&needle) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
 }

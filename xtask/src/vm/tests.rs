@@ -170,6 +170,21 @@ fn a_skip_of_a_feature_the_kernel_has_fails() {
 }
 
 #[test]
+fn a_node_feature_may_be_missing_on_the_host_only() {
+    let skip = "capture-skip: include_outbound_cidrs\tunified_cgroup_controllers\thybrid\n";
+    let guest = parse("6.1", &(LOG_510.to_string() + skip), &expected());
+    let (o, reason) = outcome(&guest, "outbound", "include_outbound_cidrs");
+    assert_eq!(
+        o,
+        Outcome::Fail,
+        "the guests mount cgroup v2 alone: {reason}"
+    );
+    let host = parse("host", &(LOG_510.to_string() + skip), &expected());
+    let (o, reason) = outcome(&host, "outbound", "include_outbound_cidrs");
+    assert_eq!(o, Outcome::Skip, "{reason}");
+}
+
+#[test]
 fn feature_versions() {
     assert_eq!(
         kernel_has("so_netns_cookie", Some("5.10.0-32-amd64")),
