@@ -53,6 +53,12 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("ldd", "libc-bin"),
     tool("strip", "binutils"),
     tool("protoc", "protobuf-compiler"),
+    // The systemd cgroup driver's test: systemd as PID 1 of namespaces that unshare makes (from
+    // a bash script), driven with systemctl.
+    tool("unshare", "util-linux"),
+    tool("bash", "bash"),
+    tool("/lib/systemd/systemd", "systemd"),
+    tool("systemctl", "systemd"),
 ];
 
 /// What `cargo xtask vm` adds on the host: apt and dpkg fetch and unpack the kernels, kmod
