@@ -49,20 +49,21 @@ pub fn netns_cookie(netns: &File) -> io::Result<u64> {
     let procs = OpenOptions::new()
         .write(true)
         .open(scratch.path.join("cgroup.procs"))?;
-    let pid = create_socket_in(&procs, netns)?;
+    create_socket_in(&procs, netns)?;
     let cookies: HashMap<_, u32, u64> = HashMap::try_from(
         ebpf.map("NETNS_COOKIES")
             .ok_or_else(|| io::Error::other("the reporter object has no map"))?,
     )
     .map_err(|e| other("the reporter map", e))?;
+    // The one slot the reporter writes (capture-ebpf/src/netns_cookie.rs).
     cookies
-        .get(&pid, 0)
+        .get(&0, 0)
         .map_err(|e| other("the reporter saw no socket", e))
 }
 
 /// Forks a child that moves into the cgroup behind `procs`, enters `netns`, creates an IPv4
-/// socket and exits; returns its pid once it has been reaped.
-fn create_socket_in(procs: &File, netns: &File) -> io::Result<u32> {
+/// socket and exits; returns once it has been reaped.
+fn create_socket_in(procs: &File, netns: &File) -> io::Result<()> {
     let (procs_fd, netns_fd) = (procs.as_raw_fd(), netns.as_raw_fd());
     // SAFETY: between fork and _exit the child makes only raw system calls, which are
     // async-signal-safe, on fds the parent keeps open.
@@ -97,7 +98,7 @@ fn create_socket_in(procs: &File, netns: &File) -> io::Result<u32> {
         }
     }
     match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-        (true, 0) => Ok(pid.unsigned_abs()),
+        (true, 0) => Ok(()),
         (true, 1) => Err(io::Error::other(
             "the child could not join the scratch cgroup",
         )),

@@ -46,6 +46,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = {systemd_cgroup}
         Root = "{d}/runc"
+        BinaryName = "{d}/bin/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{bin}"
     conf_dir = "{conf}"

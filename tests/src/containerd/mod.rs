@@ -151,6 +151,26 @@ impl Containerd {
             }
         }
         std::fs::create_dir_all(node.conf_dir()).expect("the CNI configuration directory");
+        allow_slow_attaches(&node.conf_dir());
+        // runc runs through a wrapper that keeps, for a failure message, the log of each runc
+        // command that fails (runc writes it into the container's bundle, which goes with it).
+        let runc = setup_tools_path("runc");
+        std::fs::create_dir_all(dir.join("bin")).expect("the runtime's bin directory");
+        let wrapper = format!(
+            "#!/bin/sh\n\
+             {runc} --debug \"$@\" && exit 0\n\
+             rc=$?\n\
+             for a in \"$@\"; do [ \"$prev\" = --log ] && cat \"$a\" >> {log}; prev=$a; done\n\
+             exit $rc\n",
+            runc = runc.display(),
+            log = dir.join("runc-failures.log").display(),
+        );
+        std::fs::write(dir.join("bin/runc"), wrapper).expect("the runc wrapper");
+        std::fs::set_permissions(
+            dir.join("bin/runc"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("the runc wrapper's mode");
         let socket = dir.join("containerd.sock");
         std::fs::write(
             dir.join("config.toml"),
@@ -353,6 +373,11 @@ impl Containerd {
         let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         let mut out = lines[lines.len().saturating_sub(30)..].join("\n");
+        if let Ok(runc) = std::fs::read_to_string(self.dir.join("runc-failures.log")) {
+            let lines: Vec<&str> = runc.lines().collect();
+            out.push_str("\nfailed runc commands' logs:\n");
+            out.push_str(&lines[lines.len().saturating_sub(20)..].join("\n"));
+        }
         let mut dirs = vec![self.cgroup_mount.clone()];
         let mut stack = vec![self.cgroup_root.clone()];
         while let Some(dir) = stack.pop() {
@@ -544,4 +569,40 @@ fn netns_of(info: &std::collections::HashMap<String, String>) -> Option<PathBuf>
         .find(|n| n["type"] == "network")
         .and_then(|n| n["path"].as_str())
         .map(PathBuf::from)
+}
+
+/// Where `command` is on PATH (or the sbin directories root's PATH may lack).
+fn setup_tools_path(command: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"])
+        .map(|dir| Path::new(dir).join(command))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no {command} on PATH; `cargo xtask setup` installs it"))
+}
+
+/// Gives capture-cni a minute for the agent's answer in each conflist of `conf_dir` (as the CNI
+/// tests' own conflist does): under emulation (the kernel matrix) an iptables attach's first
+/// module loads alone take seconds, past the 10 s default.
+fn allow_slow_attaches(conf_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(conf_dir) else {
+        return;
+    };
+    for file in entries.flatten().map(|e| e.path()) {
+        let Ok(mut list) = std::fs::read_to_string(&file)
+            .map_err(|_| ())
+            .and_then(|t| serde_json::from_str::<Value>(&t).map_err(|_| ()))
+        else {
+            continue;
+        };
+        let Some(plugins) = list["plugins"].as_array_mut() else {
+            continue;
+        };
+        for plugin in plugins.iter_mut().filter(|p| p["type"] == "capture-cni") {
+            plugin["timeout_seconds"] = Value::from(60);
+        }
+        std::fs::write(&file, serde_json::to_string_pretty(&list).expect("JSON"))
+            .expect("rewriting the conflist");
+    }
 }

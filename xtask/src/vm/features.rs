@@ -21,6 +21,14 @@ const NODE_FEATURES: [&str; 1] = [
     "unified_cgroup_controllers",
 ];
 
+/// Gaps of the kernel matrix's guests rather than of a kernel, and the guests (by label) that have
+/// them: a skip for one is accepted there only.
+const HARNESS_GAPS: [(&str, &[&str]); 1] = [
+    // runc 1.1 cannot re-execute itself from a sealed copy in the 5.10 guest, whose root is a 9p
+    // mount chrooted on the initramfs ("could not ensure we are a cloned binary").
+    ("runc_cloned_binary", &["5.10"]),
+];
+
 /// Whether a kernel `release` (`5.10.0-32-amd64`) should have `feature`; `None` for a feature the
 /// table does not know.
 pub fn kernel_has(feature: &str, release: Option<&str>) -> Option<bool> {
@@ -35,8 +43,13 @@ pub fn kernel_has(feature: &str, release: Option<&str>) -> Option<bool> {
 /// Turns the skip lines ([binary, test, feature, reason]) into skips or failures of their tests.
 pub fn apply_skips(result: &mut KernelResult, skips: &[[String; 4]]) {
     for [binary, test, feature, reason] in skips {
+        let gap = HARNESS_GAPS
+            .iter()
+            .find(|(name, _)| *name == feature.as_str());
         let expected = if NODE_FEATURES.contains(&feature.as_str()) {
             Some(result.kernel != super::HOST)
+        } else if let Some((_, guests)) = gap {
+            Some(!guests.contains(&result.kernel.as_str()))
         } else {
             kernel_has(feature, result.release.as_deref())
         };

@@ -185,6 +185,21 @@ fn a_node_feature_may_be_missing_on_the_host_only() {
 }
 
 #[test]
+fn a_harness_gap_may_be_skipped_on_its_guest_only() {
+    let skip = "capture-skip: include_outbound_cidrs\trunc_cloned_binary\tENOENT\n";
+    let on_510 = parse("5.10", &(LOG_510.to_string() + skip), &expected());
+    assert_eq!(
+        outcome(&on_510, "outbound", "include_outbound_cidrs").0,
+        Outcome::Skip
+    );
+    let on_61 = parse("6.1", &(LOG_510.to_string() + skip), &expected());
+    assert_eq!(
+        outcome(&on_61, "outbound", "include_outbound_cidrs").0,
+        Outcome::Fail
+    );
+}
+
+#[test]
 fn feature_versions() {
     assert_eq!(
         kernel_has("so_netns_cookie", Some("5.10.0-32-amd64")),
