@@ -1,6 +1,9 @@
 //! `cgroup/getsockopt`: answer `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST` for redirected
 //! connections. Every other option, and every socket without a recorded destination, keeps exactly
-//! the kernel's answer.
+//! the kernel's answer: the program sets `optlen` to 0, which tells the kernel to leave the
+//! caller's buffer and length as its own getsockopt wrote them. Left alone instead, an answer
+//! longer than a page (the program's view of the buffer stops at one) fails with EFAULT before
+//! Linux 6.5, and the rest are copied back from the program's copy for nothing.
 
 use aya_ebpf::programs::SockoptContext;
 use capture_common::{
@@ -38,7 +41,8 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
     family_matches.then_some(state.orig)
 }
 
-/// Copies `value` into the option buffer and reports success, if the caller's buffer holds it.
+/// Copies `value` into the option buffer and reports success, if the caller's buffer holds it;
+/// otherwise the kernel's answer stands.
 #[inline(always)]
 fn answer<T>(ctx: &SockoptContext, value: T) {
     // SAFETY: the buffer is bounds-checked against optval_end before the write, as the verifier
@@ -48,6 +52,7 @@ fn answer<T>(ctx: &SockoptContext, value: T) {
         let start = so.__bindgen_anon_2.optval.cast::<u8>();
         let end = so.__bindgen_anon_3.optval_end.cast::<u8>();
         if start.add(size_of::<T>()) > end {
+            keep_kernel_answer(ctx);
             return;
         }
         start.cast::<T>().write_unaligned(value);
@@ -58,9 +63,19 @@ fn answer<T>(ctx: &SockoptContext, value: T) {
     }
 }
 
+/// Leaves the kernel's answer to the caller untouched (see the module's comment).
+#[inline(always)]
+fn keep_kernel_answer(ctx: &SockoptContext) {
+    // SAFETY: the context pointer is valid for the whole program run, and optlen is writable. A
+    // plain store, so that it stays one instruction at the field's offset from the context (the
+    // verifier refuses a store through a context pointer moved beforehand).
+    unsafe { (*ctx.sockopt).optlen = 0 };
+}
+
 #[inline(always)]
 pub fn on_getsockopt(ctx: &SockoptContext) {
     let Some(orig) = original_dst(ctx) else {
+        keep_kernel_answer(ctx);
         return;
     };
     let port = orig.port.to_be();

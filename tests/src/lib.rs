@@ -8,6 +8,7 @@ pub mod probe;
 pub mod prometheus;
 pub mod promtool;
 pub mod socket_lb;
+pub mod sockopt_survey;
 pub mod topology;
 
 use std::path::{Path, PathBuf};

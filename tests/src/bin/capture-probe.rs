@@ -68,6 +68,9 @@ enum Cmd {
         #[arg(long)]
         udp: bool,
     },
+    /// Print the answers of many getsockopt calls (see capture_tests::sockopt_survey) as JSON;
+    /// runs as root (it sets supplementary groups).
+    Sockopts,
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
@@ -554,6 +557,7 @@ fn main() {
             drop_privileges(&args);
             serve(tcp, udp, *transparent, *reuseport)
         }
+        Cmd::Sockopts => println!("{}", capture_tests::sockopt_survey::survey()),
         Cmd::Pause => {
             drop_privileges(&args);
             pause()

@@ -20,6 +20,10 @@ pub struct Capability {
 const LIFECYCLE_ELSEWHERE: &[(&str, &str)] = &[
     (
         "lifecycle",
+        "other_getsockopt_calls_keep_the_kernels_answer",
+    ),
+    (
+        "lifecycle",
         "a_process_that_joins_the_cgroup_after_attach_is_captured",
     ),
     (
@@ -60,6 +64,17 @@ pub const CAPABILITIES: &[Capability] = &[
             (
                 "lifecycle",
                 "pods_with_colliding_loopback_tuples_keep_their_own_destinations",
+            ),
+        ],
+        except: &[],
+    },
+    Capability {
+        name: "the kernel's getsockopt answers left intact (one larger than a page)",
+        tests: &[
+            ("sockopt_answers", "*"),
+            (
+                "lifecycle",
+                "other_getsockopt_calls_keep_the_kernels_answer",
             ),
         ],
         except: &[],
@@ -179,6 +194,7 @@ pub const CAPABILITIES: &[Capability] = &[
             ("cni_defaults", "*"),
             ("coexistence", "*"),
             ("prometheus", "*"),
+            ("agent_socket", "*"),
         ],
         except: &[],
     },
