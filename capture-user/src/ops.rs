@@ -110,11 +110,12 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         pod: req.pod.clone(),
         fallback_cause: fallback.as_ref().map(|gap| gap.cause),
         fallback_reason: fallback.map(|gap| gap.reason),
+        release_failed: None,
     };
-    if record.config.pod_ip6.is_some() {
-        crate::netns::add_inbound_passthrough_v6(&req.netns)?;
-    }
-    let mut backend = AnyBackend::for_attach(paths, mode)?;
+    let added_v6 = match record.config.pod_ip6 {
+        Some(_) => crate::netns::add_inbound_passthrough_v6(&req.netns)?,
+        None => false,
+    };
     let target = PodTarget {
         netns_cookie,
         netns_path: &req.netns,
@@ -122,8 +123,27 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         cgroup_path: &req.cgroup,
         cgroup: &cgroup,
     };
-    match backend.attach(&target, &record.config) {
-        Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if req.allow_fallback => {
+    let attached = attach_backend(paths, &target, &mut record, req.allow_fallback);
+    if attached.is_err() && added_v6 {
+        // A failed attach leaves the pod as it found it.
+        if let Err(e) = crate::netns::remove_inbound_passthrough_v6(&req.netns) {
+            tracing::warn!(error = %e, "rolling back a failed attach");
+        }
+    }
+    attached.map(|()| record)
+}
+
+/// Attaches the pod's backend (falling back to iptables for a hook the kernel refuses, when
+/// allowed) and saves its record; on failure nothing of either is left.
+fn attach_backend(
+    paths: &Paths,
+    target: &PodTarget<'_>,
+    record: &mut PodRecord,
+    allow_fallback: bool,
+) -> Result<(), Error> {
+    let mut backend = AnyBackend::for_attach(paths, record.mode)?;
+    match backend.attach(target, &record.config) {
+        Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if allow_fallback => {
             record.mode = Mode::Iptables;
             record.fallback_cause = Some(FallbackCause::KernelHook);
             record.fallback_reason = Some(format!(
@@ -131,15 +151,15 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
                 missing.hook, missing.reason
             ));
             backend = AnyBackend::for_attach(paths, Mode::Iptables)?;
-            backend.attach(&target, &record.config)?;
+            backend.attach(target, &record.config)?;
         }
         result => result?,
     }
-    if let Err(e) = record::save(paths, &record) {
-        let _ = backend.detach(&record);
+    if let Err(e) = record::save(paths, record) {
+        let _ = backend.detach(record);
         return Err(e.into());
     }
-    Ok(record)
+    Ok(())
 }
 
 /// How a caller names a captured pod.
@@ -176,16 +196,48 @@ fn find_record(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, 
     })
 }
 
+/// Releases a recorded pod. When its backend cannot take everything away, the record stays,
+/// saying why, so that `status` reports the pod and the release is tried again.
 fn release(paths: &Paths, record: &PodRecord) -> Result<(), Error> {
-    match AnyBackend::existing(paths, record.mode) {
-        Ok(mut backend) => backend.detach(record)?,
+    let released = match AnyBackend::existing(paths, record.mode) {
+        Ok(mut backend) => backend.detach(record).map_err(Error::from),
         // No ebpf programs pinned on this node: nothing is left in the kernel but the pod's links.
         Err(_) => {
             let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
+            Ok(())
         }
+    };
+    if let Err(e) = released {
+        let broken = PodRecord {
+            release_failed: Some(e.to_string()),
+            ..record.clone()
+        };
+        if let Err(save) = record::save(paths, &broken) {
+            tracing::warn!(error = %save, "recording a failed release");
+        }
+        return Err(e);
     }
     record::remove(paths, record.netns_cookie)?;
     Ok(())
+}
+
+/// A pod whose release was tried again, and how it went.
+pub type Retried = (PodRecord, Result<(), Error>);
+
+/// Tries again every release that failed before (see [`release`]); what each gave.
+pub fn retry_failed_releases(paths: &Paths) -> Result<Vec<Retried>, Error> {
+    if !paths.state_dir.exists() {
+        return Ok(Vec::new());
+    }
+    let _lock = lock(paths)?;
+    Ok(record::load_all(paths)?
+        .into_iter()
+        .filter(|r| r.release_failed.is_some())
+        .map(|r| {
+            let result = release(paths, &r);
+            (r, result)
+        })
+        .collect())
 }
 
 /// Stops capturing a pod and removes everything attach created for it.
@@ -250,6 +302,10 @@ fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatu
             None,
         ),
     };
+    let mut missing = missing;
+    if let Some(why) = &record.release_failed {
+        missing.push(format!("a release that failed and is tried again: {why}"));
+    }
     PodStatus {
         in_force: missing.is_empty(),
         missing,

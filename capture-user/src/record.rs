@@ -62,6 +62,10 @@ pub struct PodRecord {
     /// The same as one of a few causes; `None` in records from builds before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_cause: Option<FallbackCause>,
+    /// Why the last release of the pod failed, when it did: the pod keeps its record and config
+    /// until a later release (the runtime's DEL again, or the agent's retry) succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_failed: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -204,3 +204,41 @@ impl Drop for ChildGuard {
         let _ = self.child.wait();
     }
 }
+
+/// A directory made read-only in place (a read-only bind mount over itself) until dropped: what a
+/// file system that refuses to remove a file looks like to the code under test.
+pub struct ReadOnlyBind {
+    path: PathBuf,
+}
+
+impl ReadOnlyBind {
+    pub fn new(path: &Path) -> Self {
+        use nix::mount::{mount, MsFlags};
+        mount(
+            Some(path),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("bind-mounting {}: {e}", path.display()));
+        let guard = Self {
+            path: path.to_path_buf(),
+        };
+        mount(
+            None::<&str>,
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("making {} read-only: {e}", path.display()));
+        guard
+    }
+}
+
+impl Drop for ReadOnlyBind {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+    }
+}

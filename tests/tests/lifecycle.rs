@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
+    guards::ReadOnlyBind,
     probe::{ConnectOpts, Outcome, Who},
     topology::{cgroup_programs, pinned_map_len, pod_pins_left, Topology},
 };
@@ -83,6 +84,55 @@ fn detach_restores_direct_traffic_and_leaves_nothing() {
             Outbound("10.0.0.5:80"),
         )],
     );
+}
+
+#[test]
+fn a_detach_that_cannot_remove_the_pods_pins_keeps_its_config_and_record() {
+    let mut topo = Topology::new();
+    topo.attach(&[]);
+    topo.start_all();
+    let links = std::fs::read_dir(topo.dirs.bpffs.join("pods"))
+        .expect("the pods' link pins")
+        .flatten()
+        .map(|e| e.path())
+        .next()
+        .expect("the pod's link pins");
+    let read_only = ReadOnlyBind::new(&links);
+
+    let out = topo.detach();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "detach succeeded with its pins still there"
+    );
+    assert!(
+        err.contains(&links.display().to_string()) && err.contains("tried again"),
+        "{err}"
+    );
+    // The config stays with the links, so no connect in the pod meets programs without it.
+    assert_eq!(pinned_map_len(&topo.dirs.bpffs, "POD_CONFIGS"), 1);
+    let got = topo.tcp(&Who::app(), "10.0.0.5:80");
+    assert!(got.ok(), "a connect after the failed release: {:?}", got.0);
+    let status = topo.status();
+    let pod = &status["pods"][0];
+    assert_eq!(pod["in_force"], false, "{pod}");
+    assert!(
+        pod["release_failed"]
+            .as_str()
+            .is_some_and(|w| w.contains("stay")),
+        "{pod}"
+    );
+
+    drop(read_only);
+    let out = topo.detach();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pinned_map_len(&topo.dirs.bpffs, "POD_CONFIGS"), 0);
+    assert!(!pod_pins_left(&topo.dirs.bpffs), "pod link pins left");
+    assert_eq!(topo.status()["pods"].as_array().unwrap().len(), 0);
 }
 
 #[test]
@@ -238,6 +288,23 @@ fn pods_with_colliding_loopback_tuples_keep_their_own_destinations() {
     );
 }
 
+/// Whether the pod's lo carries ::6/128 (Istio's IPv6 inbound-passthrough source).
+fn has_passthrough_v6(topo: &Topology) -> bool {
+    let out = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &topo.pod.netns.name,
+            "-6",
+            "addr",
+            "show",
+            "dev",
+            "lo",
+        ])
+        .output()
+        .expect("ip");
+    String::from_utf8_lossy(&out.stdout).contains("::6/128")
+}
+
 #[test]
 fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
     // Fill the node's CIDR map almost completely with pod a, then let pod b overflow it.
@@ -280,6 +347,10 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
         cgroup_programs(&b.pod.cgroup.path).is_empty(),
         "b half-attached"
     );
+    // The IPv6 inbound-passthrough address the attach put on b's lo goes with the rest; a keeps
+    // its own.
+    assert!(!has_passthrough_v6(&b), "b keeps ::6 after a failed attach");
+    assert!(has_passthrough_v6(&a), "a lost ::6");
     assert_eq!(
         b.status()["pods"].as_array().unwrap().len(),
         1,

@@ -10,6 +10,7 @@ use std::{
 
 use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, MESHED},
+    guards::ReadOnlyBind,
     probe::{Outcome, Who},
     topology::{capture_bin, cgroup_programs, Topology, POD_IP4},
 };
@@ -329,4 +330,55 @@ fn an_agent_that_finds_the_node_pins_gone_restores_every_pod() {
     agent.wait_ready();
     assert_proxy_reached_both_ways(&topo, "after the agent linked the pod again");
     assert_eq!(pod_status(&topo)["in_force"], true);
+}
+
+#[test]
+fn a_del_that_cannot_remove_the_pins_fails_and_the_agent_releases_the_pod_later() {
+    let node = Node::new();
+    let agent = node.start_agent("ebpf");
+    let mut pod = node.pod("sticky", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut pod).expect("ADD");
+    let links = std::fs::read_dir(node.dirs.bpffs.join("pods"))
+        .expect("the pods' link pins")
+        .flatten()
+        .map(|e| e.path())
+        .next()
+        .expect("the pod's link pins");
+    let read_only = ReadOnlyBind::new(&links);
+
+    let err = node.del(&pod).expect_err("DEL with the pod's pins stuck");
+    assert!(
+        err["error"]["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("tried again")),
+        "{err}"
+    );
+    let metrics = agent.checked_metrics();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("capture_pod_in_force{")
+                && l.contains("pod=\"sticky\"")
+                && l.ends_with(" 0")),
+        "the pod is reported as not in force:\n{metrics}"
+    );
+
+    // Once the pins can go, the agent's own retry releases the pod, with no DEL from anyone.
+    drop(read_only);
+    let records = node.dirs.state.join("pods");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_dir(&records).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never released the pod"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(cgroup_programs(&pod.cgroup).is_empty());
+    assert!(
+        std::fs::read_dir(node.dirs.bpffs.join("pods")).is_ok_and(|mut d| d.next().is_none()),
+        "link pins left"
+    );
+    node.del(&pod)
+        .expect("the runtime's DEL again, now a no-op");
 }

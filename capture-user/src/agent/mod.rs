@@ -9,6 +9,7 @@ mod cni_watch;
 mod http;
 mod metrics;
 mod node_metrics;
+mod socket;
 
 pub use http::HEADER_READ_TIMEOUT;
 
@@ -17,7 +18,6 @@ pub use cni_watch::CniWatch;
 use std::{
     io,
     net::SocketAddr,
-    os::unix::fs::PermissionsExt as _,
     path::PathBuf,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -27,8 +27,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
-    net::{TcpListener, UnixListener, UnixStream},
+    net::TcpListener,
     signal::unix::{signal, SignalKind},
 };
 use tracing::{error, info, warn};
@@ -270,46 +269,35 @@ impl Agent {
     }
 }
 
-async fn serve_client(agent: Arc<Agent>, stream: UnixStream) -> io::Result<()> {
-    let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    BufReader::new(read).read_line(&mut line).await?;
-    let response = match serde_json::from_str::<Request>(&line) {
-        Ok(request) => {
-            let a = Arc::clone(&agent);
-            tokio::task::spawn_blocking(move || a.handle(request))
-                .await
-                .unwrap_or_else(|e| {
-                    Response::failed(FailureKind::CaptureFailed, format!("internal error: {e}"))
-                })
-        }
-        Err(e) => Response::failed(FailureKind::BadRequest, format!("unreadable request: {e}")),
-    };
-    let mut out = serde_json::to_string(&response).expect("responses serialise");
-    out.push('\n');
-    write.write_all(out.as_bytes()).await
-}
+/// How often the agent tries again the releases that failed (a link pin that could not be
+/// removed, say): the runtime retries its DEL too, but a pod deleted by hand has no one else.
+const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Binds the socket, replacing a stale one left by a killed agent, root-only.
-fn bind_socket(path: &std::path::Path) -> Result<UnixListener, AgentError> {
-    let listen_err = |source| AgentError::Listen {
-        what: "socket",
-        addr: path.display().to_string(),
-        source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(listen_err)?;
+async fn retry_failed_releases(paths: Paths) {
+    let mut tick = tokio::time::interval(RELEASE_RETRY);
+    loop {
+        tick.tick().await;
+        let p = paths.clone();
+        let Ok(tried) = tokio::task::spawn_blocking(move || ops::retry_failed_releases(&p)).await
+        else {
+            continue;
+        };
+        match tried {
+            Ok(tried) => {
+                for (record, result) in tried {
+                    match result {
+                        Ok(()) => {
+                            info!(netns = %record.netns.display(), "released after an earlier failure")
+                        }
+                        Err(e) => {
+                            warn!(netns = %record.netns.display(), error = %e, "release failed again")
+                        }
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "retrying failed releases"),
+        }
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(listen_err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            "another agent is serving it",
-        )));
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path).map_err(listen_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
-    Ok(listener)
 }
 
 async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AgentError> {
@@ -334,7 +322,11 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         Some(addr) => Some(bind_http("metrics", addr).await?),
         None => None,
     };
-    let socket = bind_socket(&cfg.socket)?;
+    let socket = socket::bind(&cfg.socket).map_err(|source| AgentError::Listen {
+        what: "socket",
+        addr: cfg.socket.display().to_string(),
+        source,
+    })?;
     let socket_path = cfg.socket.clone();
     let paths = cfg.paths.clone();
     let read_node = Box::new(move || {
@@ -382,6 +374,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             .map_err(AgentError::Runtime)?;
     }
     if !stopped {
+        tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
         agent.set_ready(true);
         info!(
             socket = %socket_path.display(),
@@ -391,19 +384,13 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         );
     }
 
+    let clients = socket::Clients::new();
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Runtime)?;
     loop {
         tokio::select! {
             conn = socket.accept() => match conn {
-                Ok((stream, _)) => {
-                    let a = Arc::clone(&agent);
-                    tokio::spawn(async move {
-                        if let Err(e) = serve_client(a, stream).await {
-                            warn!(error = %e, "socket client");
-                        }
-                    });
-                }
+                Ok((stream, _)) => socket::spawn_client(Arc::clone(&agent), stream, &clients),
                 Err(e) => error!(error = %e, "accept on the agent socket"),
             },
             _ = term.recv() => break,

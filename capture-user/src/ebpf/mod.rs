@@ -52,6 +52,10 @@ pub enum EbpfError {
         path: PathBuf,
         source: io::Error,
     },
+    /// Some of a pod's link pins could not be removed: their links may still run, so the pod
+    /// keeps its config (without it every connect in the pod fails) and its record.
+    #[error("releasing the pod: its links {} stay ({reason}); its config stays with them, and the release is tried again", .pins.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    LinksLeft { pins: Vec<PathBuf>, reason: String },
 }
 
 pub struct EbpfBackend {
@@ -182,26 +186,40 @@ impl EbpfBackend {
     /// Removes the pod's links, in reverse attach order so that steering stops first. Each link
     /// is detached before its pin goes: removing a pin releases the link only once bpffs frees
     /// the inode, after an RCU grace period on some kernels, and a pod must be released when
-    /// detach returns.
-    fn unlink(&self, netns_cookie: u64) {
+    /// detach returns. A pin that stays is an error: its link may still run (if it could not be
+    /// detached either), and the pod's release must be tried again so that nothing leaks.
+    fn unlink(&self, netns_cookie: u64) -> Result<(), EbpfError> {
         let dir = self.paths.pod_links_dir(netns_cookie);
+        let mut left = Vec::new();
+        let mut reason = String::new();
         for hook in HOOKS.iter().rev() {
             let pin = dir.join(hook.program);
-            if let Ok(link) = sys::obj_get(&pin) {
-                if let Err(e) = sys::link_detach(link.as_fd()) {
-                    tracing::debug!(hook = hook.hook, %e, "link detach failed; the pin's removal releases it");
-                }
+            let Ok(link) = sys::obj_get(&pin) else {
+                continue;
+            };
+            if let Err(e) = sys::link_detach(link.as_fd()) {
+                tracing::debug!(hook = hook.hook, %e, "link detach failed; the pin's removal releases it");
             }
-            let _ = fs::remove_file(pin);
+            if let Err(e) = fs::remove_file(&pin) {
+                reason = e.to_string();
+                left.push(pin);
+            }
+        }
+        if !left.is_empty() {
+            return Err(EbpfError::LinksLeft { pins: left, reason });
         }
         let _ = fs::remove_dir_all(&dir);
+        Ok(())
     }
 
     /// Removes the pod's links and every map entry carrying its cookie, whatever its config was
-    /// (after a partial attach); idempotent. Walks the node's maps.
+    /// (after a partial attach); idempotent. Walks the node's maps. Entries stay while a link
+    /// does.
     fn purge(&mut self, netns_cookie: u64) {
-        self.unlink(netns_cookie);
-        pod_maps::remove(&mut self.node.maps, netns_cookie);
+        match self.unlink(netns_cookie) {
+            Ok(()) => pod_maps::remove(&mut self.node.maps, netns_cookie),
+            Err(e) => tracing::error!(error = %e, "rolling back a partial attach"),
+        }
     }
 
     /// What capture of the pod lacks: hooks whose link pin is gone, its config, and node-wide
@@ -333,7 +351,7 @@ impl Backend for EbpfBackend {
     }
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), EbpfError> {
-        self.unlink(record.netns_cookie);
+        self.unlink(record.netns_cookie)?;
         pod_maps::remove_exact(&mut self.node.maps, record.netns_cookie, &record.config);
         Ok(())
     }
