@@ -437,8 +437,9 @@ impl Drop for Node {
     }
 }
 
-/// Removes a cgroup directory tree, deepest first, killing what is left in it.
-pub fn remove_cgroup_tree(root: &Path) {
+/// `root` and every directory below it, each before its children.
+#[must_use]
+pub fn directory_tree(root: &Path) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -452,7 +453,12 @@ pub fn remove_cgroup_tree(root: &Path) {
         }
         dirs.push(d);
     }
-    for d in dirs.iter().rev() {
+    dirs
+}
+
+/// Removes a cgroup directory tree, deepest first, killing what is left in it.
+pub fn remove_cgroup_tree(root: &Path) {
+    for d in directory_tree(root).iter().rev() {
         let _ = std::fs::write(d.join("cgroup.kill"), "1");
         let deadline = Instant::now() + Duration::from_secs(5);
         while std::fs::remove_dir(d).is_err() && Instant::now() < deadline && d.exists() {

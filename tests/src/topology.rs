@@ -443,6 +443,20 @@ pub fn pod_pins_left(bpffs: &std::path::Path) -> bool {
         .any(|_| true)
 }
 
+/// The link pin directory of the node's only captured pod.
+#[must_use]
+pub fn only_pod_links(bpffs: &std::path::Path) -> std::path::PathBuf {
+    let mut dirs: Vec<_> = bpffs
+        .join("pods")
+        .read_dir()
+        .expect("the node's pods pin directory")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one pod's link pins: {dirs:?}");
+    dirs.remove(0)
+}
+
 /// The directory of the node's program and map pins: the one build's under `builds/` (a node
 /// between takeovers has exactly one).
 #[must_use]

@@ -7,7 +7,7 @@ use capture_tests::{
     cases::{run_cases, Case, Expect::*},
     guards::ReadOnlyBind,
     probe::{ConnectOpts, Outcome, Who},
-    topology::{cgroup_programs, pinned_map_len, pod_pins_left, Topology},
+    topology::{cgroup_programs, only_pod_links, pinned_map_len, pod_pins_left, Topology},
 };
 
 #[test]
@@ -91,12 +91,7 @@ fn a_detach_that_cannot_remove_the_pods_pins_keeps_its_config_and_record() {
     let mut topo = Topology::new();
     topo.attach(&[]);
     topo.start_all();
-    let links = std::fs::read_dir(topo.dirs.bpffs.join("pods"))
-        .expect("the pods' link pins")
-        .flatten()
-        .map(|e| e.path())
-        .next()
-        .expect("the pod's link pins");
+    let links = only_pod_links(&topo.dirs.bpffs);
     let read_only = ReadOnlyBind::new(&links);
 
     let out = topo.detach();

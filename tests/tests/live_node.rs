@@ -12,7 +12,7 @@ use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, MESHED},
     guards::ReadOnlyBind,
     probe::{Outcome, Who},
-    topology::{capture_bin, cgroup_programs, Topology, POD_IP4},
+    topology::{capture_bin, cgroup_programs, only_pod_links, Topology, POD_IP4},
 };
 use capture_user::ebpf::sys;
 
@@ -338,12 +338,7 @@ fn a_del_that_cannot_remove_the_pins_fails_and_the_agent_releases_the_pod_later(
     let agent = node.start_agent("ebpf");
     let mut pod = node.pod("sticky", CgroupDriver::Cgroupfs, MESHED);
     node.add(&mut pod).expect("ADD");
-    let links = std::fs::read_dir(node.dirs.bpffs.join("pods"))
-        .expect("the pods' link pins")
-        .flatten()
-        .map(|e| e.path())
-        .next()
-        .expect("the pod's link pins");
+    let links = only_pod_links(&node.dirs.bpffs);
     let read_only = ReadOnlyBind::new(&links);
 
     let err = node.del(&pod).expect_err("DEL with the pod's pins stuck");

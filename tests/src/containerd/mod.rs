@@ -42,7 +42,7 @@ use self::{
     systemd::SystemdNode,
 };
 use crate::{
-    cni::{pod_cgroup_under, pod_uid, remove_cgroup_tree, CgroupDriver, Node},
+    cni::{directory_tree, pod_cgroup_under, pod_uid, remove_cgroup_tree, CgroupDriver, Node},
     probe::Outcome,
     unique,
 };
@@ -379,18 +379,7 @@ impl Containerd {
             out.push_str(&lines[lines.len().saturating_sub(20)..].join("\n"));
         }
         let mut dirs = vec![self.cgroup_mount.clone()];
-        let mut stack = vec![self.cgroup_root.clone()];
-        while let Some(dir) = stack.pop() {
-            if let Ok(entries) = std::fs::read_dir(&dir) {
-                stack.extend(
-                    entries
-                        .flatten()
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .map(|e| e.path()),
-                );
-            }
-            dirs.push(dir);
-        }
+        dirs.extend(directory_tree(&self.cgroup_root));
         for dir in dirs {
             let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
             out.push_str(&format!(
