@@ -445,7 +445,7 @@ pub fn pod_pins_left(bpffs: &std::path::Path) -> bool {
 
 /// The link pin directory of the node's only captured pod.
 #[must_use]
-pub fn only_pod_links(bpffs: &std::path::Path) -> std::path::PathBuf {
+pub fn only_pod_links(bpffs: &std::path::Path) -> PathBuf {
     let mut dirs: Vec<_> = bpffs
         .join("pods")
         .read_dir()
