@@ -4,6 +4,7 @@
 
 pub mod guards;
 pub mod kernel;
+pub mod pause;
 pub mod probe;
 pub mod prometheus;
 pub mod promtool;

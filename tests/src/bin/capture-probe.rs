@@ -514,36 +514,6 @@ fn hold(to: SocketAddr, udp: bool) -> Value {
     json!({ "ok": true, "first": first, "second": second })
 }
 
-/// As PID 1 a process gets no signal it has no handler for, so the signals that end it are
-/// blocked and taken with sigwait instead.
-fn pause() -> ! {
-    use nix::sys::{
-        signal::{SigSet, Signal},
-        wait::{waitpid, WaitPidFlag, WaitStatus},
-    };
-    let mut set = SigSet::empty();
-    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGCHLD] {
-        set.add(sig);
-    }
-    set.thread_block()
-        .unwrap_or_else(|e| die(format!("blocking signals: {e}")));
-    println!("ready");
-    let _ = std::io::stdout().flush();
-    loop {
-        match set.wait() {
-            Ok(Signal::SIGCHLD) => {
-                while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                    if status == WaitStatus::StillAlive {
-                        break;
-                    }
-                }
-            }
-            Ok(_) => std::process::exit(0),
-            Err(e) => die(format!("sigwait: {e}")),
-        }
-    }
-}
-
 fn main() {
     let args = Args::parse();
     enter(&args);
@@ -560,7 +530,8 @@ fn main() {
         Cmd::Sockopts => println!("{}", capture_tests::sockopt_survey::survey()),
         Cmd::Pause => {
             drop_privileges(&args);
-            pause()
+            let Err(e) = capture_tests::pause::pause();
+            die(e)
         }
         Cmd::Hold { to, udp } => {
             drop_privileges(&args);
