@@ -58,6 +58,22 @@ pub const MAX_HANDOFFS: u32 = 65536 + 4096;
 /// Pods one node can capture at once.
 pub const MAX_PODS: u32 = 4096;
 
+/// `PORT_LISTS`'s capacity: the port-list entries of every pod on the node.
+pub const MAX_PORT_ENTRIES: u32 = 65536;
+/// `CIDR_LISTS`'s capacity: the CIDR-list entries (and DNS nameservers) of every pod on the node.
+pub const MAX_CIDR_ENTRIES: u32 = 16384;
+/// `INBOUND_PODS`'s capacity: one address per family per pod.
+pub const MAX_INBOUND_ADDRESSES: u32 = 2 * MAX_PODS;
+
+/// A pod's share of `PORT_LISTS`: one pod cannot fill the node's map, however long its port
+/// annotations are (it would take 64 pods at the quota to fill it).
+pub const POD_PORT_QUOTA: u32 = 1024;
+/// A pod's share of `CIDR_LISTS` (64 pods at the quota fill it).
+pub const POD_CIDR_QUOTA: u32 = 256;
+/// A pod's share of `INBOUND_PODS`: its IPv4 and its IPv6 address, which the map has room for on
+/// every pod of a full node.
+pub const POD_INBOUND_ADDRESS_QUOTA: u32 = 2;
+
 /// `INBOUND_LISTENERS`'s capacity: every pod's listener slots, both families. The variant's is
 /// larger, so that a takeover between the two registers every pod's listeners again.
 #[cfg(not(capture_layout_next))]

@@ -16,10 +16,8 @@ use capture_common::{
 
 /// Pods one node can capture at once.
 const MAX_PODS: usize = layout::MAX_PODS as usize;
-/// Port-list entries over all pods.
-const MAX_PORT_ENTRIES: usize = 65536;
-/// CIDR-list entries over all pods.
-const MAX_CIDR_ENTRIES: usize = 16384;
+const MAX_PORT_ENTRIES: usize = layout::MAX_PORT_ENTRIES as usize;
+const MAX_CIDR_ENTRIES: usize = layout::MAX_CIDR_ENTRIES as usize;
 /// Connections between the app's `ESTABLISHED` and the proxy's accept. Entries normally live for
 /// one handshake; LRU eviction bounds what a lost handshake leaves behind.
 const MAX_HANDOFFS: usize = layout::MAX_HANDOFFS as usize;
@@ -41,7 +39,8 @@ pub static CIDR_LISTS: LpmTrie<CidrKey, u8, MAX_CIDR_ENTRIES> = LpmTrie::new();
 
 /// Pod IP -> netns cookie, for inbound capture (sk_lookup knows only the destination address).
 #[btf_map]
-pub static INBOUND_PODS: HashMap<PodAddrKey, u64, { 2 * MAX_PODS }> = HashMap::new();
+pub static INBOUND_PODS: HashMap<PodAddrKey, u64, { layout::MAX_INBOUND_ADDRESSES as usize }> =
+    HashMap::new();
 
 /// Each pod's inbound listener (15006) per family, registered when the proxy calls listen().
 #[btf_map]

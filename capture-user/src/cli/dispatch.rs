@@ -195,16 +195,19 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     crate::ebpf::foreign::above_pods(&root, &pods)
                 })
                 .unwrap_or_default();
+            let limits = crate::ebpf::limits::node_limits(&paths);
             if json {
                 let report = serde_json::json!({
                     "probe": probe,
                     "builds": builds,
+                    "limits": limits,
                     "foreign_programs_above_pods": foreign,
                 });
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", render_probe(&probe));
                 print!("{}", crate::cli::render::render_builds(&builds));
+                print!("{}", crate::cli::render::render_limits(&limits));
                 print!("{}", crate::cli::render::render_foreign(&foreign));
             }
         }

@@ -86,6 +86,26 @@ pub fn render_builds(builds: &crate::ebpf::takeover::Builds) -> String {
     out
 }
 
+/// The node-wide maps' capacities, each pod's share, and how full they are.
+#[must_use]
+pub fn render_limits(limits: &[crate::ebpf::limits::NodeLimit]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "node limits (ebpf backend):
+",
+    );
+    for l in limits {
+        let in_use = l.in_use.map_or_else(|| "-".to_string(), |n| n.to_string());
+        let per_pod = l.per_pod.map_or_else(|| "-".to_string(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "  {:<18} {in_use:>6} of {:>6} in use, {per_pod:>5} per pod  {}",
+            l.map, l.capacity, l.holds
+        );
+    }
+    out
+}
+
 /// Other programs on the cgroups above the pods, which run after capture's.
 #[must_use]
 pub fn render_foreign(foreign: &[crate::ebpf::foreign::ForeignProgram]) -> String {

@@ -4,6 +4,7 @@ mod adopt;
 pub mod foreign;
 pub mod hook_probe;
 pub mod hooks;
+pub mod limits;
 pub mod loader;
 mod migrate;
 pub mod netns_cookie;
@@ -87,6 +88,7 @@ impl EbpfBackend {
         if let Some(missing) = self.node.missing_for(cfg) {
             return Err(EbpfError::MissingHook(missing.clone()));
         }
+        limits::check(cfg).map_err(pod_maps::PodMapsError::from)?;
         // Leftovers of an attach that died half-way (no record survived it) go first. Only then:
         // the purge walks the node's maps, and attach must not slow down as the node fills up.
         if self.has_leftovers(pod.netns_cookie) {

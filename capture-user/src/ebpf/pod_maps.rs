@@ -30,6 +30,8 @@ pub enum PodMapsError {
     },
     #[error("counting possible CPUs: {0}")]
     Cpus(std::io::Error),
+    #[error(transparent)]
+    Quota(#[from] super::limits::QuotaExceeded),
 }
 
 fn ip6_words(octets: [u8; 16]) -> [u32; 4] {
@@ -132,7 +134,7 @@ pub fn cidr_key(netns_cookie: u64, list: ListKind, net: &IpNet) -> Key<CidrKey> 
     )
 }
 
-fn port_entries(cfg: &CaptureConfig) -> Vec<(ListKind, u16)> {
+pub(super) fn port_entries(cfg: &CaptureConfig) -> Vec<(ListKind, u16)> {
     let with = |kind| move |p: &u16| (kind, *p);
     let mut out: Vec<_> = cfg
         .exclude_outbound_ports
@@ -193,7 +195,7 @@ pub fn addresses_not_owned(maps: &Maps, netns_cookie: u64, cfg: &CaptureConfig) 
         .collect()
 }
 
-fn cidr_entries(cfg: &CaptureConfig) -> Vec<(ListKind, IpNet)> {
+pub(super) fn cidr_entries(cfg: &CaptureConfig) -> Vec<(ListKind, IpNet)> {
     let include: &[IpNet] = match &cfg.include_outbound_cidrs {
         Selection::All => &[],
         Selection::List(l) => l,
@@ -234,6 +236,8 @@ pub fn install(
             hint: FULL_HINT,
         }
     };
+    // Before any write: a pod over its share leaves the maps as they were.
+    super::limits::check(cfg)?;
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| PodMapsError::Cpus(e))?;
     let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("non-empty");
     // NOEXIST: a takeover refills the maps of pods whose counters it keeps.
