@@ -23,6 +23,20 @@ pub const LOOPBACK6: [u32; 4] = [0, 0, 0, ip4(0, 0, 0, 1)];
 /// `127.0.0.1`, where iptables' REDIRECT sends locally generated IPv4 traffic.
 pub const LOCALHOST4: u32 = ip4(127, 0, 0, 1);
 
+/// The loopback address an IPv4 TCP connection to `dst:port` is sent to when the proxy's listener
+/// takes every local address: one of 127.1.0.0/16, picked by the original destination. Every
+/// captured connection of a pod would otherwise share one address pair (pod IP to 127.0.0.1:15001)
+/// and so the one ephemeral port range, while iptables' REDIRECT lets the pod use that range
+/// once per destination; spreading by destination gives each destination its own tuple space.
+/// `dst` is in network order, `port` in host order; the result is in network order.
+#[must_use]
+pub const fn spread_loopback4(dst: u32, port: u16) -> u32 {
+    let mut h = dst ^ (port as u32).wrapping_mul(0x9E37_79B1);
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 16;
+    ip4(127, 1, (h >> 8) as u8, h as u8)
+}
+
 /// One `connect()` as the decision sees it. IPv4 uses the first word of each address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Connect {

@@ -405,3 +405,22 @@ fn owner_groups() {
         Verdict::Outbound
     );
 }
+
+#[test]
+fn spread_addresses_are_loopback_and_differ_by_destination() {
+    let mut seen = std::collections::BTreeSet::new();
+    for host in 1..=64u8 {
+        for port in [80u16, 443, 8080] {
+            let a = spread_loopback4(ip4(10, 0, 0, host), port);
+            assert_eq!(a.to_ne_bytes()[..2], [127, 1], "{:?}", a.to_ne_bytes());
+            assert_eq!(
+                a,
+                spread_loopback4(ip4(10, 0, 0, host), port),
+                "deterministic"
+            );
+            seen.insert(a);
+        }
+    }
+    // 192 destinations over 65,536 addresses: a handful of collisions at most.
+    assert!(seen.len() >= 185, "{} distinct of 192", seen.len());
+}

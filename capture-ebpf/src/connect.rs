@@ -6,15 +6,19 @@
 //! no socket storage to remember the original destination) is refused, never passed uncaptured.
 
 use aya_ebpf::{
-    bindings::{bpf_sock, bpf_sock_addr, sockaddr},
-    helpers::generated::{bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie},
+    bindings::{bpf_sock, bpf_sock_addr, bpf_sock_tuple, sockaddr, BPF_F_CURRENT_NETNS},
+    helpers::generated::{
+        bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie, bpf_sk_lookup_tcp, bpf_sk_release,
+    },
     programs::SockAddrContext,
     EbpfContext as _,
 };
 use capture_common::{
     addr::{unmap, v4_mapped},
     config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
-    decision::{decide_outbound, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6},
+    decision::{
+        decide_outbound, spread_loopback4, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6,
+    },
     state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_DNS_SENT, SOCK_REDIRECTED},
     AF_INET, AF_INET6, SOCK_DGRAM, SOCK_STREAM,
 };
@@ -46,6 +50,11 @@ struct Redirect {
     /// IP as its peer and the app its pod IP as local address, as with iptables, which picks the
     /// source before it rewrites the destination.
     bind_to: Option<[u32; 4]>,
+    /// An IPv4 TCP connect: it may go to a loopback address of its own (`spread_loopback4`).
+    spreadable: bool,
+    /// The original destination (IPv4 in word 0) and port.
+    orig: [u32; 4],
+    orig_port: u16,
 }
 
 #[inline(always)]
@@ -181,7 +190,47 @@ fn decide(
     } else {
         None
     };
-    Ok(Some(Redirect { port, bind_to }))
+    Ok(Some(Redirect {
+        port,
+        bind_to,
+        spreadable: call == Call::Connect && !conn.udp && !conn.ipv6,
+        orig: conn.dst,
+        orig_port: conn.dst_port,
+    }))
+}
+
+/// Where an IPv4 redirect goes: the destination's own loopback address if a listener of the
+/// proxy's port takes it (a wildcard listener, as Envoy's), else 127.0.0.1 as with iptables. The
+/// listener is looked up, not assumed, so a proxy bound to 127.0.0.1 alone keeps working.
+#[inline(always)]
+fn loopback_target(ctx: &SockAddrContext, redirect: &Redirect) -> u32 {
+    if !redirect.spreadable {
+        return LOCALHOST4;
+    }
+    let candidate = spread_loopback4(redirect.orig[0], redirect.orig_port);
+    // bpf_sock_tuple.ipv4: saddr, daddr, sport, dport (network order); built with volatile stores
+    // for the same reason as bind_source's sockaddr.
+    let mut buf = core::mem::MaybeUninit::<[u32; 3]>::uninit();
+    let p = buf.as_mut_ptr().cast::<u32>();
+    // SAFETY: three stores inside the 12-byte buffer; the lookup reads exactly those bytes, and a
+    // socket it returns is released before the program goes on.
+    unsafe {
+        core::ptr::write_volatile(p, 0);
+        core::ptr::write_volatile(p.add(1), candidate);
+        core::ptr::write_volatile(p.add(2), u32::from(redirect.port.to_be()) << 16);
+        let sk = bpf_sk_lookup_tcp(
+            ctx.as_ptr(),
+            p.cast::<bpf_sock_tuple>(),
+            12,
+            BPF_F_CURRENT_NETNS as u64,
+            0,
+        );
+        if sk.is_null() {
+            return LOCALHOST4;
+        }
+        bpf_sk_release(sk.cast());
+    }
+    candidate
 }
 
 /// Binds the socket's source address (the port is left to `connect()`). A failure only costs the
@@ -242,8 +291,9 @@ pub fn try_outbound4(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
     if let Some(addr) = redirect.bind_to {
         bind_source(ctx, false, addr);
     }
+    let to = loopback_target(ctx, &redirect);
     let sa = sock_addr(ctx);
-    sa.user_ip4 = LOCALHOST4;
+    sa.user_ip4 = to;
     sa.user_port = u32::from(redirect.port.to_be());
     Ok(())
 }
@@ -301,7 +351,7 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
     };
     let (to, bind) = if mapped.is_some() {
         (
-            v4_mapped(LOCALHOST4),
+            v4_mapped(loopback_target(ctx, &redirect)),
             redirect.bind_to.map(|a| v4_mapped(a[0])),
         )
     } else {

@@ -161,6 +161,18 @@ pub struct ChildGuard {
 }
 
 impl ChildGuard {
+    /// Spawns `cmd` with its stdin and stdout piped, without waiting for anything.
+    pub fn spawn(cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Self { child, stdout }
+    }
+
     /// Spawns `cmd` and waits for it to print `ready` (or `waiting`) on stdout.
     pub fn spawn_ready(cmd: &mut Command) -> Self {
         let mut child = cmd
@@ -183,6 +195,22 @@ impl ChildGuard {
     #[must_use]
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends a line to the child's stdin and reads one line of its answer.
+    pub fn ask(&mut self, line: &str) -> String {
+        use std::io::Write as _;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{line}").expect("write stdin");
+        stdin.flush().expect("flush stdin");
+        self.read_line()
+    }
+
+    /// The child's next line of output.
+    pub fn read_line(&mut self) -> String {
+        let mut line = String::new();
+        let _ = self.stdout.read_line(&mut line);
+        line
     }
 
     /// Sends a line to the child's stdin, then waits for it and returns the rest of its stdout.

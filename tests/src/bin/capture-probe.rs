@@ -10,6 +10,7 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     path::PathBuf,
+    time::Duration,
 };
 
 use clap::{Parser, Subcommand};
@@ -71,6 +72,34 @@ enum Cmd {
     /// Print the answers of many getsockopt calls (see capture_tests::sockopt_survey) as JSON;
     /// runs as root (it sets supplementary groups).
     Sockopts,
+    /// Open COUNT connections at once (round-robin over the --to addresses), print how many were
+    /// established, hold them until a line or the end of stdin.
+    Flood {
+        #[arg(long, required = true)]
+        to: Vec<SocketAddr>,
+        #[arg(long)]
+        count: usize,
+        /// Connects in flight at once.
+        #[arg(long, default_value_t = 512)]
+        window: usize,
+        /// A connect not established after this long counts as ETIMEDOUT.
+        #[arg(long, default_value_t = 5000)]
+        patience_ms: u64,
+    },
+    /// A proxy that accepts every connection, reads its SO_ORIGINAL_DST and holds it; see
+    /// capture_tests::flood::sink for its stdin commands.
+    Sink {
+        #[arg(long, required = true)]
+        listen: Vec<SocketAddr>,
+        #[arg(long, default_value_t = 4096)]
+        backlog: i32,
+        /// Accept only after a line `accept`.
+        #[arg(long)]
+        deferred: bool,
+        /// SO_REUSEPORT: one of several workers sharing the port.
+        #[arg(long)]
+        reuseport: bool,
+    },
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
@@ -156,35 +185,10 @@ fn errno_name(e: &std::io::Error) -> String {
 
 /// `SO_ORIGINAL_DST` (IPv4) or `IP6T_SO_ORIGINAL_DST` (IPv6) of an accepted socket.
 fn original_dst(stream: &TcpStream, ipv6: bool) -> Value {
-    let mut buf = [0u8; 28];
-    let mut len = if ipv6 { 28 } else { 16 } as libc::socklen_t;
-    let level = if ipv6 { libc::SOL_IPV6 } else { libc::SOL_IP };
-    // SAFETY: the buffer is at least `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            level,
-            80,
-            buf.as_mut_ptr().cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return json!({ "error": errno_name(&std::io::Error::last_os_error()) });
+    match capture_tests::flood::original_dst(stream.as_raw_fd(), ipv6) {
+        Ok(addr) => json!(addr.to_string()),
+        Err(e) => json!({ "error": errno_name(&e) }),
     }
-    let port = u16::from_be_bytes([buf[2], buf[3]]);
-    let addr: SocketAddr = if ipv6 {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&buf[8..24]);
-        (std::net::Ipv6Addr::from(a), port).into()
-    } else {
-        (
-            std::net::Ipv4Addr::new(buf[4], buf[5], buf[6], buf[7]),
-            port,
-        )
-            .into()
-    };
-    json!(addr.to_string())
 }
 
 /// IPV6_UNICAST_HOPS of a socket.
@@ -526,6 +530,34 @@ fn main() {
         } => {
             drop_privileges(&args);
             serve(tcp, udp, *transparent, *reuseport)
+        }
+        Cmd::Flood {
+            to,
+            count,
+            window,
+            patience_ms,
+        } => {
+            use capture_tests::flood;
+            flood::raise_open_files().unwrap_or_else(|e| die(format!("setrlimit: {e}")));
+            drop_privileges(&args);
+            let report = flood::flood(to, *count, *window, Duration::from_millis(*patience_ms))
+                .unwrap_or_else(|e| die(format!("flood: {e}")));
+            println!("{}", report.to_json(*count));
+            let _ = std::io::stdout().flush();
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        Cmd::Sink {
+            listen,
+            backlog,
+            deferred,
+            reuseport,
+        } => {
+            use capture_tests::flood;
+            flood::raise_open_files().unwrap_or_else(|e| die(format!("setrlimit: {e}")));
+            drop_privileges(&args);
+            flood::sink(listen, *backlog, *deferred, *reuseport)
+                .unwrap_or_else(|e| die(format!("sink: {e}")));
         }
         Cmd::Sockopts => println!("{}", capture_tests::sockopt_survey::survey()),
         Cmd::Pause => {

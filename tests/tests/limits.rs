@@ -1,0 +1,246 @@
+//! Limits: how many concurrent connections a captured pod holds under each backend, whether
+//! every original destination reaches the proxy under load, and each pod's share of the node's
+//! maps.
+
+use capture_tests::{
+    cases::Backend,
+    guards::ChildGuard,
+    probe::{probe_in, Who},
+    topology::{cgroup_programs, pinned_map_len, Topology},
+};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// The app's destinations: all captured, so none leaves the pod (the proxy holds them all).
+fn destinations(n: u8) -> Vec<String> {
+    (1..=n).map(|i| format!("10.0.0.{i}:80")).collect()
+}
+
+/// Processes each side spreads the connections over: this machine's hard open-file limit may be
+/// as low as 20,000 (no CAP_SYS_RESOURCE), and a connection has a descriptor on each side.
+const APP_PROCESSES: usize = 8;
+const PROXY_WORKERS: usize = 8;
+
+/// What a pod's app processes and its proxy's workers saw of connections opened at once.
+#[derive(Default)]
+struct Concurrency {
+    established: u64,
+    accepted: u64,
+    app_errors: BTreeMap<String, u64>,
+    orig: BTreeMap<String, u64>,
+    orig_errors: BTreeMap<String, u64>,
+}
+
+fn add_counts(into: &mut BTreeMap<String, u64>, from: &Value) {
+    for (k, v) in from.as_object().into_iter().flatten() {
+        *into.entry(k.clone()).or_default() += v.as_u64().unwrap_or(0);
+    }
+}
+
+fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> Concurrency {
+    let topo = Topology::new();
+    topo.attach(&["--mode", backend.mode()]);
+    let netns = topo.pod.netns.path();
+    let cgroup = topo.pod.cgroup.path.clone();
+    let mut sinks: Vec<ChildGuard> = (0..PROXY_WORKERS)
+        .map(|_| {
+            ChildGuard::spawn_ready(probe_in(&netns, Some(&cgroup), Some(&Who::proxy())).args([
+                "sink",
+                "--reuseport",
+                "--listen",
+                "0.0.0.0:15001",
+            ]))
+        })
+        .collect();
+    let mut floods: Vec<ChildGuard> = (0..APP_PROCESSES)
+        .map(|i| {
+            let share = count / APP_PROCESSES + usize::from(i < count % APP_PROCESSES);
+            let mut cmd = probe_in(&netns, Some(&cgroup), Some(&Who::app()));
+            cmd.args(["flood", "--count", &share.to_string()]);
+            for d in dests {
+                cmd.args(["--to", d]);
+            }
+            ChildGuard::spawn(&mut cmd)
+        })
+        .collect();
+    let mut got = Concurrency::default();
+    for flood in &mut floods {
+        let report: Value = serde_json::from_str(flood.read_line().trim())
+            .unwrap_or_else(|e| panic!("{backend:?}: a flood's report: {e}"));
+        got.established += report["established"].as_u64().unwrap_or(0);
+        add_counts(&mut got.app_errors, &report["errors"]);
+    }
+    // The workers may still be accepting the last of them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let reports: Vec<Value> = sinks
+            .iter_mut()
+            .map(|s| serde_json::from_str(s.ask("report").trim()).expect("sink report"))
+            .collect();
+        let accepted: u64 = reports.iter().filter_map(|r| r["accepted"].as_u64()).sum();
+        if accepted >= got.established || Instant::now() > deadline {
+            got.accepted = accepted;
+            for r in &reports {
+                add_counts(&mut got.orig, &r["orig"]);
+                add_counts(&mut got.orig_errors, &r["orig_errors"]);
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "{backend:?}: {} of {count} established (app errors {:?}), {} accepted, original destinations {:?}, errors {:?}",
+        got.established, got.app_errors, got.accepted, got.orig, got.orig_errors
+    );
+    got
+}
+
+/// One pod, 30,000 connections at once over eight destinations: ebpf holds at least as many
+/// as iptables, and the proxy learns the right original destination of every one.
+#[test]
+fn thirty_thousand_concurrent_connections() {
+    const COUNT: usize = 30_000;
+    let dests = destinations(8);
+    let mut results = Vec::new();
+    for backend in Backend::ALL {
+        let got = concurrent_connections(backend, COUNT, &dests);
+        assert_eq!(
+            got.accepted, got.established,
+            "{backend:?}: every established connection reaches the proxy"
+        );
+        assert!(
+            got.orig_errors.is_empty(),
+            "{backend:?}: SO_ORIGINAL_DST failed for some: {:?}",
+            got.orig_errors
+        );
+        for (addr, n) in &got.orig {
+            assert!(
+                dests.contains(addr),
+                "{backend:?}: {n} connection(s) with original destination {addr}, not one the app used"
+            );
+        }
+        results.push((backend, got.established));
+    }
+    let held = |b: Backend| results.iter().find(|(x, _)| *x == b).map_or(0, |r| r.1);
+    assert!(
+        held(Backend::Ebpf) >= held(Backend::Iptables),
+        "ebpf held {} concurrent connections, iptables {}",
+        held(Backend::Ebpf),
+        held(Backend::Iptables)
+    );
+    assert_eq!(
+        held(Backend::Ebpf),
+        COUNT as u64,
+        "ebpf holds every connection"
+    );
+}
+
+/// The spread goes only where the proxy's listener takes it: a proxy bound to 127.0.0.1 alone
+/// gets every connection at 127.0.0.1, a wildcard one at the destination's own loopback address.
+#[test]
+fn connections_spread_only_to_addresses_the_proxy_listens_on() {
+    for (listen, want_local_prefix) in [
+        ("127.0.0.1:15001", "127.0.0.1:"),
+        ("0.0.0.0:15001", "127.1."),
+    ] {
+        let topo = Topology::new();
+        topo.attach(&["--mode", "ebpf"]);
+        let _proxy = ChildGuard::spawn_ready(
+            probe_in(
+                &topo.pod.netns.path(),
+                Some(&topo.pod.cgroup.path),
+                Some(&Who::proxy()),
+            )
+            .args(["serve", "--tcp", &format!("outbound={listen}")]),
+        );
+        for to in ["10.0.0.5:80", "10.0.0.6:443"] {
+            let got = topo.tcp(&Who::app(), to);
+            got.assert_served_by("outbound", listen);
+            assert_eq!(got.orig().as_deref(), Some(to), "proxy on {listen}");
+            let local = got.server_local().unwrap_or_default();
+            assert!(
+                local.starts_with(want_local_prefix),
+                "proxy on {listen}: accepted on {local}, want {want_local_prefix}…"
+            );
+        }
+    }
+}
+
+/// A pod over its share of a node-wide map is refused before anything of it is written; the pod
+/// already on the node keeps its entries and its capture, and doctor shows the node's limits.
+#[test]
+fn a_pod_over_its_quota_is_refused_and_leaves_the_node_as_it_was() {
+    let mut first = Topology::new();
+    first.attach(&[]);
+    first.start_all();
+    let dirs = first.dirs.shared();
+    let second = Topology::numbered(dirs, 1);
+    let count = |map: &str| pinned_map_len(&first.dirs.bpffs, map);
+    let before = [
+        count("CIDR_LISTS"),
+        count("PORT_LISTS"),
+        count("POD_CONFIGS"),
+    ];
+
+    // 300 distinct /24s, over the 256 a pod may have.
+    let ranges: Vec<String> = (0..300u32)
+        .map(|i| format!("10.{}.{}.0/24", 100 + i / 256, i % 256))
+        .collect();
+    let annotation = format!(
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
+        ranges.join(",")
+    );
+    let out = second.try_attach(&["--annotation", &annotation]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "attach over the quota succeeded");
+    assert!(
+        err.contains("300 CIDR-list entries")
+            && err.contains("at most 256")
+            && err.contains("excludeOutboundIPRanges"),
+        "the error names the count, the quota and the annotation: {err}"
+    );
+    assert_eq!(
+        [
+            count("CIDR_LISTS"),
+            count("PORT_LISTS"),
+            count("POD_CONFIGS")
+        ],
+        before,
+        "the refused pod left entries behind"
+    );
+    assert!(
+        cgroup_programs(&second.pod.cgroup.path).is_empty(),
+        "the refused pod has programs attached"
+    );
+    first
+        .tcp(&Who::app(), "10.0.0.5:80")
+        .assert_served_by("outbound", "the first pod after the refusal");
+
+    // At the quota it is accepted.
+    let at_quota = format!(
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
+        ranges[..256].join(",")
+    );
+    let out = second.try_attach(&["--annotation", &at_quota]);
+    assert!(
+        out.status.success(),
+        "attach at the quota: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let doctor = first.capture(&["doctor", "--json"]);
+    let report: Value = serde_json::from_slice(&doctor.stdout).expect("doctor JSON");
+    let cidrs = report["limits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|r| r["map"] == "CIDR_LISTS"))
+        .unwrap_or_else(|| panic!("doctor lists CIDR_LISTS: {report}"));
+    assert_eq!(cidrs["capacity"], 16384);
+    assert_eq!(cidrs["per_pod"], 256);
+    assert_eq!(cidrs["in_use"].as_u64(), Some(before[0] as u64 + 256));
+    let text = String::from_utf8_lossy(&first.capture(&["doctor"]).stdout).to_string();
+    assert!(text.contains("node limits"), "{text}");
+}
