@@ -29,6 +29,12 @@ pub const SOCK_DNS_SENT: u32 = 1 << 4;
 /// given its pod's netns by user space (its accepted sockets inherit both).
 pub const SOCK_NETNS_KNOWN: u32 = 1 << 5;
 
+/// The proxy's accepted socket for a connection from its pod to the outbound port whose
+/// hand-off was not found: its original destination is lost, so SO_ORIGINAL_DST is refused
+/// (EPERM) rather than answered with anything the proxy could forward to. A flag old builds
+/// ignore, so the layout keeps its version.
+pub const SOCK_HANDOFF_LOST: u32 = 1 << 6;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockState {

@@ -95,8 +95,11 @@ pub fn capture_sock_ops(ctx: SockOpsContext) -> u32 {
 
 #[cgroup_sockopt(getsockopt)]
 pub fn capture_getsockopt(ctx: SockoptContext) -> i32 {
-    sockopt::on_getsockopt(&ctx);
-    PROCEED
+    if sockopt::on_getsockopt(&ctx) {
+        PROCEED
+    } else {
+        REFUSE
+    }
 }
 
 #[sk_lookup]

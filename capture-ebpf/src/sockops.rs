@@ -4,23 +4,31 @@
 //! its tuple as the proxy will see it goes into `HANDOFF`; when the proxy's socket reaches
 //! ESTABLISHED (always after, since the app's final ACK completes it), the entry moves into that
 //! socket's own storage and leaves the map. The storage dies with the socket, so nothing grows.
+//!
+//! An entry the proxy never takes (the app gave up first) is removed when the app's socket
+//! closes, so the map holds only handshakes in flight and LRU eviction, which would lose a
+//! destination, needs more of those than the map has room for. Should a proxy's socket still
+//! find no entry, it is marked lost and SO_ORIGINAL_DST is refused for it: the proxy can then
+//! forward the connection nowhere, and `handoff_failed` counts it.
 
 use aya_ebpf::{
     bindings::{
         BPF_NOEXIST, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_TCP_LISTEN_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_LISTEN_CB,
+        BPF_TCP_CLOSE,
     },
     helpers::generated::bpf_get_netns_cookie,
     programs::SockOpsContext,
     EbpfContext as _,
 };
 use capture_common::{
-    addr::{is_unspecified, same, unmap},
-    config::{NodeError, PodCounter},
+    addr::{is_loopback4, is_unspecified, same, unmap},
+    config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
+    decision::LOOPBACK6,
     keys::{HandoffKey, ListenerKey, LISTENER_SLOTS},
     state::{
-        SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_INBOUND_LISTENER,
-        SOCK_NETNS_KNOWN, SOCK_REDIRECTED,
+        SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_HANDOFF_LOST,
+        SOCK_INBOUND_LISTENER, SOCK_NETNS_KNOWN, SOCK_REDIRECTED,
     },
     AF_INET, AF_INET6,
 };
@@ -154,7 +162,22 @@ fn on_listen(ctx: &SockOpsContext) -> Option<()> {
     Some(())
 }
 
-/// The app's socket is connected (to the proxy): publish its original destination.
+/// The hand-off key of an app's socket: its tuple as the proxy's socket sees it.
+#[inline(always)]
+fn app_handoff_key(netns_cookie: u64, t: &Tuple) -> HandoffKey {
+    HandoffKey {
+        netns_cookie,
+        local_addr: t.remote,
+        remote_addr: t.local,
+        local_port: t.remote_port,
+        remote_port: t.local_port,
+        family: t.family,
+        _pad: 0,
+    }
+}
+
+/// The app's socket is connected (to the proxy): publish its original destination, and ask to
+/// hear when the socket closes, to take back an entry the proxy never took.
 #[inline(always)]
 fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
     let state = storage::get(sock(ctx)?)?;
@@ -162,20 +185,46 @@ fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
         return None;
     }
     let t = tuple(ctx)?;
-    let key = HandoffKey {
-        netns_cookie: state.netns_cookie,
-        local_addr: t.remote,
-        remote_addr: t.local,
-        local_port: t.remote_port,
-        remote_port: t.local_port,
-        family: t.family,
-        _pad: 0,
-    };
+    let key = app_handoff_key(state.netns_cookie, &t);
     if HANDOFF.insert(key, state.orig, 0).is_err() {
         bump_node(NodeError::HandoffFailed);
         bump_pod(state.netns_cookie, PodCounter::Errors);
+        return None;
     }
+    let _ = ctx.set_cb_flags(BPF_SOCK_OPS_STATE_CB_FLAG as i32);
     Some(())
+}
+
+/// A redirected app socket closed: its entry goes if the proxy never took it. The tuple is still
+/// the socket's own (a TIME_WAIT successor holds it), so no newer connection can own the key.
+#[inline(always)]
+fn on_state_change(ctx: &SockOpsContext) -> Option<()> {
+    if ctx.arg(1) != BPF_TCP_CLOSE {
+        return None;
+    }
+    let state = storage::get(sock(ctx)?)?;
+    if state.flags & SOCK_REDIRECTED == 0 {
+        return None;
+    }
+    let t = tuple(ctx)?;
+    let _ = HANDOFF.remove(&app_handoff_key(state.netns_cookie, &t));
+    Some(())
+}
+
+/// A connection from the pod's own address to a loopback address on its outbound port: what a
+/// redirected connection looks like from the proxy's side.
+#[inline(always)]
+fn looks_redirected(cfg: &PodConfig, t: &Tuple) -> bool {
+    if t.local_port != cfg.outbound_port {
+        return false;
+    }
+    if t.family == AF_INET6 {
+        cfg.flags & FLAG_HAS_POD_IP6 != 0
+            && same(&t.remote, &cfg.pod_ip6)
+            && same(&t.local, &LOOPBACK6)
+    } else {
+        cfg.flags & FLAG_HAS_POD_IP4 != 0 && t.remote[0] == cfg.pod_ip4 && is_loopback4(t.local[0])
+    }
 }
 
 /// The proxy accepted a connection: take the original destination the app published, or, for
@@ -213,6 +262,21 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
         let _ = HANDOFF.remove(key);
         return Some(());
     }
+    let inbound = state
+        .as_deref()
+        .is_some_and(|s| s.flags & SOCK_INBOUND_LISTENER != 0);
+    if !inbound {
+        // SAFETY: a plain value read once.
+        let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+        if looks_redirected(cfg, &t) {
+            bump_node(NodeError::HandoffFailed);
+            bump_pod(netns_cookie, PodCounter::Errors);
+            let state = state.or_else(|| storage::get_or_create(sk))?;
+            state.netns_cookie = netns_cookie;
+            state.flags |= SOCK_HANDOFF_LOST;
+        }
+        return None;
+    }
     // Accepted by the inbound listener (its storage was cloned into this socket).
     let state = state?;
     if state.flags & SOCK_INBOUND_LISTENER == 0 {
@@ -236,6 +300,9 @@ pub fn on_sock_ops(ctx: &SockOpsContext) {
         }
         BPF_SOCK_OPS_TCP_LISTEN_CB => {
             let _ = on_listen(ctx);
+        }
+        BPF_SOCK_OPS_STATE_CB => {
+            let _ = on_state_change(ctx);
         }
         _ => {}
     }

@@ -3,11 +3,12 @@
 //! the kernel's answer: the program sets `optlen` to 0, which tells the kernel to leave the
 //! caller's buffer and length as its own getsockopt wrote them. Left alone instead, an answer
 //! longer than a page (the program's view of the buffer stops at one) fails with EFAULT before
-//! Linux 6.5, and the rest are copied back from the program's copy for nothing.
+//! Linux 6.5, and the rest are copied back from the program's copy for nothing. The one refusal:
+//! SO_ORIGINAL_DST on a proxy socket whose hand-off was lost (see sockops.rs) fails with EPERM.
 
 use aya_ebpf::programs::SockoptContext;
 use capture_common::{
-    state::{OriginalDst, SOCK_ACCEPTED_REDIRECTED, SOCK_REDIRECTED},
+    state::{OriginalDst, SOCK_ACCEPTED_REDIRECTED, SOCK_HANDOFF_LOST, SOCK_REDIRECTED},
     AF_INET, AF_INET6, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST,
 };
 
@@ -15,6 +16,32 @@ use crate::{
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
 };
+
+/// What to do with one getsockopt call.
+enum Reply {
+    /// The kernel's own answer.
+    Kernel,
+    /// The recorded original destination.
+    Answer(OriginalDst),
+    /// Refused (EPERM): the proxy asks for a destination that was lost.
+    Refuse,
+}
+
+#[inline(always)]
+fn reply(ctx: &SockoptContext) -> Reply {
+    // SAFETY: the context pointer is valid for the whole program run.
+    let so = unsafe { &*ctx.sockopt };
+    // SAFETY: `sk` is the union's pointer member; it is checked for null.
+    let sk = unsafe { so.__bindgen_anon_1.sk };
+    let lost = so.optname == SO_ORIGINAL_DST
+        && matches!(so.level, SOL_IP | SOL_IPV6)
+        && !sk.is_null()
+        && storage::get(sk.cast()).is_some_and(|s| s.flags & SOCK_HANDOFF_LOST != 0);
+    if lost {
+        return Reply::Refuse;
+    }
+    original_dst(ctx).map_or(Reply::Kernel, Reply::Answer)
+}
 
 /// The original destination to report for this option on this socket, if any.
 #[inline(always)]
@@ -73,10 +100,15 @@ fn keep_kernel_answer(ctx: &SockoptContext) {
 }
 
 #[inline(always)]
-pub fn on_getsockopt(ctx: &SockoptContext) {
-    let Some(orig) = original_dst(ctx) else {
-        keep_kernel_answer(ctx);
-        return;
+/// Returns the verdict: `false` refuses the call (EPERM).
+pub fn on_getsockopt(ctx: &SockoptContext) -> bool {
+    let orig = match reply(ctx) {
+        Reply::Kernel => {
+            keep_kernel_answer(ctx);
+            return true;
+        }
+        Reply::Refuse => return false,
+        Reply::Answer(orig) => orig,
     };
     let port = orig.port.to_be();
     if orig.family == AF_INET {
@@ -101,4 +133,5 @@ pub fn on_getsockopt(ctx: &SockoptContext) {
             },
         );
     }
+    true
 }

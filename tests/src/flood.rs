@@ -93,19 +93,24 @@ struct Seen {
     held: Vec<std::net::TcpStream>,
 }
 
-/// The proxy side (one of several workers with `reuseport`): listens on `listen` with `backlog`, accepts (from the start, or only after a
-/// line `accept` on stdin when `deferred`), asks each connection's original destination and holds
-/// it. A line `report` prints what it has seen as JSON; end of stdin ends it.
-pub fn sink(
-    listen: &[SocketAddr],
-    backlog: i32,
-    deferred: bool,
-    reuseport: bool,
-) -> io::Result<()> {
+/// How a sink listens.
+pub struct SinkOptions {
+    pub backlog: i32,
+    /// Accept only after a line `accept` on stdin.
+    pub deferred: bool,
+    /// One of several workers sharing the port (SO_REUSEPORT).
+    pub reuseport: bool,
+    /// TCP_DEFER_ACCEPT, in seconds.
+    pub defer_accept: Option<i32>,
+}
+
+/// The proxy side: listens on `listen`, accepts, asks each connection's original destination
+/// and holds it. A line `report` prints what it has seen as JSON; end of stdin ends it.
+pub fn sink(listen: &[SocketAddr], options: &SinkOptions) -> io::Result<()> {
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let go = Arc::new(AtomicBool::new(!deferred));
+    let go = Arc::new(AtomicBool::new(!options.deferred));
     for addr in listen {
-        let listener = listener(*addr, backlog, reuseport)?;
+        let listener = listener(*addr, options)?;
         let (seen, go) = (Arc::clone(&seen), Arc::clone(&go));
         std::thread::spawn(move || accept_loop(&listener, &seen, &go));
     }
@@ -128,7 +133,7 @@ pub fn sink(
     Ok(())
 }
 
-fn listener(addr: SocketAddr, backlog: i32, reuseport: bool) -> io::Result<TcpListener> {
+fn listener(addr: SocketAddr, options: &SinkOptions) -> io::Result<TcpListener> {
     let family = if addr.is_ipv6() {
         libc::AF_INET6
     } else {
@@ -142,34 +147,44 @@ fn listener(addr: SocketAddr, backlog: i32, reuseport: bool) -> io::Result<TcpLi
         }
         OwnedFd::from_raw_fd(fd)
     };
-    let on: libc::c_int = 1;
-    let mut options = vec![(libc::SOL_SOCKET, libc::SO_REUSEADDR)];
-    if reuseport {
-        options.push((libc::SOL_SOCKET, libc::SO_REUSEPORT));
+    let mut ints = vec![(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)];
+    if options.reuseport {
+        ints.push((libc::SOL_SOCKET, libc::SO_REUSEPORT, 1));
     }
     if addr.is_ipv6() {
-        options.push((libc::SOL_IPV6, libc::IPV6_V6ONLY));
+        ints.push((libc::SOL_IPV6, libc::IPV6_V6ONLY, 1));
     }
-    for (level, name) in options {
-        // SAFETY: an int option on a valid socket.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                level,
-                name,
-                (&raw const on).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
+    if let Some(secs) = options.defer_accept {
+        ints.push((libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, secs));
+    }
+    for (level, name, value) in ints {
+        set_int(&fd, level, name, value)?;
     }
     let (storage, len) = sockaddr_of(addr);
     // SAFETY: `storage` holds a sockaddr of `len` bytes.
     if unsafe { libc::bind(fd.as_raw_fd(), (&raw const storage).cast(), len) } != 0
-        || unsafe { libc::listen(fd.as_raw_fd(), backlog) } != 0
+        || unsafe { libc::listen(fd.as_raw_fd(), options.backlog) } != 0
     {
         return Err(io::Error::last_os_error());
     }
     Ok(TcpListener::from(fd))
+}
+
+fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: an int option on a valid socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&raw const value).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn accept_loop(listener: &TcpListener, seen: &Mutex<Seen>, go: &AtomicBool) {
@@ -395,4 +410,45 @@ fn socket_error(fd: &OwnedFd) -> i32 {
         return io::Error::last_os_error().raw_os_error().unwrap_or(0);
     }
     err
+}
+
+/// Holds a flood's connections, taking commands from stdin: `send` writes a byte on each (and
+/// prints `sent`), `reset` closes them all with a RST (and prints `closed`); end of stdin ends it.
+pub fn hold(mut established: Vec<OwnedFd>) -> io::Result<()> {
+    for line in io::stdin().lock().lines() {
+        match line?.trim() {
+            "send" => {
+                for fd in &established {
+                    // SAFETY: one byte from a valid buffer on a valid socket.
+                    unsafe {
+                        libc::send(fd.as_raw_fd(), b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL)
+                    };
+                }
+                println!("sent");
+            }
+            "reset" => {
+                let linger = libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
+                for fd in &established {
+                    // SAFETY: a linger struct on a valid socket.
+                    unsafe {
+                        libc::setsockopt(
+                            fd.as_raw_fd(),
+                            libc::SOL_SOCKET,
+                            libc::SO_LINGER,
+                            (&raw const linger).cast(),
+                            size_of::<libc::linger>() as libc::socklen_t,
+                        );
+                    }
+                }
+                established.clear();
+                println!("closed");
+            }
+            _ => continue,
+        }
+        io::stdout().flush()?;
+    }
+    Ok(())
 }

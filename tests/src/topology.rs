@@ -491,3 +491,33 @@ pub fn pinned_map_len(bpffs: &std::path::Path, map: &str) -> usize {
         .and_then(|v| v.as_array().map(Vec::len))
         .unwrap_or(0)
 }
+
+/// Deletes up to `n` entries of one of a node's pinned maps (what an eviction would do) and
+/// returns how many it deleted.
+pub fn delete_pinned_map_entries(bpffs: &std::path::Path, map: &str, n: usize) -> usize {
+    let path = node_pin_dir(bpffs).join("maps").join(map);
+    let out = crate::guards::run(
+        Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned"])
+            .arg(&path),
+    );
+    let entries: Vec<serde_json::Value> = serde_json::from_str(out.trim()).unwrap_or_default();
+    let mut deleted = 0;
+    for entry in entries.iter().take(n) {
+        let key: Vec<String> = entry["key"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b.as_str().map(str::to_string))
+            .collect();
+        crate::guards::run(
+            Command::new("bpftool")
+                .args(["map", "delete", "pinned"])
+                .arg(&path)
+                .arg("key")
+                .args(&key),
+        );
+        deleted += 1;
+    }
+    deleted
+}

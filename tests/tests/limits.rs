@@ -4,12 +4,13 @@
 
 use capture_tests::{
     cases::Backend,
-    guards::ChildGuard,
+    guards::{run, ChildGuard},
     probe::{probe_in, Who},
-    topology::{cgroup_programs, pinned_map_len, Topology},
+    topology::{cgroup_programs, delete_pinned_map_entries, pinned_map_len, Topology},
 };
 use std::{
     collections::BTreeMap,
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -243,4 +244,138 @@ fn a_pod_over_its_quota_is_refused_and_leaves_the_node_as_it_was() {
     assert_eq!(cidrs["in_use"].as_u64(), Some(before[0] as u64 + 256));
     let text = String::from_utf8_lossy(&first.capture(&["doctor"]).stdout).to_string();
     assert!(text.contains("node limits"), "{text}");
+}
+
+/// A pod whose proxy completes connections only when data arrives (TCP_DEFER_ACCEPT): the app's
+/// side is established, the proxy's is not, and the hand-off waits in the map meanwhile.
+struct WaitingHandshakes {
+    topo: Topology,
+    sink: ChildGuard,
+    flood: ChildGuard,
+    established: u64,
+}
+
+fn waiting_handshakes(count: usize, conntrack: bool) -> WaitingHandshakes {
+    let topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    let netns = topo.pod.netns.path();
+    if conntrack {
+        // Someone else's rule that makes the kernel track the pod's connections: the kernel then
+        // has an SO_ORIGINAL_DST answer of its own (the proxy's address) for every one.
+        run(Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args([
+                "iptables",
+                "-A",
+                "OUTPUT",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "NEW,ESTABLISHED",
+                "-j",
+                "ACCEPT",
+            ]));
+    }
+    let cgroup = topo.pod.cgroup.path.clone();
+    let sink =
+        ChildGuard::spawn_ready(probe_in(&netns, Some(&cgroup), Some(&Who::proxy())).args([
+            "sink",
+            "--defer-accept",
+            "60",
+            "--listen",
+            "0.0.0.0:15001",
+        ]));
+    let mut cmd = probe_in(&netns, Some(&cgroup), Some(&Who::app()));
+    cmd.args(["flood", "--count", &count.to_string()]);
+    for d in destinations(4) {
+        cmd.args(["--to", &d]);
+    }
+    let mut flood = ChildGuard::spawn(&mut cmd);
+    let report: Value = serde_json::from_str(flood.read_line().trim()).expect("flood report");
+    let established = report["established"].as_u64().unwrap_or(0);
+    assert_eq!(established, count as u64, "{report}");
+    WaitingHandshakes {
+        topo,
+        sink,
+        flood,
+        established,
+    }
+}
+
+fn sink_report_when(sink: &mut ChildGuard, accepted: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let report: Value = serde_json::from_str(sink.ask("report").trim()).expect("sink report");
+        if report["accepted"].as_u64() >= Some(accepted) || Instant::now() > deadline {
+            return report;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Hand-offs wait in the map while their handshakes are in flight and every one arrives; one
+/// that is lost all the same (here: deleted, as an eviction would) fails closed: the proxy's
+/// SO_ORIGINAL_DST is refused even where the kernel has an answer of its own, and the node
+/// counts it.
+#[test]
+fn a_lost_handoff_fails_closed() {
+    let mut w = waiting_handshakes(40, true);
+    let bpffs = w.topo.dirs.bpffs.clone();
+    assert_eq!(
+        pinned_map_len(&bpffs, "HANDOFF"),
+        40,
+        "every established app socket waits with its hand-off"
+    );
+    let lost = delete_pinned_map_entries(&bpffs, "HANDOFF", 10);
+    assert_eq!(lost, 10);
+    assert_eq!(w.flood.ask("send").trim(), "sent");
+    let report = sink_report_when(&mut w.sink, w.established);
+    assert_eq!(report["accepted"].as_u64(), Some(w.established), "{report}");
+    let answered: u64 = report["orig"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(addr, n)| {
+            assert!(destinations(4).contains(addr), "orig {addr}");
+            n.as_u64().unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(answered, 30, "the hand-offs that arrived: {report}");
+    assert_eq!(
+        report["orig_errors"]["EPERM"].as_u64(),
+        Some(10),
+        "the lost ones are refused: {report}"
+    );
+    assert_eq!(
+        pinned_map_len(&bpffs, "HANDOFF"),
+        0,
+        "the map is empty again"
+    );
+    let status = w.topo.status();
+    assert_eq!(
+        status["node_errors"]["handoff_failed"].as_u64(),
+        Some(10),
+        "{status}"
+    );
+}
+
+/// An app socket that gives up before its proxy's side completes takes its hand-off with it: the
+/// map holds only handshakes in flight, so nothing accumulates for LRU eviction to act on.
+#[test]
+fn a_handoff_the_proxy_never_took_leaves_with_the_app_socket() {
+    let mut w = waiting_handshakes(40, false);
+    let bpffs = w.topo.dirs.bpffs.clone();
+    assert_eq!(pinned_map_len(&bpffs, "HANDOFF"), 40);
+    assert_eq!(w.flood.ask("reset").trim(), "closed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pinned_map_len(&bpffs, "HANDOFF") > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        pinned_map_len(&bpffs, "HANDOFF"),
+        0,
+        "hand-offs of closed app sockets stay in the map"
+    );
+    let report = sink_report_when(&mut w.sink, 0);
+    assert_eq!(report["accepted"].as_u64(), Some(0), "{report}");
 }

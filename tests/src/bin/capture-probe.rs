@@ -73,7 +73,7 @@ enum Cmd {
     /// runs as root (it sets supplementary groups).
     Sockopts,
     /// Open COUNT connections at once (round-robin over the --to addresses), print how many were
-    /// established, hold them until a line or the end of stdin.
+    /// established, hold them (see capture_tests::flood::hold for the stdin commands).
     Flood {
         #[arg(long, required = true)]
         to: Vec<SocketAddr>,
@@ -96,6 +96,10 @@ enum Cmd {
         /// Accept only after a line `accept`.
         #[arg(long)]
         deferred: bool,
+        /// TCP_DEFER_ACCEPT, in seconds: the kernel completes a connection on the listener's side
+        /// only once data arrives, while the client's side is established already.
+        #[arg(long)]
+        defer_accept: Option<i32>,
         /// SO_REUSEPORT: one of several workers sharing the port.
         #[arg(long)]
         reuseport: bool,
@@ -544,20 +548,28 @@ fn main() {
                 .unwrap_or_else(|e| die(format!("flood: {e}")));
             println!("{}", report.to_json(*count));
             let _ = std::io::stdout().flush();
-            let mut line = String::new();
-            let _ = std::io::stdin().read_line(&mut line);
+            flood::hold(report.established).unwrap_or_else(|e| die(format!("flood: {e}")));
         }
         Cmd::Sink {
             listen,
             backlog,
             deferred,
+            defer_accept,
             reuseport,
         } => {
             use capture_tests::flood;
             flood::raise_open_files().unwrap_or_else(|e| die(format!("setrlimit: {e}")));
             drop_privileges(&args);
-            flood::sink(listen, *backlog, *deferred, *reuseport)
-                .unwrap_or_else(|e| die(format!("sink: {e}")));
+            flood::sink(
+                listen,
+                &flood::SinkOptions {
+                    backlog: *backlog,
+                    deferred: *deferred,
+                    reuseport: *reuseport,
+                    defer_accept: *defer_accept,
+                },
+            )
+            .unwrap_or_else(|e| die(format!("sink: {e}")));
         }
         Cmd::Sockopts => println!("{}", capture_tests::sockopt_survey::survey()),
         Cmd::Pause => {
