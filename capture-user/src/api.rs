@@ -140,12 +140,14 @@ pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Respo
         .map_err(unreachable)?;
     let mut line = serde_json::to_string(request).expect("requests serialise");
     line.push('\n');
-    stream.write_all(line.as_bytes()).map_err(unreachable)?;
+    // An agent that turns the client away (too many clients) may answer and close before the
+    // request is in: the write then fails, but the answer is there to read.
+    let written = stream.write_all(line.as_bytes());
     let mut answer = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut answer)
-        .map_err(unreachable)?;
+    let read = BufReader::new(&stream).read_line(&mut answer);
     if answer.is_empty() {
+        written.map_err(unreachable)?;
+        read.map_err(unreachable)?;
         return Err(CallError::Unreachable {
             path,
             reason: "the agent closed the connection".into(),

@@ -521,3 +521,40 @@ pub fn delete_pinned_map_entries(bpffs: &std::path::Path, map: &str, n: usize) -
     }
     deleted
 }
+
+/// Fills a node's `CIDR_LISTS` with `n` entries of a pod that does not exist (a netns cookie no
+/// netns has), as many pods at their quotas would: one bpftool process for them all.
+pub fn fill_cidr_lists(bpffs: &std::path::Path, n: u32) {
+    use std::fmt::Write as _;
+    let path = node_pin_dir(bpffs).join("maps").join("CIDR_LISTS");
+    let mut batch = String::new();
+    for i in 0..n {
+        // prefix length 224 (every bit), then the key: cookie, list, family, pad, address.
+        let mut key = vec![224u8, 0, 0, 0];
+        key.extend_from_slice(&u64::MAX.to_ne_bytes());
+        key.extend_from_slice(&[1, 4, 0, 0]);
+        key.extend_from_slice(&i.to_be_bytes());
+        key.extend_from_slice(&[0; 12]);
+        let hex: Vec<String> = key.iter().map(|b| format!("0x{b:02x}")).collect();
+        let _ = writeln!(
+            batch,
+            "map update pinned {} key {} value 0x01",
+            path.display(),
+            hex.join(" ")
+        );
+    }
+    let file = std::env::temp_dir().join(format!("capture-fill-{}", std::process::id()));
+    std::fs::write(&file, batch).expect("writing the bpftool batch");
+    let out = Command::new("bpftool")
+        .arg("batch")
+        .arg("file")
+        .arg(&file)
+        .output()
+        .expect("running bpftool");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "bpftool batch: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -16,7 +16,8 @@ use serde_json::Value;
 fn ask(node: &Node, request: &[u8]) -> Value {
     let mut s = UnixStream::connect(&node.socket).expect("connecting to the agent socket");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(request).expect("writing the request");
+    // A client turned away may be answered (and closed) before its request is in.
+    let _ = s.write_all(request);
     answer(s)
 }
 
@@ -44,7 +45,8 @@ fn only_root_may_use_the_socket_even_when_its_mode_lets_others_in() {
     let script = "import socket, sys\n\
                   s = socket.socket(socket.AF_UNIX)\n\
                   s.connect(sys.argv[1])\n\
-                  s.sendall(b'{\"op\":\"status\"}\\n')\n\
+                  try: s.sendall(b'{\"op\":\"status\"}\\n')\n\
+                  except BrokenPipeError: pass\n\
                   print(s.makefile().readline(), end='')\n";
     let out = Command::new("python3")
         .args(["-c", script])
@@ -139,7 +141,7 @@ fn clients_beyond_the_limit_are_told_to_come_back() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut s = UnixStream::connect(&node.socket).unwrap();
-        s.write_all(STATUS).unwrap();
+        let _ = s.write_all(STATUS);
         let mut said = String::new();
         let _ = s.read_to_string(&mut said);
         if said.contains("\"ok\":true") {

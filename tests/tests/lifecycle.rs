@@ -7,7 +7,9 @@ use capture_tests::{
     cases::{run_cases, Case, Expect::*},
     guards::ReadOnlyBind,
     probe::{ConnectOpts, Outcome, Who},
-    topology::{cgroup_programs, only_pod_links, pinned_map_len, pod_pins_left, Topology},
+    topology::{
+        cgroup_programs, fill_cidr_lists, only_pod_links, pinned_map_len, pod_pins_left, Topology,
+    },
 };
 
 #[test]
@@ -302,7 +304,8 @@ fn has_passthrough_v6(topo: &Topology) -> bool {
 
 #[test]
 fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
-    // Fill the node's CIDR map almost completely with pod a, then let pod b overflow it.
+    // Fill the node's CIDR map almost completely (as many pods at their quotas would), then let
+    // pod b overflow it.
     let cidrs = |base: u32, n: u32| -> String {
         (0..n)
             .map(|i| {
@@ -313,21 +316,15 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
             .join(",")
     };
     let mut a = Topology::new();
-    let include = format!(
-        "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16,{}",
-        cidrs(0, 8000)
-    );
-    let exclude = format!(
-        "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
-        cidrs(8000, 8000)
-    );
-    a.attach(&["--annotation", &include, "--annotation", &exclude]);
+    let include = "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16";
+    a.attach(&["--annotation", include]);
     a.start_all();
+    fill_cidr_lists(&a.dirs.bpffs, 16300);
 
     let b = Topology::with_dirs(a.dirs.shared());
     let exclude_b = format!(
         "traffic.sidecar.istio.io/excludeOutboundIPRanges={}",
-        cidrs(20000, 1000)
+        cidrs(20000, 200)
     );
     let out = b.try_attach(&["--annotation", &exclude_b]);
     assert!(
@@ -354,7 +351,7 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
     assert_eq!(pinned_map_len(&a.dirs.bpffs, "POD_CONFIGS"), 1);
     assert_eq!(
         pinned_map_len(&a.dirs.bpffs, "CIDR_LISTS"),
-        16001,
+        16301,
         "b's partial entries were removed"
     );
     run_cases(
