@@ -20,4 +20,5 @@ pub mod ops;
 pub mod paths;
 pub mod probe;
 pub mod record;
+pub mod userns;
 pub mod validate;

@@ -97,9 +97,15 @@ impl Netns {
 }
 
 /// Runs `cmd` to completion inside the netns at `path`, with `stdin` as its input: it is spawned
-/// from a thread that entered the netns, so it starts there and nothing else moves.
+/// from a thread that entered the netns, so it starts there and nothing else moves. A netns that
+/// belongs to a user namespace of its own is entered with it: the kernel takes some writes (an
+/// iptables owner match) only from a writer in the netns's user namespace.
 pub fn output_in(path: &Path, cmd: &mut Command, stdin: &[u8]) -> io::Result<Output> {
     let netns = Netns::open(path).map_err(io::Error::other)?;
+    let userns = crate::userns::owner_of(netns.file()).map_err(io::Error::other)?;
+    if let Some(userns) = &userns {
+        crate::userns::run_inside(cmd, userns);
+    }
     netns
         .run_in(|| {
             let mut child = cmd

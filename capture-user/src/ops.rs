@@ -35,6 +35,8 @@ pub enum Error {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Record(#[from] RecordError),
+    #[error(transparent)]
+    Userns(#[from] crate::userns::UsernsError),
     #[error("taking the node lock {path}: {source}")]
     Lock {
         path: PathBuf,
@@ -73,13 +75,15 @@ fn lock(paths: &Paths) -> Result<NodeLock, Error> {
 
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
 pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
-    let config = CaptureConfig::from_pod(&req.spec)?;
+    let mut config = CaptureConfig::from_pod(&req.spec)?;
     let (mode, fallback) = match (req.mode, config.ebpf_unsupported()) {
         (Mode::Ebpf, Some(gap)) if req.allow_fallback => (Mode::Iptables, Some(gap)),
         (Mode::Ebpf, Some(gap)) => return Err(Error::EbpfUnsupported(gap.reason)),
         (mode, _) => (mode, None),
     };
     let netns = Netns::open(&req.netns)?;
+    // Before the comparison with an existing record, which holds them too.
+    config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
     let cgroup = cgroup::open_cgroup2(&req.cgroup)?;
     paths.prepare()?;
     let _lock = lock(paths)?;

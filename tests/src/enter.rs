@@ -18,6 +18,24 @@ pub fn join_pod(cgroup: Option<&Path>, netns: Option<&Path>) -> io::Result<()> {
     Ok(())
 }
 
+/// Moves this (single-threaded) process into a pod's own user namespace: its ids from here on
+/// are the pod's, which the node sees as others.
+pub fn join_userns(userns: &Path) -> io::Result<()> {
+    let f = std::fs::File::open(userns)
+        .map_err(|e| io::Error::new(e.kind(), format!("open {}: {e}", userns.display())))?;
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| io::Error::other(format!("setns {}: {e}", userns.display())))
+}
+
+/// Makes this process the holder of a new user namespace and a netns it owns (a pod with
+/// `hostUsers: false`); the caller writes its id maps.
+pub fn unshare_user_and_net() -> io::Result<()> {
+    nix::sched::unshare(
+        nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNET,
+    )
+    .map_err(|e| io::Error::other(format!("unshare: {e}")))
+}
+
 fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
     if rc == 0 {
         Ok(())

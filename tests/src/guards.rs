@@ -55,6 +55,8 @@ pub fn ip_batch(netns: &str, commands: &[String]) {
 /// A named network namespace (`ip netns add`), deleted on drop.
 pub struct NetnsGuard {
     pub name: String,
+    /// For a netns owned by a user namespace of its own: the process holding both.
+    holder: Option<ChildGuard>,
 }
 
 impl NetnsGuard {
@@ -62,7 +64,48 @@ impl NetnsGuard {
         let name = unique(prefix);
         ip(&["netns", "add", &name]);
         ip(&["-n", &name, "link", "set", "lo", "up"]);
-        Self { name }
+        Self { name, holder: None }
+    }
+
+    /// A netns owned by a new user namespace whose ids 0..65536 are `outer_base` onwards on the
+    /// node (a Kubernetes pod with `hostUsers: false`), named like any other.
+    pub fn with_userns(prefix: &str, outer_base: u32) -> Self {
+        let holder =
+            ChildGuard::spawn_ready(Command::new(crate::probe::probe_bin()).arg("userns-holder"));
+        let pid = holder.pid();
+        for map in ["uid_map", "gid_map"] {
+            let path = format!("/proc/{pid}/{map}");
+            fs::write(&path, format!("0 {outer_base} 65536\n"))
+                .unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        }
+        let name = unique(prefix);
+        let dir = Path::new("/var/run/netns");
+        fs::create_dir_all(dir).expect("/var/run/netns");
+        let target = dir.join(&name);
+        fs::write(&target, "").expect("netns mount point");
+        nix::mount::mount(
+            Some(Path::new(&format!("/proc/{pid}/ns/net"))),
+            &target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("bind-mounting the netns of {pid}: {e}"));
+        // `ip netns del` on drop unmounts and removes it like any named netns.
+        let guard = Self {
+            name,
+            holder: Some(holder),
+        };
+        ip(&["-n", &guard.name, "link", "set", "lo", "up"]);
+        guard
+    }
+
+    /// The user namespace that owns this netns, if it has one of its own.
+    #[must_use]
+    pub fn userns_path(&self) -> Option<PathBuf> {
+        self.holder
+            .as_ref()
+            .map(|h| PathBuf::from(format!("/proc/{}/ns/user", h.pid())))
     }
 
     #[must_use]

@@ -68,9 +68,24 @@ impl Topology {
     /// `POD_IP6`), so that many pods of one node have addresses of their own.
     pub fn numbered(dirs: CaptureDirs, n: u8) -> Self {
         require_root();
+        Self::around(dirs, n, NetnsGuard::new("capture-pod"))
+    }
+
+    /// A pod whose netns belongs to a user namespace of its own (`hostUsers: false`): its ids
+    /// 0..65536 are `outer_base` onwards on the node, and its processes run inside it.
+    pub fn with_pod_userns(outer_base: u32) -> Self {
+        require_root();
+        Self::around(
+            CaptureDirs::new(),
+            0,
+            NetnsGuard::with_userns("capture-pod", outer_base),
+        )
+    }
+
+    fn around(dirs: CaptureDirs, n: u8, netns: NetnsGuard) -> Self {
         let pod = Pod {
             cgroup: CgroupGuard::new("capture-pod"),
-            netns: NetnsGuard::new("capture-pod"),
+            netns,
         };
         let remote = NetnsGuard::new("capture-remote");
         let (p, r) = (pod.netns.name.as_str(), remote.name.as_str());
@@ -241,6 +256,9 @@ impl Topology {
             .arg(&self.pod.cgroup.path)
             .arg("--netns")
             .arg(self.pod.netns.path());
+        if let Some(userns) = self.pod.netns.userns_path() {
+            cmd.arg("--userns").arg(userns);
+        }
         who.args(&mut cmd);
         cmd
     }

@@ -147,6 +147,10 @@ pub struct CaptureConfig {
     /// `--drop-invalid` (INVALID_DROP): conntrack-invalid packets are dropped.
     #[serde(default)]
     pub drop_invalid: bool,
+    /// The proxy's ids (and the owner groups) as the host sees them, for a pod with a user
+    /// namespace of its own; absent for every other pod (see userns.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ids: Option<crate::userns::HostIds>,
 }
 
 fn all_owner_groups() -> OwnerGroups {
@@ -342,6 +346,7 @@ impl CaptureConfig {
             exclude_interfaces,
             reroute_virtual_interfaces,
             drop_invalid: spec.mesh.drop_invalid,
+            host_ids: None,
         })
     }
 

@@ -90,21 +90,28 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
     );
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
-    let (owner_group_mode, owner_groups): (u32, &[u32]) = match &cfg.owner_groups {
+    let (owner_group_mode, mut owner_groups): (u32, &[u32]) = match &cfg.owner_groups {
         OwnerGroups::All => (OWNER_GROUPS_ALL, &[]),
         OwnerGroups::Only(g) => (OWNER_GROUPS_INCLUDE, g),
         OwnerGroups::AllBut(g) => (OWNER_GROUPS_EXCLUDE, g),
     };
+    // The programs see host ids: a pod with a user namespace of its own has its ids translated.
+    let (mut proxy_uids, mut proxy_gids) = (cfg.proxy_uids.as_slice(), cfg.proxy_gids.as_slice());
+    if let Some(host) = &cfg.host_ids {
+        proxy_uids = &host.proxy_uids;
+        proxy_gids = &host.proxy_gids;
+        owner_groups = &host.owner_groups;
+    }
     PodConfig {
         flags,
-        proxy_uid_count: cfg.proxy_uids.len() as u32,
-        proxy_gid_count: cfg.proxy_gids.len() as u32,
+        proxy_uid_count: proxy_uids.len() as u32,
+        proxy_gid_count: proxy_gids.len() as u32,
         loopback4_net: u32::from_ne_bytes(cfg.host_loopback_cidr.network().octets()),
         loopback4_mask: u32::from_ne_bytes(cfg.host_loopback_cidr.netmask().octets()),
         pod_ip4: cfg.pod_ip4.map_or(0, |a| u32::from_ne_bytes(a.octets())),
         pod_ip6: cfg.pod_ip6.map_or([0; 4], |a| ip6_words(a.octets())),
-        proxy_uids: ids(&cfg.proxy_uids),
-        proxy_gids: ids(&cfg.proxy_gids),
+        proxy_uids: ids(proxy_uids),
+        proxy_gids: ids(proxy_gids),
         outbound_port: cfg.outbound_port,
         inbound_port: cfg.inbound_port,
         tunnel_port: cfg.tunnel_port,

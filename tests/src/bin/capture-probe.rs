@@ -24,6 +24,9 @@ struct Args {
     /// Enter this network namespace.
     #[arg(long)]
     netns: Option<PathBuf>,
+    /// Then this user namespace (the pod's own): --uid and --gid are ids inside it.
+    #[arg(long)]
+    userns: Option<PathBuf>,
     /// Become this uid (after joining the pod).
     #[arg(long)]
     uid: Option<u32>,
@@ -104,6 +107,8 @@ enum Cmd {
         #[arg(long)]
         reuseport: bool,
     },
+    /// Hold a new user namespace and a netns it owns until stdin ends (print `ready` once in).
+    UsernsHolder,
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
@@ -153,6 +158,9 @@ fn become_ids(uid: u32, gid: u32, groups: &[u32]) {
 fn enter(args: &Args) {
     capture_tests::enter::join_pod(args.cgroup.as_deref(), args.netns.as_deref())
         .unwrap_or_else(|e| die(e));
+    if let Some(userns) = &args.userns {
+        capture_tests::enter::join_userns(userns).unwrap_or_else(|e| die(e));
+    }
 }
 
 fn drop_privileges(args: &Args) {
@@ -570,6 +578,12 @@ fn main() {
                 },
             )
             .unwrap_or_else(|e| die(format!("sink: {e}")));
+        }
+        Cmd::UsernsHolder => {
+            capture_tests::enter::unshare_user_and_net().unwrap_or_else(|e| die(e));
+            println!("ready");
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
         }
         Cmd::Sockopts => println!("{}", capture_tests::sockopt_survey::survey()),
         Cmd::Pause => {

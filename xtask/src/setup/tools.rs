@@ -34,6 +34,8 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("iptables-save", "iptables"),
     tool("ip6tables-save", "iptables"),
     tool("nsenter", "util-linux"),
+    // capture reads a user-namespaced pod's id maps from inside its namespace (userns.rs).
+    tool("cat", "coreutils"),
     tool("sysctl", "procps"),
     tool("/usr/lib/cni/bridge", "containernetworking-plugins"),
     tool("/usr/lib/cni/host-local", "containernetworking-plugins"),
