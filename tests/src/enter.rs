@@ -47,11 +47,17 @@ fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
 
 /// setresgid/setresuid keeping the saved ids root, so a later switch is still possible.
 pub fn become_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    become_split_ids((uid, gid), (uid, gid), groups)
+}
+
+/// As `become_ids`, with effective (and so file-system) ids other than the real ones: what
+/// seteuid, setfsuid or a setuid binary leaves a process with.
+pub fn become_split_ids(real: (u32, u32), effective: (u32, u32), groups: &[u32]) -> io::Result<()> {
     // SAFETY: plain credential syscalls.
     unsafe {
         check(libc::setresuid(0, 0, 0), "setresuid(0)")?;
         check(libc::setgroups(groups.len(), groups.as_ptr()), "setgroups")?;
-        check(libc::setresgid(gid, gid, 0), "setresgid")?;
-        check(libc::setresuid(uid, uid, 0), "setresuid")
+        check(libc::setresgid(real.1, effective.1, 0), "setresgid")?;
+        check(libc::setresuid(real.0, effective.0, 0), "setresuid")
     }
 }

@@ -17,6 +17,8 @@ pub struct Who {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// Effective (and file-system) uid and gid, where they differ from the real ones.
+    pub effective: Option<(u32, u32)>,
 }
 
 impl Who {
@@ -26,6 +28,7 @@ impl Who {
             uid,
             gid,
             groups: Vec::new(),
+            effective: None,
         }
     }
     /// The application container (uid/gid 1000).
@@ -37,6 +40,12 @@ impl Who {
     #[must_use]
     pub fn proxy() -> Self {
         Self::new(1337, 1337)
+    }
+    /// Real ids as given, effective (and file-system) ids `uid`/`gid`.
+    #[must_use]
+    pub fn with_effective(mut self, uid: u32, gid: u32) -> Self {
+        self.effective = Some((uid, gid));
+        self
     }
     #[must_use]
     pub fn with_groups(mut self, groups: &[u32]) -> Self {
@@ -53,6 +62,9 @@ impl Who {
         if !self.groups.is_empty() {
             let g: Vec<String> = self.groups.iter().map(u32::to_string).collect();
             cmd.arg("--groups").arg(g.join(","));
+        }
+        if let Some((uid, gid)) = self.effective {
+            cmd.arg("--effective").arg(format!("{uid}:{gid}"));
         }
     }
 }

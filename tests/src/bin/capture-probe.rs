@@ -33,6 +33,9 @@ struct Args {
     /// Become this primary gid.
     #[arg(long)]
     gid: Option<u32>,
+    /// Effective (and so file-system) ids UID:GID, the real ones staying --uid/--gid.
+    #[arg(long)]
+    effective: Option<String>,
     /// Supplementary groups, comma-separated.
     #[arg(long, value_delimiter = ',')]
     groups: Vec<u32>,
@@ -164,8 +167,19 @@ fn enter(args: &Args) {
 }
 
 fn drop_privileges(args: &Args) {
-    if args.uid.is_some() || args.gid.is_some() {
-        become_ids(args.uid.unwrap_or(0), args.gid.unwrap_or(0), &args.groups);
+    let real = (args.uid.unwrap_or(0), args.gid.unwrap_or(0));
+    if let Some(spec) = &args.effective {
+        let (u, g) = spec
+            .split_once(':')
+            .unwrap_or_else(|| die("--effective wants UID:GID"));
+        let effective = (
+            u.parse().unwrap_or_else(|e| die(e)),
+            g.parse().unwrap_or_else(|e| die(e)),
+        );
+        capture_tests::enter::become_split_ids(real, effective, &args.groups)
+            .unwrap_or_else(|e| die(e));
+    } else if args.uid.is_some() || args.gid.is_some() {
+        become_ids(real.0, real.1, &args.groups);
     }
 }
 
