@@ -101,17 +101,27 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
 }
 
 /// One pod, 30,000 connections at once over eight destinations: ebpf holds at least as many
-/// as iptables, and the proxy learns the right original destination of every one.
+/// as iptables, and the proxy learns the right original destination of every one. The kernel
+/// matrix sets CAPTURE_CONCURRENT_CONNECTIONS lower: emulated CPUs take minutes for 60,000
+/// sockets, and the spread that lifts ebpf past one port range is checked on every kernel by
+/// the next test.
 #[test]
 fn thirty_thousand_concurrent_connections() {
-    const COUNT: usize = 30_000;
+    let count: usize = std::env::var("CAPTURE_CONCURRENT_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30_000);
     let dests = destinations(8);
     let mut results = Vec::new();
     for backend in Backend::ALL {
-        let got = concurrent_connections(backend, COUNT, &dests);
-        assert_eq!(
-            got.accepted, got.established,
-            "{backend:?}: every established connection reaches the proxy"
+        let got = concurrent_connections(backend, count, &dests);
+        // More may be accepted: a connect the app gave up on (conntrack full under iptables, on
+        // a small machine) can still complete on the proxy's side.
+        assert!(
+            got.accepted >= got.established,
+            "{backend:?}: {} established, {} reached the proxy",
+            got.established,
+            got.accepted
         );
         assert!(
             got.orig_errors.is_empty(),
@@ -135,7 +145,7 @@ fn thirty_thousand_concurrent_connections() {
     );
     assert_eq!(
         held(Backend::Ebpf),
-        COUNT as u64,
+        count as u64,
         "ebpf holds every connection"
     );
 }

@@ -33,6 +33,9 @@ echo /tmp/modprobe > /proc/sys/kernel/modprobe
 for m in veth bridge; do /tmp/modprobe "$m" || say "modprobe $m failed"; done
 ip link set lo up
 export CAPTURE_SKIP_LOG=/tmp/capture-skips
+# Emulated CPUs: the load tests run smaller (their full sizes run on the host).
+export CAPTURE_CONCURRENT_CONNECTIONS=12000
+export CAPTURE_CHAOS_PODS=30 CAPTURE_CHAOS_KILLS=10 CAPTURE_CHAOS_CYCLES=300
 : > "$CAPTURE_SKIP_LOG"
 run_binary() {
     local name=$1
