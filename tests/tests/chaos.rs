@@ -1,0 +1,300 @@
+//! Chaos under churn: pods added and deleted through capture-cni while the agent is SIGKILLed at
+//! random points, with traffic checked all along; then thousands of ADD/DEL cycles, counted for
+//! leaks. The sizes come from the environment (the kernel matrix runs smaller ones under
+//! emulation): CAPTURE_CHAOS_PODS (200), CAPTURE_CHAOS_KILLS (50), CAPTURE_CHAOS_CYCLES (10,000).
+
+use std::{
+    collections::BTreeMap,
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use capture_tests::{
+    cni::{directory_tree, CgroupDriver, Node, Pod, MESHED},
+    guards::{run, ChildGuard},
+    probe::{connect_with, probe_in, Outcome},
+    topology::{cgroup_programs, pinned_map_len},
+};
+
+fn scale(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A small xorshift: the kill points need to vary, not to be unpredictable.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        Self(u64::from(std::process::id()) << 32 | 0x9E37_79B9)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Where a pod's connection lands if it bypasses capture: a listener on port 80 of the node
+/// netns, which the pods reach at their gateway, answering as `remote`.
+fn start_remote(node: &Node) -> ChildGuard {
+    ChildGuard::spawn_ready(probe_in(&node.netns.path(), None, None).args([
+        "serve",
+        "--tcp",
+        "remote=0.0.0.0:80",
+    ]))
+}
+
+/// The app's connection to the node's listener, as the pod's app makes it.
+fn app_connects(pod: &Pod) -> Outcome {
+    connect_with(pod.app_client(), GATEWAY_80)
+}
+
+/// The pods' gateway (the bridge's address), where the node's `remote` listener is.
+const GATEWAY_80: &str = "10.88.0.1:80";
+
+/// ADD until it succeeds (a failed ADD is cleaned up with a DEL, as runtimes do), and how many
+/// attempts failed on the way.
+fn add_until_done(node: &Node, pod: &mut Pod) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut failed = 0;
+    loop {
+        match node.add(pod) {
+            Ok(_) => return failed,
+            Err(e) => {
+                failed += 1;
+                assert!(Instant::now() < deadline, "ADD never succeeded: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn del_until_done(node: &Node, pod: &Pod) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while let Err(e) = node.del(pod) {
+        assert!(Instant::now() < deadline, "DEL never succeeded: {e}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Everything of capture's a pod could leave behind, counted node-wide.
+#[derive(Debug, PartialEq, Eq)]
+struct Footprint {
+    map_entries: BTreeMap<&'static str, usize>,
+    records: usize,
+    pins: usize,
+    programs: usize,
+    links: usize,
+    maps: usize,
+}
+
+const POD_MAPS: [&str; 7] = [
+    "POD_CONFIGS",
+    "POD_COUNTERS",
+    "PORT_LISTS",
+    "CIDR_LISTS",
+    "INBOUND_PODS",
+    "INBOUND_LISTENERS",
+    "HANDOFF",
+];
+
+fn bpftool_count(object: &str) -> usize {
+    let out = run(Command::new("bpftool").args(["-j", object, "show"]));
+    serde_json::from_str::<serde_json::Value>(out.trim())
+        .ok()
+        .and_then(|v| v.as_array().map(Vec::len))
+        .unwrap_or(0)
+}
+
+fn footprint(node: &Node) -> Footprint {
+    let records = std::fs::read_dir(node.dirs.state.join("pods"))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    let pins = directory_tree(&node.dirs.bpffs)
+        .iter()
+        .map(|d| std::fs::read_dir(d).map_or(0, |e| e.flatten().count()))
+        .sum();
+    Footprint {
+        map_entries: POD_MAPS
+            .iter()
+            .map(|m| (*m, pinned_map_len(&node.dirs.bpffs, m)))
+            .collect(),
+        records,
+        pins,
+        programs: bpftool_count("prog"),
+        links: bpftool_count("link"),
+        maps: bpftool_count("map"),
+    }
+}
+
+fn assert_no_pod_left(node: &Node, pods: &[Pod]) {
+    let left = footprint(node);
+    for (map, n) in &left.map_entries {
+        assert_eq!(*n, 0, "{map} keeps {n} entries of deleted pods: {left:?}");
+    }
+    assert_eq!(left.records, 0, "records of deleted pods: {left:?}");
+    for pod in pods {
+        assert!(
+            cgroup_programs(&pod.cgroup).is_empty(),
+            "programs left on {}",
+            pod.cgroup.display()
+        );
+    }
+}
+
+#[test]
+fn churn_with_the_agent_killed_at_random_never_bypasses_and_leaves_nothing() {
+    let pod_count = scale("CAPTURE_CHAOS_PODS", 200);
+    let kills_wanted = scale("CAPTURE_CHAOS_KILLS", 50);
+    let node = Node::new();
+    let _remote = start_remote(&node);
+    let agent = Mutex::new(node.start_agent("ebpf"));
+    let kills = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let bypassed = AtomicUsize::new(0);
+    let checked = AtomicUsize::new(0);
+
+    // Pods that stay captured the whole time, checked continuously while the agent dies and
+    // comes back: their programs are pinned, so nothing of theirs depends on the agent.
+    let mut residents: Vec<Pod> = (0..4)
+        .map(|i| node.pod(&format!("resident-{i}"), CgroupDriver::Cgroupfs, MESHED))
+        .collect();
+    let _resident_servers: Vec<Vec<ChildGuard>> = residents
+        .iter_mut()
+        .map(|pod| {
+            add_until_done(&node, pod);
+            pod.start_servers()
+        })
+        .collect();
+
+    let mut interrupted = 0;
+    let mut churned = 0;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut jitter = Jitter::new();
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20 + jitter.below(300)));
+                let mut a = agent.lock().expect("agent");
+                a.kill_hard();
+                kills.fetch_add(1, Ordering::SeqCst);
+                // Down a while, as a crash-looping agent would be.
+                std::thread::sleep(Duration::from_millis(jitter.below(200)));
+                *a = node.start_agent("ebpf");
+            }
+        });
+        s.spawn(|| {
+            while !done.load(Ordering::SeqCst) {
+                for pod in &residents {
+                    let got = app_connects(pod);
+                    checked.fetch_add(1, Ordering::SeqCst);
+                    if got.server().as_deref() != Some("outbound") {
+                        bypassed.fetch_add(1, Ordering::SeqCst);
+                        eprintln!("resident {}: {:?}", pod.name, got.0);
+                    }
+                }
+            }
+        });
+        let mut round = 0;
+        while round == 0 || kills.load(Ordering::SeqCst) < kills_wanted {
+            for i in 0..pod_count {
+                let mut pod = node.pod(
+                    &format!("churn-{round}-{i}"),
+                    CgroupDriver::Cgroupfs,
+                    MESHED,
+                );
+                let _servers = pod.start_servers();
+                interrupted += add_until_done(&node, &mut pod);
+                let got = app_connects(&pod);
+                checked.fetch_add(1, Ordering::SeqCst);
+                if got.server().as_deref() != Some("outbound") {
+                    bypassed.fetch_add(1, Ordering::SeqCst);
+                    eprintln!("pod {} after its ADD: {:?}", pod.name, got.0);
+                }
+                del_until_done(&node, &pod);
+                churned += 1;
+                if round > 0 && kills.load(Ordering::SeqCst) >= kills_wanted {
+                    break;
+                }
+            }
+            round += 1;
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    eprintln!(
+        "chaos: {churned} pods added and deleted, {} agent kills, {interrupted} interrupted ADDs retried, {} connections checked",
+        kills.load(Ordering::SeqCst),
+        checked.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        bypassed.load(Ordering::SeqCst),
+        0,
+        "connections from captured pods bypassed the proxy"
+    );
+    assert!(kills.load(Ordering::SeqCst) >= kills_wanted);
+    for pod in &residents {
+        del_until_done(&node, pod);
+    }
+    assert_no_pod_left(&node, &residents);
+}
+
+#[test]
+fn add_del_cycles_leak_nothing() {
+    let cycles = scale("CAPTURE_CHAOS_CYCLES", 10_000);
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    // Lists in every node-wide map, so that a leak anywhere shows.
+    let mut pod = node.pod(
+        "cycling",
+        CgroupDriver::Cgroupfs,
+        &[
+            (MESHED[0].0, MESHED[0].1),
+            ("traffic.sidecar.istio.io/excludeOutboundPorts", "9000,9001"),
+            (
+                "traffic.sidecar.istio.io/excludeOutboundIPRanges",
+                "10.9.0.0/16,fd00:9::/64",
+            ),
+            ("traffic.sidecar.istio.io/includeInboundPorts", "8080,9090"),
+        ],
+    );
+    // The network plugin's part once; capture-cni's ADD and DEL in every cycle.
+    add_until_done(&node, &mut pod);
+    let _servers = pod.start_servers();
+    let list = node.conflist();
+    let conf = node.plugin_conf(&list, 1, &pod, pod.result.as_ref());
+    let capture_del = |pod: &Pod| node.exec_plugin("DEL", pod, &conf, None);
+    capture_del(&pod).expect("DEL");
+    let baseline = footprint(&node);
+    let started = Instant::now();
+    for cycle in 0..cycles {
+        node.exec_plugin("ADD", &pod, &conf, None)
+            .unwrap_or_else(|e| panic!("cycle {cycle}: ADD: {e}"));
+        if cycle % 1000 == 0 {
+            // Captured while added.
+            let got = app_connects(&pod);
+            assert_eq!(
+                got.server().as_deref(),
+                Some("outbound"),
+                "cycle {cycle}: {:?}",
+                got.0
+            );
+        }
+        capture_del(&pod).unwrap_or_else(|e| panic!("cycle {cycle}: DEL: {e}"));
+        if cycle % 2500 == 2499 {
+            assert_eq!(footprint(&node), baseline, "after {} cycles", cycle + 1);
+        }
+    }
+    eprintln!(
+        "{cycles} ADD/DEL cycles in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(footprint(&node), baseline, "after {cycles} cycles");
+    assert_no_pod_left(&node, std::slice::from_ref(&pod));
+}
