@@ -17,8 +17,11 @@ use capture_tests::{
     cni::{directory_tree, CgroupDriver, Node, Pod, MESHED},
     guards::{run, ChildGuard},
     probe::{connect_with, probe_in, Outcome},
-    topology::{cgroup_programs, pinned_map_len},
+    topology::{cgroup_programs, pinned_map_len, pod_pins_left},
 };
+
+/// The leak count takes the kernel's program, link and map totals: these tests run one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn scale(var: &str, default: usize) -> usize {
     std::env::var(var)
@@ -141,6 +144,10 @@ fn assert_no_pod_left(node: &Node, pods: &[Pod]) {
         assert_eq!(*n, 0, "{map} keeps {n} entries of deleted pods: {left:?}");
     }
     assert_eq!(left.records, 0, "records of deleted pods: {left:?}");
+    assert!(
+        !pod_pins_left(&node.dirs.bpffs),
+        "link pins of deleted pods stay"
+    );
     for pod in pods {
         assert!(
             cgroup_programs(&pod.cgroup).is_empty(),
@@ -152,6 +159,9 @@ fn assert_no_pod_left(node: &Node, pods: &[Pod]) {
 
 #[test]
 fn churn_with_the_agent_killed_at_random_never_bypasses_and_leaves_nothing() {
+    let _serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let pod_count = scale("CAPTURE_CHAOS_PODS", 200);
     let kills_wanted = scale("CAPTURE_CHAOS_KILLS", 50);
     let node = Node::new();
@@ -247,6 +257,9 @@ fn churn_with_the_agent_killed_at_random_never_bypasses_and_leaves_nothing() {
 
 #[test]
 fn add_del_cycles_leak_nothing() {
+    let _serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cycles = scale("CAPTURE_CHAOS_CYCLES", 10_000);
     let node = Node::new();
     let _agent = node.start_agent("ebpf");
