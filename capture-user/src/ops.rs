@@ -257,10 +257,33 @@ pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecor
     }
     let _lock = lock(paths)?;
     let Some(record) = find_record(paths, which)? else {
+        if let PodSelector::Netns(netns) = which {
+            release_damaged(paths, netns)?;
+        }
         return Ok(None);
     };
     release(paths, &record)?;
     Ok(Some(record))
+}
+
+/// Releases a pod whose record cannot be read (truncated, say): whatever of the ebpf backend
+/// carries its netns cookie goes, then the record. An iptables pod's rules cannot be named
+/// without its record; they stay in its netns, which the runtime deletes with the pod.
+fn release_damaged(paths: &Paths, netns: &Path) -> Result<(), Error> {
+    let Some(cookie) = Netns::open(netns).ok().and_then(|n| n.cookie().ok()) else {
+        return Ok(());
+    };
+    let path = paths.record_path(cookie);
+    if !path.exists() {
+        return Ok(());
+    }
+    if let Ok(mut ebpf) = EbpfBackend::open(paths) {
+        ebpf.release_unrecorded(cookie)
+            .map_err(BackendError::from)?;
+    }
+    tracing::warn!(record = %path.display(), "released a pod whose record was damaged");
+    record::remove(paths, cookie)?;
+    Ok(())
 }
 
 /// Releases every pod whose container id is not in `valid` (CNI GC). Pods attached without a
@@ -343,12 +366,17 @@ pub struct NodeStatus {
     /// The build whose programs the node has pinned (its node record), if any.
     pub node_build: Option<String>,
     pub pods: Vec<PodStatus>,
+    /// Records that cannot be read back: their pods are left out of everything else.
+    pub damaged_records: Vec<record::DamagedRecord>,
     pub node_errors: BTreeMap<&'static str, u64>,
     pub pending_handoffs: usize,
 }
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
-    let records = record::load_all(paths)?;
+    let record::Scan {
+        records,
+        damaged: damaged_records,
+    } = record::scan(paths)?;
     let ebpf = EbpfBackend::adopt(paths).ok();
     let mut backends = ExistingBackends::new(paths);
     let pods = records
@@ -372,6 +400,7 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         build: crate::ebpf::loader::build_name(),
         node_build: crate::ebpf::node::read_node_record(paths).map(|r| r.build()),
         pods,
+        damaged_records,
         node_errors,
         pending_handoffs: ebpf.as_ref().map_or(0, EbpfBackend::pending_handoffs),
     })

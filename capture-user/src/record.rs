@@ -117,15 +117,30 @@ pub fn count_mode(paths: &Paths, mode: Mode) -> Result<usize, RecordError> {
     Ok(load_all(paths)?.iter().filter(|r| r.mode == mode).count())
 }
 
-/// Every pod record, oldest first.
-pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
+/// A record that cannot be read back (truncated, damaged): its pod is left out of everything
+/// that reads records, so that the node goes on with the others, and reported.
+#[derive(Clone, Debug, Serialize)]
+pub struct DamagedRecord {
+    pub path: PathBuf,
+    pub error: String,
+}
+
+/// The state directory's records: those that read back, oldest first, and those that do not.
+#[derive(Debug, Default)]
+pub struct Scan {
+    pub records: Vec<PodRecord>,
+    pub damaged: Vec<DamagedRecord>,
+}
+
+/// Reads every record; fails only when the directory itself cannot be listed.
+pub fn scan(paths: &Paths) -> Result<Scan, RecordError> {
     let dir = paths.records_dir();
     let entries = match fs::read_dir(&dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
         Err(source) => return Err(RecordError::Io { path: dir, source }),
     };
-    let mut records = Vec::new();
+    let mut scan = Scan::default();
     for entry in entries {
         let path = entry
             .map_err(|source| RecordError::Io {
@@ -136,14 +151,20 @@ pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        let data = fs::read(&path).map_err(|source| RecordError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        records.push(
-            serde_json::from_slice(&data).map_err(|source| RecordError::Parse { path, source })?,
-        );
+        let read = fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|data| serde_json::from_slice::<PodRecord>(&data).map_err(|e| e.to_string()));
+        match read {
+            Ok(record) => scan.records.push(record),
+            Err(error) => scan.damaged.push(DamagedRecord { path, error }),
+        }
     }
-    records.sort_by_key(|r: &PodRecord| (r.attached_at_unix, r.netns_cookie));
-    Ok(records)
+    scan.records
+        .sort_by_key(|r: &PodRecord| (r.attached_at_unix, r.netns_cookie));
+    Ok(scan)
+}
+
+/// Every pod record that reads back, oldest first (`scan` names the others).
+pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
+    Ok(scan(paths)?.records)
 }

@@ -311,3 +311,92 @@ fn add_del_cycles_leak_nothing() {
     assert_eq!(footprint(&node), baseline, "after {cycles} cycles");
     assert_no_pod_left(&node, std::slice::from_ref(&pod));
 }
+
+/// A truncated record costs its own pod only: the agent starts, every other pod keeps working
+/// and can be added and deleted, status names the damaged record, and the pod's DEL releases
+/// what it has in the kernel and the record.
+#[test]
+fn a_damaged_record_costs_only_its_own_pod() {
+    let _serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let node = Node::new();
+    let _remote = start_remote(&node);
+    let mut agent = node.start_agent("ebpf");
+    let mut pods: Vec<Pod> = ["healthy-a", "damaged", "healthy-b"]
+        .iter()
+        .map(|name| node.pod(name, CgroupDriver::Cgroupfs, MESHED))
+        .collect();
+    let _servers: Vec<Vec<ChildGuard>> = pods
+        .iter_mut()
+        .map(|pod| {
+            add_until_done(&node, pod);
+            pod.start_servers()
+        })
+        .collect();
+    let cookie = capture_user::netns::Netns::open(&pods[1].netns.path())
+        .and_then(|n| n.cookie())
+        .expect("the pod's netns cookie");
+    let record = node.dirs.state.join("pods").join(format!("{cookie}.json"));
+    agent.kill_hard();
+    let full = std::fs::read(&record).expect("the pod's record");
+    std::fs::write(&record, &full[..full.len() / 2]).expect("truncating the record");
+
+    let _agent = node.start_agent("ebpf");
+    for pod in [&pods[0], &pods[2]] {
+        let got = app_connects(pod);
+        assert_eq!(
+            got.server().as_deref(),
+            Some("outbound"),
+            "{}: {:?}",
+            pod.name,
+            got.0
+        );
+    }
+    let status = |node: &Node| -> serde_json::Value {
+        let out = run(Command::new(capture_tests::topology::capture_bin())
+            .arg("--bpffs")
+            .arg(&node.dirs.bpffs)
+            .arg("--state-dir")
+            .arg(&node.dirs.state)
+            .args(["status", "--json"]));
+        serde_json::from_str(&out).expect("status JSON")
+    };
+    let before = status(&node);
+    assert_eq!(
+        before["damaged_records"][0]["path"],
+        serde_json::json!(record),
+        "status names the damaged record: {before}"
+    );
+    assert_eq!(before["pods"].as_array().map_or(0, Vec::len), 2, "{before}");
+
+    // The node goes on: another pod comes and goes, a healthy one goes.
+    let mut late = node.pod("late", CgroupDriver::Cgroupfs, MESHED);
+    let _late_servers = late.start_servers();
+    add_until_done(&node, &mut late);
+    let got = app_connects(&late);
+    assert_eq!(got.server().as_deref(), Some("outbound"), "{:?}", got.0);
+    del_until_done(&node, &late);
+    del_until_done(&node, &pods[0]);
+
+    // The damaged pod's DEL releases it.
+    del_until_done(&node, &pods[1]);
+    let after = status(&node);
+    assert_eq!(
+        after["damaged_records"].as_array().map_or(0, Vec::len),
+        0,
+        "{after}"
+    );
+    assert!(!record.exists(), "the damaged record stays");
+    assert_eq!(
+        pinned_map_len(&node.dirs.bpffs, "POD_CONFIGS"),
+        1,
+        "only healthy-b is left"
+    );
+    assert!(
+        cgroup_programs(&pods[1].cgroup).is_empty(),
+        "the damaged pod's programs stay"
+    );
+    del_until_done(&node, &pods[2]);
+    assert_no_pod_left(&node, &pods);
+}

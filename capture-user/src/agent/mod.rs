@@ -316,6 +316,12 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         .map_err(|e| AgentError::Mode(e.to_string()))?;
     let (mode, why) = probe::choose(cfg.mode, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
+    // A record that cannot be read costs its own pod only: the node starts with the others.
+    if let Ok(scan) = crate::record::scan(&cfg.paths) {
+        for d in &scan.damaged {
+            warn!(record = %d.path.display(), error = %d.error, "a pod record is damaged: its pod is left out until CNI DEL releases it");
+        }
+    }
 
     let http = bind_http("http", cfg.http).await?;
     let metrics_http = match cfg.metrics {

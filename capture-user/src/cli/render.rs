@@ -148,6 +148,14 @@ pub fn render_status(status: &NodeStatus) -> String {
         status.pods.len(),
         status.node_errors
     );
+    for damaged in &status.damaged_records {
+        let _ = writeln!(
+            out,
+            "DAMAGED record {}: {} (its pod is left out; CNI DEL of the pod releases it)",
+            damaged.path.display(),
+            damaged.error
+        );
+    }
     for pod in &status.pods {
         let r = &pod.record;
         let _ = writeln!(

@@ -214,6 +214,14 @@ impl EbpfBackend {
         Ok(())
     }
 
+    /// Releases a pod known only by its netns cookie (its record is damaged): its links, then
+    /// every map entry carrying the cookie. Entries stay while a link does.
+    pub fn release_unrecorded(&mut self, netns_cookie: u64) -> Result<(), EbpfError> {
+        self.unlink(netns_cookie)?;
+        pod_maps::remove(&mut self.node.maps, netns_cookie);
+        Ok(())
+    }
+
     /// Removes the pod's links and every map entry carrying its cookie, whatever its config was
     /// (after a partial attach); idempotent. Walks the node's maps. Entries stay while a link
     /// does.
