@@ -342,7 +342,12 @@ fn a_damaged_record_costs_only_its_own_pod() {
     let full = std::fs::read(&record).expect("the pod's record");
     std::fs::write(&record, &full[..full.len() / 2]).expect("truncating the record");
 
-    let _agent = node.start_agent("ebpf");
+    let agent = node.start_agent("ebpf");
+    let metrics = agent.checked_metrics();
+    assert!(
+        metrics.contains("capture_damaged_records 1"),
+        "the agent's metrics count the damaged record"
+    );
     for pod in [&pods[0], &pods[2]] {
         let got = app_connects(pod);
         assert_eq!(

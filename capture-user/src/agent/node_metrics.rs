@@ -57,6 +57,12 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         None,
         prometheus_client::metrics::MetricType::Gauge,
     )?)?;
+    ConstGauge::new(node.damaged_records.len()).encode(encoder.encode_descriptor(
+        "capture_damaged_records",
+        "Pod records that cannot be read back; their pods are left out until CNI DEL releases them.",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?)?;
 
     let in_force: Vec<_> = pods
         .iter()
