@@ -207,7 +207,7 @@ fn on_state_change(ctx: &SockOpsContext) -> Option<()> {
         return None;
     }
     let t = tuple(ctx)?;
-    let _ = HANDOFF.remove(&app_handoff_key(state.netns_cookie, &t));
+    let _ = HANDOFF.remove(app_handoff_key(state.netns_cookie, &t));
     Some(())
 }
 
