@@ -170,7 +170,8 @@ fn listener(addr: SocketAddr, options: &SinkOptions) -> io::Result<TcpListener> 
     Ok(TcpListener::from(fd))
 }
 
-fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+/// setsockopt of an int option.
+pub fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: an int option on a valid socket.
     let rc = unsafe {
         libc::setsockopt(

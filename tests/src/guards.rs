@@ -218,16 +218,8 @@ impl ChildGuard {
 
     /// Spawns `cmd` and waits for it to print `ready` (or `waiting`) on stdout.
     pub fn spawn_ready(cmd: &mut Command) -> Self {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let _ = stdout.read_line(&mut line);
-        let guard = Self { child, stdout };
+        let mut guard = Self::spawn(cmd);
+        let line = guard.read_line();
         assert!(
             matches!(line.trim(), "ready" | "waiting"),
             "{cmd:?} did not come up (printed {line:?})"

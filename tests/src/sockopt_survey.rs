@@ -23,17 +23,7 @@ fn socket(domain: i32, ty: i32) -> OwnedFd {
 }
 
 fn set_int(fd: &OwnedFd, level: i32, name: i32, value: i32) {
-    // SAFETY: the value outlives the call and its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&raw const value).cast(),
-            size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
+    crate::flood::set_int(fd, level, name, value).expect("setsockopt");
 }
 
 /// One getsockopt with a buffer of `len` bytes: what it returned, as JSON.

@@ -495,6 +495,17 @@ pub fn node_pin_dir(bpffs: &std::path::Path) -> PathBuf {
     }
 }
 
+/// The node's maps that hold entries of pods: none may keep any once every pod is gone.
+pub const POD_MAPS: [&str; 7] = [
+    "POD_CONFIGS",
+    "POD_COUNTERS",
+    "PORT_LISTS",
+    "CIDR_LISTS",
+    "INBOUND_PODS",
+    "INBOUND_LISTENERS",
+    "HANDOFF",
+];
+
 /// The number of entries in one of a node's pinned maps.
 #[must_use]
 pub fn pinned_map_len(bpffs: &std::path::Path, map: &str) -> usize {

@@ -17,7 +17,7 @@ use capture_tests::{
     cni::{directory_tree, CgroupDriver, Node, Pod, MESHED},
     guards::{run, ChildGuard},
     probe::{connect_with, probe_in, Outcome},
-    topology::{cgroup_programs, pinned_map_len, pod_pins_left},
+    topology::{cgroup_programs, pinned_map_len, pod_pins_left, POD_MAPS},
 };
 
 /// The leak count takes the kernel's program, link and map totals: these tests run one at a time.
@@ -98,16 +98,6 @@ struct Footprint {
     links: usize,
     maps: usize,
 }
-
-const POD_MAPS: [&str; 7] = [
-    "POD_CONFIGS",
-    "POD_COUNTERS",
-    "PORT_LISTS",
-    "CIDR_LISTS",
-    "INBOUND_PODS",
-    "INBOUND_LISTENERS",
-    "HANDOFF",
-];
 
 fn bpftool_count(object: &str) -> usize {
     let out = run(Command::new("bpftool").args(["-j", object, "show"]));

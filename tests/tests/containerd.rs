@@ -8,7 +8,7 @@ use capture_tests::{
     cni::{Node, MESHED},
     containerd::{Containerd, CriPod, PodSpec},
     kernel::{has_or_skip, record_skip, Feature},
-    topology::{capture_bin, cgroup_programs, pinned_map_len, pod_pins_left},
+    topology::{capture_bin, cgroup_programs, pinned_map_len, pod_pins_left, POD_MAPS},
 };
 
 /// The node and its runtime: capture-cni chained into the node's CNI configuration.
@@ -188,14 +188,7 @@ fn captured_then_removed(node: &Node, runtime: &Containerd, container_cgroup: fn
     }
     assert_eq!(records(node), 0, "records left after RemovePodSandbox");
     assert!(!pod_pins_left(&node.dirs.bpffs), "link pins left");
-    for map in [
-        "POD_CONFIGS",
-        "POD_COUNTERS",
-        "PORT_LISTS",
-        "CIDR_LISTS",
-        "INBOUND_PODS",
-        "INBOUND_LISTENERS",
-    ] {
+    for map in POD_MAPS {
         assert_eq!(
             pinned_map_len(&node.dirs.bpffs, map),
             0,
