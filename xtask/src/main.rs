@@ -71,7 +71,7 @@ enum Task {
         kernels: Vec<String>,
         /// Time limit per kernel: one that panics or hangs fails with its log after this long,
         /// and the run goes on with the next.
-        #[arg(long, default_value_t = 2700)]
+        #[arg(long, default_value_t = 3600)]
         timeout_secs: u64,
         /// Only these test binaries (the names of tests/tests/*.rs), for a quick run.
         #[arg(long, value_delimiter = ',')]

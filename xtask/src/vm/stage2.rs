@@ -35,7 +35,7 @@ ip link set lo up
 export CAPTURE_SKIP_LOG=/tmp/capture-skips
 # Emulated CPUs: the load tests run smaller (their full sizes run on the host).
 export CAPTURE_CONCURRENT_CONNECTIONS=12000
-export CAPTURE_CHAOS_PODS=30 CAPTURE_CHAOS_KILLS=10 CAPTURE_CHAOS_CYCLES=300
+export CAPTURE_CHAOS_PODS=20 CAPTURE_CHAOS_KILLS=8 CAPTURE_CHAOS_CYCLES=200
 : > "$CAPTURE_SKIP_LOG"
 run_binary() {
     local name=$1
