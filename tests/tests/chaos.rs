@@ -45,6 +45,15 @@ impl Jitter {
     }
 }
 
+/// Sets its flag when dropped: the churn's helper threads stop even when the churn panics.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Where a pod's connection lands if it bypasses capture: a listener on port 80 of the node
 /// netns, which the pods reach at their gateway, answering as `remote`.
 fn start_remote(node: &Node) -> ChildGuard {
@@ -178,16 +187,23 @@ fn churn_with_the_agent_killed_at_random_never_bypasses_and_leaves_nothing() {
     let mut interrupted = 0;
     let mut churned = 0;
     std::thread::scope(|s| {
+        // However the churn ends, a panic included, the helper threads stop with it.
+        let _stop = StopOnDrop(&done);
         s.spawn(|| {
             let mut jitter = Jitter::new();
-            while !done.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(20 + jitter.below(300)));
+            let mut restart = Duration::ZERO;
+            while !done.load(Ordering::SeqCst) && kills.load(Ordering::SeqCst) < kills_wanted {
+                // Up at least as long as it took to come back: under emulation a restart takes
+                // seconds, and an agent killed sooner would never serve anyone.
+                std::thread::sleep(restart + Duration::from_millis(20 + jitter.below(300)));
                 let mut a = agent.lock().expect("agent");
                 a.kill_hard();
                 kills.fetch_add(1, Ordering::SeqCst);
                 // Down a while, as a crash-looping agent would be.
                 std::thread::sleep(Duration::from_millis(jitter.below(200)));
+                let started = Instant::now();
                 *a = node.start_agent("ebpf");
+                restart = started.elapsed();
             }
         });
         s.spawn(|| {
