@@ -16,8 +16,12 @@ use crate::record::PodRef;
 
 pub const DEFAULT_SOCKET: &str = "/run/capture/agent.sock";
 
+/// The largest request line: a pod's annotations with every list at Istio's limits fit in a
+/// fraction of it.
+pub const MAX_REQUEST: u64 = 1 << 20;
+
 /// A pod to capture, as the CNI plugin knows it during network setup.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRequest {
     pub netns: PathBuf,
     pub cgroup: PathBuf,
@@ -26,7 +30,7 @@ pub struct PodRequest {
     pub pod: PodRef,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Capture a pod (CNI ADD).
@@ -58,7 +62,7 @@ pub enum FailureKind {
     BadRequest,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +92,33 @@ impl Response {
             ..Self::default()
         }
     }
+}
+
+/// The agent's reading of one request line (the bytes up to and including its newline, at most
+/// one byte over [`MAX_REQUEST`] so that an overlong line is told apart): the request, or the
+/// answer that refuses it.
+pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
+    if line.len() as u64 > MAX_REQUEST {
+        return Err(Response::failed(
+            FailureKind::BadRequest,
+            format!("a request line longer than {MAX_REQUEST} bytes"),
+        ));
+    }
+    serde_json::from_slice(line)
+        .map_err(|e| Response::failed(FailureKind::BadRequest, format!("unreadable request: {e}")))
+}
+
+/// The line a client sends for `request`.
+#[must_use]
+pub fn request_line(request: &Request) -> String {
+    let mut line = serde_json::to_string(request).expect("requests serialise");
+    line.push('\n');
+    line
+}
+
+/// The client's reading of the agent's answer line.
+pub fn parse_response(answer: &str) -> Result<Response, serde_json::Error> {
+    serde_json::from_str(answer)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,9 +169,9 @@ pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Respo
     stream
         .set_write_timeout(Some(timeout))
         .map_err(unreachable)?;
-    let mut line = serde_json::to_string(request).expect("requests serialise");
-    line.push('\n');
-    stream.write_all(line.as_bytes()).map_err(unreachable)?;
+    stream
+        .write_all(request_line(request).as_bytes())
+        .map_err(unreachable)?;
     let mut answer = String::new();
     BufReader::new(&stream)
         .read_line(&mut answer)
@@ -151,7 +182,7 @@ pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Respo
             reason: "the agent closed the connection".into(),
         });
     }
-    serde_json::from_str(&answer).map_err(|e| CallError::BadAnswer {
+    parse_response(&answer).map_err(|e| CallError::BadAnswer {
         path,
         reason: e.to_string(),
     })

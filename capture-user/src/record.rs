@@ -86,10 +86,20 @@ pub fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A record as it is written to disk.
+#[must_use]
+pub fn encode(record: &PodRecord) -> Vec<u8> {
+    serde_json::to_vec_pretty(record).expect("records serialise")
+}
+
+/// A record as it is read back from disk (records of earlier builds included).
+pub fn decode(data: &[u8]) -> Result<PodRecord, serde_json::Error> {
+    serde_json::from_slice(data)
+}
+
 pub fn save(paths: &Paths, record: &PodRecord) -> Result<(), RecordError> {
     let path = paths.record_path(record.netns_cookie);
-    let json = serde_json::to_vec_pretty(record).expect("records serialise");
-    write_atomic(&path, &json, None).map_err(|source| RecordError::Io { path, source })
+    write_atomic(&path, &encode(record), None).map_err(|source| RecordError::Io { path, source })
 }
 
 pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
@@ -104,7 +114,7 @@ pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
 pub fn load(paths: &Paths, netns_cookie: u64) -> Result<Option<PodRecord>, RecordError> {
     let path = paths.record_path(netns_cookie);
     match fs::read(&path) {
-        Ok(data) => serde_json::from_slice(&data)
+        Ok(data) => decode(&data)
             .map(Some)
             .map_err(|source| RecordError::Parse { path, source }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -140,9 +150,7 @@ pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
             path: path.clone(),
             source,
         })?;
-        records.push(
-            serde_json::from_slice(&data).map_err(|source| RecordError::Parse { path, source })?,
-        );
+        records.push(decode(&data).map_err(|source| RecordError::Parse { path, source })?);
     }
     records.sort_by_key(|r: &PodRecord| (r.attached_at_unix, r.netns_cookie));
     Ok(records)
