@@ -30,9 +30,15 @@ pub struct CapturePlugin;
 
 /// capture-cni's own keys of its conflist entry, from the stdin configuration.
 pub fn plugin_config(args: &Args) -> Result<PluginConfig, Error> {
-    let custom = &args.config().custom;
-    let value =
-        serde_json::Value::Object(custom.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+    // In key order: rscni's map is a hash map, and which unknown key the error names must not
+    // change from one run to the next.
+    let custom: BTreeMap<&String, &serde_json::Value> = args.config().custom.iter().collect();
+    let value = serde_json::Value::Object(
+        custom
+            .into_iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    );
     serde_json::from_value(value).map_err(|e| {
         Error::InvalidNetworkConfig(format!(
             "capture-cni configuration: {e} (known keys: agent_socket, exclude_namespaces, cgroup_root, timeout_seconds, state_dir)"
@@ -295,3 +301,34 @@ impl Cni for CapturePlugin {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use rscni_plugin::test_util::ArgsBuilder;
+
+    use super::*;
+
+    fn args(stdin: &str) -> Args {
+        ArgsBuilder::new()
+            .container_id("c0ffee")
+            .unwrap()
+            .netns("/var/run/netns/cni-1")
+            .ifname("eth0")
+            .unwrap()
+            .args("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u")
+            .config(stdin)
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    /// Found by the `cni_stdin` fuzz target: with two unknown keys, the one the error named
+    /// changed from run to run.
+    #[test]
+    fn unknown_keys_are_reported_the_same_every_time() {
+        let stdin = r#"{"cniVersion":"1.0.0","name":"n","type":"capture-cni","zz_key":1,"agentSocket":"/x","caparilities":{}}"#;
+        for _ in 0..32 {
+            let e = plugin_config(&args(stdin)).unwrap_err().to_string();
+            assert!(e.contains("unknown field `agentSocket`"), "{e}");
+        }
+    }
+}
