@@ -187,3 +187,43 @@ pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Respo
         reason: e.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz seeds are lines as capture-cni and the agent write them: requests, and the
+    /// agent's answers (`answer-*`).
+    #[test]
+    fn the_fuzz_seeds_are_protocol_lines() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/socket_request");
+        let mut ops = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let line = std::fs::read_to_string(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with("answer-") {
+                parse_response(&line).unwrap_or_else(|e| panic!("{name}: {e}"));
+            } else {
+                let request =
+                    parse_request(line.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+                assert_eq!(request_line(&request), line, "{name}");
+                let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+                ops.push(value["op"].as_str().unwrap().to_string());
+            }
+        }
+        ops.sort();
+        ops.dedup();
+        assert_eq!(ops, ["add", "check", "del", "gc", "status"]);
+    }
+
+    #[test]
+    fn overlong_and_unreadable_lines_are_refused() {
+        let long = vec![b' '; usize::try_from(MAX_REQUEST).unwrap() + 1];
+        let refusal = parse_request(&long).unwrap_err();
+        assert_eq!(refusal.kind, Some(FailureKind::BadRequest));
+        assert!(refusal.error.unwrap().contains("longer than"));
+        let refusal = parse_request(b"{\"op\":\"launch\"}\n").unwrap_err();
+        assert!(refusal.error.unwrap().starts_with("unreadable request"));
+    }
+}

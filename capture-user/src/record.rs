@@ -155,3 +155,24 @@ pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
     records.sort_by_key(|r: &PodRecord| (r.attached_at_unix, r.netns_cookie));
     Ok(records)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz seeds are records as this build writes them (or as earlier builds did): a change
+    /// of the format that they no longer follow would leave the fuzzer starting from nothing.
+    #[test]
+    fn the_fuzz_seeds_are_records() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/record");
+        let mut seen = 0;
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let record = decode(&fs::read(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(decode(&encode(&record)).unwrap(), record);
+            seen += 1;
+        }
+        assert!(seen >= 3, "{} holds {seen} seeds", dir.display());
+    }
+}
