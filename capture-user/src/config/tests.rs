@@ -210,3 +210,25 @@ fn interception_mode_error_names_the_value_as_given() {
     let ok = CaptureConfig::from_pod(&spec(&[(ANN_INTERCEPTION_MODE, " TPROXY\n")])).unwrap();
     assert_eq!(ok.interception_mode, InterceptionMode::Tproxy);
 }
+
+/// Found by the `annotations` fuzz target's check that errors name their input: too many
+/// excluded groups were reported as the include setting, `*`.
+#[test]
+fn too_many_excluded_groups_name_the_exclusions() {
+    let exclude = "1,2,3,4,5,6,7,8,9";
+    let mut s = spec(&[]);
+    s.mesh.owner_groups_exclude = Some(exclude.into());
+    match CaptureConfig::from_pod(&s).unwrap_err() {
+        ConfigError::OwnerGroups { value, reason } => {
+            assert_eq!(value, exclude);
+            assert!(reason.starts_with("9 groups"), "{reason}");
+        }
+        e => panic!("{e}"),
+    }
+    s.mesh.owner_groups = Some(exclude.into());
+    s.mesh.owner_groups_exclude = None;
+    assert!(matches!(
+        CaptureConfig::from_pod(&s).unwrap_err(),
+        ConfigError::OwnerGroups { value, .. } if value == exclude
+    ));
+}
