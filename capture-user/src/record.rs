@@ -150,7 +150,9 @@ pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
             path: path.clone(),
             source,
         })?;
-        records.push(decode(&data).map_err(|source| RecordError::Parse { path, source })?);
+        records.push(
+            serde_json::from_slice(&data).map_err(|source| RecordError::Parse { path, source })?,
+        );
     }
     records.sort_by_key(|r: &PodRecord| (r.attached_at_unix, r.netns_cookie));
     Ok(records)
