@@ -240,9 +240,8 @@ fn run_target(bin_dir: &Path, target: &str, time: Duration) -> Result<TargetRun>
         )),
         Some(s) if s.success() => None,
         Some(s) => {
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
             let mut stderr = std::io::stderr();
-            for line in tail.iter().rev() {
+            for line in report_lines(&text) {
                 let _ = writeln!(stderr, "  {target}| {line}");
             }
             Some(format!(
@@ -254,6 +253,27 @@ fn run_target(bin_dir: &Path, target: &str, time: Duration) -> Result<TargetRun>
         }
     };
     Ok(result)
+}
+
+/// What to show of a failed run's log: the panic or libFuzzer's error with a few lines after it
+/// (not the backtrace), and where the input went; the log's end when neither is found.
+fn report_lines(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(start) = lines
+        .iter()
+        .position(|l| l.contains("panicked at") || l.contains("ERROR: "))
+    else {
+        return lines[lines.len().saturating_sub(40)..].to_vec();
+    };
+    let mut shown: Vec<&str> = lines[start..].iter().take(8).copied().collect();
+    if let Some(saved) = lines[start..]
+        .iter()
+        .skip(8)
+        .find(|l| l.contains("Test unit written to"))
+    {
+        shown.push(saved);
+    }
+    shown
 }
 
 /// libFuzzer's final stats (`-print_final_stats=1`).
@@ -353,6 +373,7 @@ mod tests {
                      ==1== ERROR: libFuzzer: deadly signal\n\
                      artifact_prefix='/t/'; Test unit written to /t/crash-abc\n";
         assert_eq!(failure_kind(crash), "a crash");
+        assert_eq!(report_lines(crash), crash.lines().collect::<Vec<_>>());
         assert_eq!(saved_input(crash).as_deref(), Some("/t/crash-abc"));
         assert_eq!(
             failure_kind("==1== ERROR: libFuzzer: timeout after 10 seconds"),
