@@ -16,8 +16,12 @@ use crate::record::PodRef;
 
 pub const DEFAULT_SOCKET: &str = "/run/capture/agent.sock";
 
+/// The largest request line: a pod's annotations with every list at Istio's limits fit in a
+/// fraction of it.
+pub const MAX_REQUEST: u64 = 1 << 20;
+
 /// A pod to capture, as the CNI plugin knows it during network setup.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRequest {
     pub netns: PathBuf,
     pub cgroup: PathBuf,
@@ -26,7 +30,7 @@ pub struct PodRequest {
     pub pod: PodRef,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Capture a pod (CNI ADD).
@@ -58,7 +62,7 @@ pub enum FailureKind {
     BadRequest,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +92,33 @@ impl Response {
             ..Self::default()
         }
     }
+}
+
+/// The agent's reading of one request line (the bytes up to and including its newline, at most
+/// one byte over [`MAX_REQUEST`] so that an overlong line is told apart): the request, or the
+/// answer that refuses it.
+pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
+    if line.len() as u64 > MAX_REQUEST {
+        return Err(Response::failed(
+            FailureKind::BadRequest,
+            format!("a request line longer than {MAX_REQUEST} bytes"),
+        ));
+    }
+    serde_json::from_slice(line)
+        .map_err(|e| Response::failed(FailureKind::BadRequest, format!("unreadable request: {e}")))
+}
+
+/// The line a client sends for `request`.
+#[must_use]
+pub fn request_line(request: &Request) -> String {
+    let mut line = serde_json::to_string(request).expect("requests serialise");
+    line.push('\n');
+    line
+}
+
+/// The client's reading of the agent's answer line.
+pub fn parse_response(answer: &str) -> Result<Response, serde_json::Error> {
+    serde_json::from_str(answer)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,11 +169,9 @@ pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Respo
     stream
         .set_write_timeout(Some(timeout))
         .map_err(unreachable)?;
-    let mut line = serde_json::to_string(request).expect("requests serialise");
-    line.push('\n');
     // An agent that turns the client away (too many clients) may answer and close before the
     // request is in: the write then fails, but the answer is there to read.
-    let written = stream.write_all(line.as_bytes());
+    let written = stream.write_all(request_line(request).as_bytes());
     let mut answer = String::new();
     let read = BufReader::new(&stream).read_line(&mut answer);
     if answer.is_empty() {
@@ -153,8 +182,48 @@ pub fn call(socket: &Path, request: &Request, timeout: Duration) -> Result<Respo
             reason: "the agent closed the connection".into(),
         });
     }
-    serde_json::from_str(&answer).map_err(|e| CallError::BadAnswer {
+    parse_response(&answer).map_err(|e| CallError::BadAnswer {
         path,
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz seeds are lines as capture-cni and the agent write them: requests, and the
+    /// agent's answers (`answer-*`).
+    #[test]
+    fn the_fuzz_seeds_are_protocol_lines() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/socket_request");
+        let mut ops = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let line = std::fs::read_to_string(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if name.starts_with("answer-") {
+                parse_response(&line).unwrap_or_else(|e| panic!("{name}: {e}"));
+            } else {
+                let request =
+                    parse_request(line.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+                assert_eq!(request_line(&request), line, "{name}");
+                let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+                ops.push(value["op"].as_str().unwrap().to_string());
+            }
+        }
+        ops.sort();
+        ops.dedup();
+        assert_eq!(ops, ["add", "check", "del", "gc", "status"]);
+    }
+
+    #[test]
+    fn overlong_and_unreadable_lines_are_refused() {
+        let long = vec![b' '; usize::try_from(MAX_REQUEST).unwrap() + 1];
+        let refusal = parse_request(&long).unwrap_err();
+        assert_eq!(refusal.kind, Some(FailureKind::BadRequest));
+        assert!(refusal.error.unwrap().contains("longer than"));
+        let refusal = parse_request(b"{\"op\":\"launch\"}\n").unwrap_err();
+        assert!(refusal.error.unwrap().starts_with("unreadable request"));
+    }
 }

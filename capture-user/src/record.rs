@@ -86,10 +86,20 @@ pub fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A record as it is written to disk.
+#[must_use]
+pub fn encode(record: &PodRecord) -> Vec<u8> {
+    serde_json::to_vec_pretty(record).expect("records serialise")
+}
+
+/// A record as it is read back from disk (records of earlier builds included).
+pub fn decode(data: &[u8]) -> Result<PodRecord, serde_json::Error> {
+    serde_json::from_slice(data)
+}
+
 pub fn save(paths: &Paths, record: &PodRecord) -> Result<(), RecordError> {
     let path = paths.record_path(record.netns_cookie);
-    let json = serde_json::to_vec_pretty(record).expect("records serialise");
-    write_atomic(&path, &json, None).map_err(|source| RecordError::Io { path, source })
+    write_atomic(&path, &encode(record), None).map_err(|source| RecordError::Io { path, source })
 }
 
 pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
@@ -104,7 +114,7 @@ pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
 pub fn load(paths: &Paths, netns_cookie: u64) -> Result<Option<PodRecord>, RecordError> {
     let path = paths.record_path(netns_cookie);
     match fs::read(&path) {
-        Ok(data) => serde_json::from_slice(&data)
+        Ok(data) => decode(&data)
             .map(Some)
             .map_err(|source| RecordError::Parse { path, source }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -153,7 +163,7 @@ pub fn scan(paths: &Paths) -> Result<Scan, RecordError> {
         }
         let read = fs::read(&path)
             .map_err(|e| e.to_string())
-            .and_then(|data| serde_json::from_slice::<PodRecord>(&data).map_err(|e| e.to_string()));
+            .and_then(|data| decode(&data).map_err(|e| e.to_string()));
         match read {
             Ok(record) => scan.records.push(record),
             Err(error) => scan.damaged.push(DamagedRecord { path, error }),
@@ -167,4 +177,25 @@ pub fn scan(paths: &Paths) -> Result<Scan, RecordError> {
 /// Every pod record that reads back, oldest first (`scan` names the others).
 pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
     Ok(scan(paths)?.records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz seeds are records as this build writes them (or as earlier builds did): a change
+    /// of the format that they no longer follow would leave the fuzzer starting from nothing.
+    #[test]
+    fn the_fuzz_seeds_are_records() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/record");
+        let mut seen = 0;
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let record = decode(&fs::read(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(decode(&encode(&record)).unwrap(), record);
+            seen += 1;
+        }
+        assert!(seen >= 3, "{} holds {seen} seeds", dir.display());
+    }
 }

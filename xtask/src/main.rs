@@ -1,9 +1,10 @@
-//! capture's developer tasks: `cargo xtask setup|setup-check|build|test|lint|demo|bench|vm`.
+//! capture's developer tasks: `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm`.
 //!
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
 
 mod builds;
+mod fuzz;
 mod setup;
 mod vm;
 
@@ -47,8 +48,21 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// cargo fmt --check and clippy -D warnings, user side and kernel side.
+    /// cargo fmt --check and clippy -D warnings: user side, kernel side, and the fuzz crate.
     Lint,
+    /// Run every fuzz target of fuzz/ (cargo-fuzz, nightly) for a while on a scratch copy of its
+    /// committed corpus; fails on any crash, hang or out-of-memory, naming the saved input.
+    Fuzz {
+        /// How long each target runs: `30s`, `5m`, `1h`.
+        #[arg(long, default_value = "60s", value_parser = fuzz::parse_duration)]
+        time: std::time::Duration,
+        /// Only these targets (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        target: Vec<String>,
+        /// Also write the summary (target, execs, seconds, corpus size) as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Capture a demo pod's traffic and show it (needs root).
     Demo,
     /// Benchmark ebpf against iptables and no capture; writes docs/benchmarks.{md,svg} and
@@ -223,6 +237,7 @@ fn run_task(task: Task) -> Result<()> {
                 "-D",
                 "warnings",
             ]))?;
+            fuzz::lint()?;
             run(Command::new("rustup")
                 .args([
                     "run",
@@ -235,6 +250,14 @@ fn run_task(task: Task) -> Result<()> {
                     "warnings",
                 ])
                 .current_dir("capture-ebpf"))
+        }
+        Task::Fuzz { time, target, json } => {
+            setup::fuzz_setup()?;
+            fuzz::run_fuzz(&fuzz::Options {
+                time,
+                targets: target,
+                json,
+            })
         }
         Task::Bench { quick, out } => {
             require_root("cargo xtask bench")?;

@@ -18,11 +18,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::Agent;
-use crate::api::{FailureKind, Request, Response};
-
-/// The largest request line: a pod's annotations with every list at Istio's limits fit in a
-/// fraction of it.
-pub const MAX_REQUEST: u64 = 1 << 20;
+use crate::api::{parse_request, FailureKind, Response, MAX_REQUEST};
 /// How long a client has to send its request line.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Clients served at once: far more than the CNI ADDs a node runs at a time.
@@ -74,17 +70,13 @@ async fn serve(agent: Arc<Agent>, mut stream: UnixStream) -> io::Result<()> {
             format!("no request line within {REQUEST_TIMEOUT:?}"),
         ),
         Ok(Err(e)) => return Err(e),
-        Ok(Ok(_)) if line.len() as u64 > MAX_REQUEST => Response::failed(
-            FailureKind::BadRequest,
-            format!("a request line longer than {MAX_REQUEST} bytes"),
-        ),
-        Ok(Ok(_)) => match serde_json::from_slice::<Request>(&line) {
+        Ok(Ok(_)) => match parse_request(&line) {
             Ok(request) => tokio::task::spawn_blocking(move || agent.handle(request))
                 .await
                 .unwrap_or_else(|e| {
                     Response::failed(FailureKind::CaptureFailed, format!("internal error: {e}"))
                 }),
-            Err(e) => Response::failed(FailureKind::BadRequest, format!("unreadable request: {e}")),
+            Err(refused) => refused,
         },
     };
     respond(stream, &response).await

@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 use serde::Deserialize;
 
 /// The plugin's own keys in its conflist entry.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PluginConfig {
     /// The capture agent's socket.

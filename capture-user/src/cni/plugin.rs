@@ -11,7 +11,8 @@ use rscni_plugin::{
 };
 
 use super::{
-    cgroup::find_pod_cgroup, parse_cni_args, skip_reason, PluginConfig, POD_ANNOTATIONS_CAPABILITY,
+    cgroup::find_pod_cgroup, parse_cni_args, skip_reason, K8sArgs, PluginConfig, Skip,
+    POD_ANNOTATIONS_CAPABILITY,
 };
 use crate::{
     api::{self, CallError, FailureKind, PodRequest, Request, Response},
@@ -27,10 +28,17 @@ pub const CODE_NO_POD_CGROUP: u32 = 102;
 
 pub struct CapturePlugin;
 
-fn plugin_config(args: &Args) -> Result<PluginConfig, Error> {
-    let custom = &args.config().custom;
-    let value =
-        serde_json::Value::Object(custom.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+/// capture-cni's own keys of its conflist entry, from the stdin configuration.
+pub fn plugin_config(args: &Args) -> Result<PluginConfig, Error> {
+    // In key order: rscni's map is a hash map, and which unknown key the error names must not
+    // change from one run to the next.
+    let custom: BTreeMap<&String, &serde_json::Value> = args.config().custom.iter().collect();
+    let value = serde_json::Value::Object(
+        custom
+            .into_iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    );
     serde_json::from_value(value).map_err(|e| {
         Error::InvalidNetworkConfig(format!(
             "capture-cni configuration: {e} (known keys: agent_socket, exclude_namespaces, cgroup_root, timeout_seconds, state_dir)"
@@ -48,7 +56,7 @@ fn container_id(args: &Args) -> Result<String, Error> {
 /// for them: capture could not tell a meshed pod from another, so that is an error. `null` is a
 /// pod without annotations: containerd passes its pod's annotation map as it is, and an empty
 /// one is nil in Go.
-fn pod_annotations(args: &Args) -> Result<BTreeMap<String, String>, Error> {
+pub fn pod_annotations(args: &Args) -> Result<BTreeMap<String, String>, Error> {
     let missing = || {
         Error::InvalidNetworkConfig(format!(
             "the runtime passed no pod annotations; give capture-cni's conflist entry \"capabilities\": {{\"{POD_ANNOTATIONS_CAPABILITY}\": true}}"
@@ -110,17 +118,71 @@ fn del_without_agent(cfg: &PluginConfig, container_id: &str, why: String) -> Res
     }
 }
 
+/// What ADD reads from its input (stdin's configuration and prevResult, `CNI_ARGS`, the
+/// runtime's capabilities) before it looks at the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddInput {
+    pub cfg: PluginConfig,
+    /// The previous plugin's result, which ADD passes on unchanged.
+    pub prev: CNIResult,
+    pub k8s: K8sArgs,
+    pub annotations: BTreeMap<String, String>,
+    /// Why the pod is left alone, if it is.
+    pub skip: Option<Skip>,
+    /// The pod's addresses, from prevResult.
+    pub pod_ips: Vec<IpAddr>,
+}
+
+pub fn add_input(args: &Args) -> Result<AddInput, Error> {
+    let cfg = plugin_config(args)?;
+    let prev = args.config().prev_result.clone().ok_or_else(|| {
+        Error::InvalidNetworkConfig(
+            "no prevResult: capture-cni is a chained plugin and must come after the pod network plugin in the conflist".into(),
+        )
+    })?;
+    let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
+    let annotations = pod_annotations(args)?;
+    let skip = skip_reason(&cfg, &k8s, &annotations);
+    let pod_ips = prev.ips.iter().map(|ip| ip.address.addr()).collect();
+    Ok(AddInput {
+        cfg,
+        prev,
+        k8s,
+        annotations,
+        skip,
+        pod_ips,
+    })
+}
+
+/// What CHECK reads from its input: the plugin's keys, the pod, and why it is left alone.
+pub fn check_input(args: &Args) -> Result<(PluginConfig, K8sArgs, Option<Skip>), Error> {
+    let cfg = plugin_config(args)?;
+    let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
+    let skip = skip_reason(&cfg, &k8s, &pod_annotations(args)?);
+    Ok((cfg, k8s, skip))
+}
+
+/// The container ids GC must keep (`cni.dev/valid-attachments`).
+#[must_use]
+pub fn gc_valid_container_ids(args: &Args) -> Vec<String> {
+    args.config()
+        .valid_attachments
+        .as_ref()
+        .map(|v| v.iter().map(|a| a.container_id.clone()).collect())
+        .unwrap_or_default()
+}
+
 impl Cni for CapturePlugin {
     fn add(&self, args: Args) -> Result<CNIResult, Error> {
-        let cfg = plugin_config(&args)?;
-        let prev = args.config().prev_result.clone().ok_or_else(|| {
-            Error::InvalidNetworkConfig(
-                "no prevResult: capture-cni is a chained plugin and must come after the pod network plugin in the conflist".into(),
-            )
-        })?;
-        let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
-        let annotations = pod_annotations(&args)?;
-        if let Some(reason) = skip_reason(&cfg, &k8s, &annotations) {
+        let AddInput {
+            cfg,
+            prev,
+            k8s,
+            annotations,
+            skip,
+            pod_ips,
+        } = add_input(&args)?;
+        if let Some(reason) = skip {
             eprintln!(
                 "capture-cni: not capturing {}/{}: {reason}",
                 k8s.namespace, k8s.name
@@ -139,7 +201,6 @@ impl Cni for CapturePlugin {
         };
         let cgroup = find_pod_cgroup(&root, &k8s.uid)
             .map_err(|e| Error::Custom(CODE_NO_POD_CGROUP, "no pod cgroup".into(), e))?;
-        let pod_ips: Vec<IpAddr> = prev.ips.iter().map(|ip| ip.address.addr()).collect();
         if pod_ips.is_empty() {
             return Err(Error::InvalidNetworkConfig(
                 "prevResult has no IP addresses for the pod".into(),
@@ -190,9 +251,8 @@ impl Cni for CapturePlugin {
     }
 
     fn check(&self, args: Args) -> Result<(), Error> {
-        let cfg = plugin_config(&args)?;
-        let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
-        if let Some(reason) = skip_reason(&cfg, &k8s, &pod_annotations(&args)?) {
+        let (cfg, k8s, skip) = check_input(&args)?;
+        if let Some(reason) = skip {
             eprintln!(
                 "capture-cni: {}/{} is not captured by design: {reason}",
                 k8s.namespace, k8s.name
@@ -227,22 +287,48 @@ impl Cni for CapturePlugin {
 
     fn gc(&self, args: Args) -> Result<(), Error> {
         let cfg = plugin_config(&args)?;
-        let valid = args
-            .config()
-            .valid_attachments
-            .as_ref()
-            .map(|v| v.iter().map(|a| a.container_id.clone()).collect())
-            .unwrap_or_default();
         let response = call(
             &cfg,
             &Request::Gc {
-                valid_container_ids: valid,
+                valid_container_ids: gc_valid_container_ids(&args),
             },
         )?;
         if response.ok {
             Ok(())
         } else {
             Err(failure(response, CODE_CAPTURE_FAILED, "gc failed"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rscni_plugin::test_util::ArgsBuilder;
+
+    use super::*;
+
+    fn args(stdin: &str) -> Args {
+        ArgsBuilder::new()
+            .container_id("c0ffee")
+            .unwrap()
+            .netns("/var/run/netns/cni-1")
+            .ifname("eth0")
+            .unwrap()
+            .args("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u")
+            .config(stdin)
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    /// Found by the `cni_stdin` fuzz target: with two unknown keys, the one the error named
+    /// changed from run to run.
+    #[test]
+    fn unknown_keys_are_reported_the_same_every_time() {
+        let stdin = r#"{"cniVersion":"1.0.0","name":"n","type":"capture-cni","zz_key":1,"agentSocket":"/x","caparilities":{}}"#;
+        for _ in 0..32 {
+            let e = plugin_config(&args(stdin)).unwrap_err().to_string();
+            assert!(e.contains("unknown field `agentSocket`"), "{e}");
         }
     }
 }

@@ -224,12 +224,14 @@ impl CaptureConfig {
             (None, Some(v)) => parse_interfaces(ANN_KUBEVIRT_INTERFACES, v)?,
             (None, None) => Vec::new(),
         };
-        let interception_mode = match ann(ANN_INTERCEPTION_MODE).map(str::trim) {
-            None | Some("REDIRECT") => InterceptionMode::Redirect,
-            Some("TPROXY") => InterceptionMode::Tproxy,
-            Some(v) => {
-                return Err(bad(ANN_INTERCEPTION_MODE, v, "must be REDIRECT or TPROXY"));
-            }
+        // The error names the value as given, untrimmed, as every other annotation's does.
+        let interception_mode = match ann(ANN_INTERCEPTION_MODE) {
+            None => InterceptionMode::Redirect,
+            Some(v) => match v.trim() {
+                "REDIRECT" => InterceptionMode::Redirect,
+                "TPROXY" => InterceptionMode::Tproxy,
+                _ => return Err(bad(ANN_INTERCEPTION_MODE, v, "must be REDIRECT or TPROXY")),
+            },
         };
 
         let (mut pod_ip4, mut pod_ip6) = (None, None);

@@ -24,20 +24,22 @@ pub(super) fn group_ids(value: &str) -> Result<Vec<u32>, ConfigError> {
 
 pub(super) fn owner_groups(mesh: &MeshDefaults) -> Result<OwnerGroups, ConfigError> {
     let include = mesh.owner_groups.as_deref().unwrap_or("*");
-    let groups = if include.trim() == "*" {
-        let exclude = group_ids(mesh.owner_groups_exclude.as_deref().unwrap_or(""))?;
-        if exclude.is_empty() {
-            OwnerGroups::All
+    let exclude = mesh.owner_groups_exclude.as_deref().unwrap_or("");
+    // `given` is the setting the groups come from, which a too-long list's error names.
+    let (groups, given) = if include.trim() == "*" {
+        let excluded = group_ids(exclude)?;
+        if excluded.is_empty() {
+            (OwnerGroups::All, include)
         } else {
-            OwnerGroups::AllBut(exclude)
+            (OwnerGroups::AllBut(excluded), exclude)
         }
     } else {
-        OwnerGroups::Only(group_ids(include)?)
+        (OwnerGroups::Only(group_ids(include)?), include)
     };
     match &groups {
         OwnerGroups::Only(g) | OwnerGroups::AllBut(g) if g.len() > MAX_OWNER_GROUPS => {
             Err(ConfigError::OwnerGroups {
-                value: include.into(),
+                value: given.into(),
                 reason: format!(
                     "{} groups given; capture supports at most {MAX_OWNER_GROUPS}",
                     g.len()

@@ -192,3 +192,43 @@ fn the_cli_keeps_istio_inits_defaults() {
     assert!(c.exclude_outbound_ports.is_empty());
     assert_eq!(c.exclude_inbound_ports, vec![15090, 15021, 15020]);
 }
+
+/// Found by the `annotations` fuzz target: the interception mode's error showed the value
+/// trimmed, unlike every other annotation's error.
+#[test]
+fn interception_mode_error_names_the_value_as_given() {
+    let given = "TPROXl\u{b}";
+    let e = CaptureConfig::from_pod(&spec(&[(ANN_INTERCEPTION_MODE, given)])).unwrap_err();
+    assert_eq!(
+        e,
+        ConfigError::Annotation {
+            key: ANN_INTERCEPTION_MODE.into(),
+            value: given.into(),
+            reason: "must be REDIRECT or TPROXY".into(),
+        }
+    );
+    let ok = CaptureConfig::from_pod(&spec(&[(ANN_INTERCEPTION_MODE, " TPROXY\n")])).unwrap();
+    assert_eq!(ok.interception_mode, InterceptionMode::Tproxy);
+}
+
+/// Found by the `annotations` fuzz target's check that errors name their input: too many
+/// excluded groups were reported as the include setting, `*`.
+#[test]
+fn too_many_excluded_groups_name_the_exclusions() {
+    let exclude = "1,2,3,4,5,6,7,8,9";
+    let mut s = spec(&[]);
+    s.mesh.owner_groups_exclude = Some(exclude.into());
+    match CaptureConfig::from_pod(&s).unwrap_err() {
+        ConfigError::OwnerGroups { value, reason } => {
+            assert_eq!(value, exclude);
+            assert!(reason.starts_with("9 groups"), "{reason}");
+        }
+        e => panic!("{e}"),
+    }
+    s.mesh.owner_groups = Some(exclude.into());
+    s.mesh.owner_groups_exclude = None;
+    assert!(matches!(
+        CaptureConfig::from_pod(&s).unwrap_err(),
+        ConfigError::OwnerGroups { value, .. } if value == exclude
+    ));
+}

@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: the nightly's rust-src, bpf-linker 0.13 linked against the nightly's own
-//! libLLVM, the Debian packages of every command the tasks and tests run, and kubernetes-validate.
+//! libLLVM, cargo-fuzz, the Debian packages of every command the tasks and tests run, and kubernetes-validate.
 //! Each step checks first and does nothing when its piece is already there; what setup cannot
 //! install (rustup, python3 with pip, dpkg and apt) is checked before anything else starts.
 
@@ -20,6 +20,9 @@ use crate::{output, run};
 use tools::Tool;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The newest cargo-fuzz, which builds on the stable toolchain here (it runs the fuzz build itself
+/// on nightly).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// Where the nightly's libLLVM is linked for bpf-linker (its runpath points here).
 const LLVM_PREFIX: &str = "/opt/capture-llvm";
 
@@ -104,6 +107,28 @@ fn bpf_linker() -> Result<()> {
         ])
         .args(["--features", &format!("llvm-{major}")])
         .env("LLVM_PREFIX", LLVM_PREFIX))
+}
+
+fn cargo_fuzz() -> Result<()> {
+    let version = output(Command::new("cargo").args(["fuzz", "--version"])).unwrap_or_default();
+    if version.ends_with(CARGO_FUZZ_VERSION) {
+        return Ok(());
+    }
+    println!("setup: installing cargo-fuzz {CARGO_FUZZ_VERSION} (about half a minute)");
+    run(Command::new("cargo").args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        CARGO_FUZZ_VERSION,
+        "--locked",
+    ]))
+}
+
+/// What `cargo xtask fuzz` needs: the nightly and cargo-fuzz (no Debian package, no bpf-linker:
+/// the fuzz build leaves the kernel programs out).
+pub fn fuzz_setup() -> Result<()> {
+    nightly()?;
+    cargo_fuzz()
 }
 
 /// Installs the packages of `tools` that dpkg does not list as installed (see dpkg.rs for what
@@ -206,11 +231,12 @@ fn python_tools() -> Result<()> {
     ]))
 }
 
-/// Everything `build`, `test`, `demo`, `bench` and `lint` need.
+/// Everything `build`, `test`, `demo`, `bench`, `lint` and `fuzz` need.
 pub fn setup() -> Result<()> {
     prerequisites()?;
     nightly()?;
     bpf_linker()?;
+    cargo_fuzz()?;
     install(tools::TEST_TOOLS)?;
     python_tools()
 }
