@@ -34,8 +34,8 @@ for m in veth bridge; do /tmp/modprobe "$m" || say "modprobe $m failed"; done
 ip link set lo up
 export CAPTURE_SKIP_LOG=/tmp/capture-skips
 # Emulated CPUs: the load tests run smaller (their full sizes run on the host).
-export CAPTURE_CONCURRENT_CONNECTIONS=12000
-export CAPTURE_CHAOS_PODS=20 CAPTURE_CHAOS_KILLS=8 CAPTURE_CHAOS_CYCLES=200
+export CAPTURE_CONCURRENT_CONNECTIONS=8000
+export CAPTURE_CHAOS_PODS=10 CAPTURE_CHAOS_KILLS=5 CAPTURE_CHAOS_CYCLES=60
 : > "$CAPTURE_SKIP_LOG"
 run_binary() {
     local name=$1
