@@ -279,9 +279,6 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     }
     // Accepted by the inbound listener (its storage was cloned into this socket).
     let state = state?;
-    if state.flags & SOCK_INBOUND_LISTENER == 0 {
-        return None;
-    }
     state.orig.addr = t.local;
     state.orig.port = t.local_port;
     state.orig.family = t.family;

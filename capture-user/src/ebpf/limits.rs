@@ -58,38 +58,36 @@ impl PodUsage {
 /// Refuses a config over any quota, naming the annotations that fill it.
 pub fn check(cfg: &CaptureConfig) -> Result<(), QuotaExceeded> {
     let usage = PodUsage::of(cfg);
-    let over = |count: usize, quota: u32| count > quota as usize;
-    if over(usage.ports, POD_PORT_QUOTA) {
-        return Err(QuotaExceeded {
+    let shares = [
+        QuotaExceeded {
             what: "port-list",
             from: "the include/exclude inbound and outbound port annotations",
             count: usage.ports,
             quota: POD_PORT_QUOTA,
             capacity: MAX_PORT_ENTRIES,
             fix: "list fewer ports (includeInboundPorts '*' with excludeInboundPorts, or the reverse, often needs fewer), or capture this pod with --mode iptables",
-        });
-    }
-    if over(usage.cidrs, POD_CIDR_QUOTA) {
-        return Err(QuotaExceeded {
+        },
+        QuotaExceeded {
             what: "CIDR-list",
             from: "includeOutboundIPRanges, excludeOutboundIPRanges and the DNS nameservers",
             count: usage.cidrs,
             quota: POD_CIDR_QUOTA,
             capacity: MAX_CIDR_ENTRIES,
             fix: "merge adjacent ranges into fewer, wider CIDRs, or capture this pod with --mode iptables",
-        });
-    }
-    if over(usage.addresses, POD_INBOUND_ADDRESS_QUOTA) {
-        return Err(QuotaExceeded {
+        },
+        QuotaExceeded {
             what: "inbound-address",
             from: "the pod's IPs",
             count: usage.addresses,
             quota: POD_INBOUND_ADDRESS_QUOTA,
             capacity: MAX_INBOUND_ADDRESSES,
             fix: "give the pod one address per family",
-        });
-    }
-    Ok(())
+        },
+    ];
+    shares
+        .into_iter()
+        .find(|s| s.count > s.quota as usize)
+        .map_or(Ok(()), Err)
 }
 
 /// One node-wide map: what it holds, its capacity, a pod's share, and how full it is now.
