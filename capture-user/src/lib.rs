@@ -20,5 +20,6 @@ pub mod ops;
 pub mod paths;
 pub mod probe;
 pub mod record;
+pub mod test_hooks;
 pub mod userns;
 pub mod validate;

@@ -258,7 +258,7 @@ pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecor
     let _lock = lock(paths)?;
     let Some(record) = find_record(paths, which)? else {
         if let PodSelector::Netns(netns) = which {
-            release_damaged(paths, netns)?;
+            release_unrecorded(paths, netns)?;
         }
         return Ok(None);
     };
@@ -266,24 +266,64 @@ pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecor
     Ok(Some(record))
 }
 
-/// Releases a pod whose record cannot be read (truncated, say): whatever of the ebpf backend
-/// carries its netns cookie goes, then the record. An iptables pod's rules cannot be named
-/// without its record; they stay in its netns, which the runtime deletes with the pod.
-fn release_damaged(paths: &Paths, netns: &Path) -> Result<(), Error> {
+/// Releases what a pod without a readable record may still hold: a record that is damaged
+/// (truncated, say), or an ebpf attach that died before its record was written (its links
+/// directory). Whatever of the ebpf backend carries the pod's netns cookie goes, then the
+/// record. An iptables pod's rules cannot be named without its record; they stay in its netns,
+/// which the runtime deletes with the pod.
+fn release_unrecorded(paths: &Paths, netns: &Path) -> Result<(), Error> {
     let Some(cookie) = Netns::open(netns).ok().and_then(|n| n.cookie().ok()) else {
         return Ok(());
     };
-    let path = paths.record_path(cookie);
-    if !path.exists() {
+    let record_path = paths.record_path(cookie);
+    let damaged = record_path.exists();
+    if !damaged && !paths.pod_links_dir(cookie).exists() {
         return Ok(());
     }
     if let Ok(mut ebpf) = EbpfBackend::open(paths) {
         ebpf.release_unrecorded(cookie)
             .map_err(BackendError::from)?;
     }
-    tracing::warn!(record = %path.display(), "released a pod whose record was damaged");
-    record::remove(paths, cookie)?;
+    if damaged {
+        tracing::warn!(record = %record_path.display(), "released a pod whose record was damaged");
+        record::remove(paths, cookie)?;
+    } else {
+        tracing::warn!(netns = %netns.display(), "released what an attach that died half-way left");
+    }
     Ok(())
+}
+
+/// Releases the ebpf state of attaches that died before writing their record and whose pod
+/// nobody deleted since (its netns may be gone, so DEL could not name it): the netns cookie
+/// of each.
+pub fn release_abandoned_attaches(paths: &Paths) -> Result<Vec<u64>, Error> {
+    // A look without the lock first: this runs every few seconds and almost always finds none.
+    if !paths.state_dir.exists() || abandoned_attaches(paths).is_empty() {
+        return Ok(Vec::new());
+    }
+    let _lock = lock(paths)?;
+    let abandoned = abandoned_attaches(paths);
+    let Ok(mut ebpf) = EbpfBackend::open(paths) else {
+        return Ok(Vec::new());
+    };
+    for cookie in &abandoned {
+        ebpf.release_unrecorded(*cookie)
+            .map_err(BackendError::from)?;
+    }
+    Ok(abandoned)
+}
+
+/// The netns cookies of ebpf attaches that began and never finished: a links directory without
+/// a record. Only certain under the node lock, which every attach holds until its record is
+/// written.
+fn abandoned_attaches(paths: &Paths) -> Vec<u64> {
+    let Ok(dirs) = std::fs::read_dir(paths.links_root()) else {
+        return Vec::new();
+    };
+    dirs.flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|cookie| !paths.record_path(*cookie).exists())
+        .collect()
 }
 
 /// Releases every pod whose container id is not in `valid` (CNI GC). Pods attached without a

@@ -52,10 +52,16 @@ impl Paths {
         self.builds_dir().join(object_id)
     }
 
+    /// Where the pods' links are pinned, one directory per pod.
+    #[must_use]
+    pub fn links_root(&self) -> PathBuf {
+        self.bpffs.join("pods")
+    }
+
     /// Where one pod's links are pinned, named by its netns cookie.
     #[must_use]
     pub fn pod_links_dir(&self, netns_cookie: u64) -> PathBuf {
-        self.bpffs.join("pods").join(netns_cookie.to_string())
+        self.links_root().join(netns_cookie.to_string())
     }
 
     #[must_use]
@@ -110,11 +116,7 @@ impl Paths {
                 path: self.bpffs.clone(),
             });
         }
-        for dir in [
-            self.builds_dir(),
-            self.bpffs.join("pods"),
-            self.records_dir(),
-        ] {
+        for dir in [self.builds_dir(), self.links_root(), self.records_dir()] {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         }
         Ok(())

@@ -14,10 +14,11 @@ use std::{
 };
 
 use capture_tests::{
+    agent::Agent,
     cni::{directory_tree, CgroupDriver, Node, Pod, MESHED},
     guards::{run, ChildGuard},
     probe::{connect_with, probe_in, Outcome},
-    topology::{cgroup_programs, pinned_map_len, pod_pins_left, POD_MAPS},
+    topology::{capture_bin, cgroup_programs, pinned_map_len, pod_pins_left, POD_MAPS},
 };
 
 /// The leak count takes the kernel's program, link and map totals: these tests run one at a time.
@@ -261,6 +262,77 @@ fn churn_with_the_agent_killed_at_random_never_bypasses_and_leaves_nothing() {
     assert_no_pod_left(&node, &residents);
 }
 
+/// An agent that dies in every ADD after the pod's map entries and before its links and record.
+fn start_agent_dying_after_maps(node: &Node) -> Agent {
+    let mut cmd = Command::new(capture_bin());
+    cmd.env("CAPTURE_DIE_AT", "after-maps");
+    node.start_agent_as(cmd, "ebpf")
+}
+
+fn inbound_entries(node: &Node) -> usize {
+    pinned_map_len(&node.dirs.bpffs, "INBOUND_PODS")
+}
+
+#[test]
+fn an_add_that_died_half_way_leaves_nothing_once_deleted_or_retried() {
+    let _serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let node = Node::new();
+    let mut pod = node.pod("halfway", CgroupDriver::Cgroupfs, MESHED);
+
+    // Died half-way, then deleted while no agent runs: `capture detach` finds the pod's ebpf
+    // state by its netns cookie, though no record names it.
+    let dying = start_agent_dying_after_maps(&node);
+    assert!(node.add(&mut pod).is_err(), "the agent died in the ADD");
+    drop(dying);
+    assert_eq!(
+        inbound_entries(&node),
+        1,
+        "the half-way ADD wrote the pod's address"
+    );
+    let out = Command::new(capture_bin())
+        .arg("--bpffs")
+        .arg(&node.dirs.bpffs)
+        .arg("--state-dir")
+        .arg(&node.dirs.state)
+        .args(["detach", "--netns"])
+        .arg(pod.netns.path())
+        .output()
+        .expect("capture detach");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not captured"),
+        "{out:?}"
+    );
+    assert_eq!(
+        inbound_entries(&node),
+        0,
+        "detach released the half-way ADD"
+    );
+    assert!(
+        !pod_pins_left(&node.dirs.bpffs),
+        "detach removed its links directory"
+    );
+
+    // Died half-way again; the runtime's DEL released the pod's address and its retry gets
+    // another one. Nothing of the first address may stay once the pod is deleted.
+    let dying = start_agent_dying_after_maps(&node);
+    assert!(node.add(&mut pod).is_err(), "the agent died in the ADD");
+    drop(dying);
+    assert_eq!(inbound_entries(&node), 1);
+    let _agent = node.start_agent("ebpf");
+    add_until_done(&node, &mut pod);
+    let _servers = pod.start_servers();
+    assert_eq!(app_connects(&pod).server().as_deref(), Some("outbound"));
+    assert_eq!(
+        inbound_entries(&node),
+        1,
+        "only the address the pod has now"
+    );
+    del_until_done(&node, &pod);
+    assert_no_pod_left(&node, &[pod]);
+}
+
 #[test]
 fn add_del_cycles_leak_nothing() {
     let _serial = ONE_AT_A_TIME
@@ -365,7 +437,7 @@ fn a_damaged_record_costs_only_its_own_pod() {
         );
     }
     let status = |node: &Node| -> serde_json::Value {
-        let out = run(Command::new(capture_tests::topology::capture_bin())
+        let out = run(Command::new(capture_bin())
             .arg("--bpffs")
             .arg(&node.dirs.bpffs)
             .arg("--state-dir")

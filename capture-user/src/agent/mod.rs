@@ -270,7 +270,8 @@ impl Agent {
 }
 
 /// How often the agent tries again the releases that failed (a link pin that could not be
-/// removed, say): the runtime retries its DEL too, but a pod deleted by hand has no one else.
+/// removed, say) and releases what attaches that died half-way left: the runtime retries its
+/// DEL too, but a pod deleted by hand, or whose netns is gone, has no one else.
 const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn retry_failed_releases(paths: Paths) {
@@ -282,6 +283,14 @@ async fn retry_failed_releases(paths: Paths) {
         else {
             continue;
         };
+        let p = paths.clone();
+        match tokio::task::spawn_blocking(move || ops::release_abandoned_attaches(&p)).await {
+            Ok(Ok(cookies)) if !cookies.is_empty() => {
+                warn!(netns_cookies = ?cookies, "released what attaches that died half-way left")
+            }
+            Ok(Err(e)) => warn!(error = %e, "releasing abandoned attaches"),
+            _ => {}
+        }
         match tried {
             Ok(tried) => {
                 for (record, result) in tried {

@@ -139,13 +139,17 @@ impl EbpfBackend {
     }
 
     fn try_attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), EbpfError> {
-        pod_maps::install(&mut self.node.maps, pod.netns_cookie, cfg)?;
+        // The links directory goes first: it marks an attach under way, so that whatever an
+        // attach that dies half-way wrote is found again by its cookie (`has_leftovers`,
+        // `abandoned_attaches`), even when the pod's retry comes with another address.
         let dir = self.paths.pod_links_dir(pod.netns_cookie);
         fs::create_dir_all(&dir).map_err(|source| EbpfError::PinLink {
             hook: "-",
             path: dir.clone(),
             source,
         })?;
+        pod_maps::install(&mut self.node.maps, pod.netns_cookie, cfg)?;
+        crate::test_hooks::die_for_testing("after-maps");
         for (hook, prog) in self.node.programs.iter().filter(|(h, _)| h.needed_by(cfg)) {
             let (target, target_name) = match hook.target {
                 Target::Cgroup => (

@@ -309,7 +309,7 @@ pub fn read_node_record(paths: &Paths) -> Option<NodeRecord> {
 /// Whether pods still use the node's programs: a pod record in ebpf mode, or a pod's links.
 pub fn pods_use_programs(paths: &Paths) -> usize {
     let recorded = crate::record::count_mode(paths, crate::record::Mode::Ebpf).unwrap_or(0);
-    let linked = fs::read_dir(paths.bpffs.join("pods")).map_or(0, |d| d.flatten().count());
+    let linked = fs::read_dir(paths.links_root()).map_or(0, |d| d.flatten().count());
     recorded.max(linked)
 }
 
