@@ -32,6 +32,10 @@ pub const FLAG_HAS_EXCLUDE_INBOUND_PORTS: u32 = 1 << 10;
 pub const FLAG_DNS_CAPTURE: u32 = 1 << 11;
 /// With DNS capture: every port-53 destination, not only the nameservers (the CNI default).
 pub const FLAG_DNS_CAPTURE_ALL: u32 = 1 << 12;
+/// The pod's connections between app and proxy skip the loopback TCP stack: their sockets go into
+/// `ACCEL_PEERS` and an sk_msg program moves each write into the peer's receive queue. A flag
+/// builds without acceleration ignore, so the layout keeps its version.
+pub const FLAG_ACCELERATE: u32 = 1 << 13;
 
 /// How many owner groups (`ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE]`) one pod may name.
 pub const MAX_OWNER_GROUPS: usize = 8;
@@ -183,6 +187,35 @@ impl PodCounters {
             redirected_dns: self.redirected_dns + o.redirected_dns,
             #[cfg(capture_layout_next)]
             variant_events: self.variant_events + o.variant_events,
+        }
+    }
+}
+
+/// Per-pod counters of the app-to-proxy acceleration (`ACCEL_COUNTERS`, per CPU; user space sums
+/// them). A map of its own: `POD_COUNTERS` keeps its layout, so takeovers between builds with and
+/// without acceleration carry it unchanged.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize))]
+pub struct AccelCounters {
+    /// Socket directions whose writes went straight to the peer's receive queue.
+    pub accelerated_sends: u64,
+    /// Bytes moved that way.
+    pub accelerated_bytes: u64,
+    /// Socket directions that stayed on the TCP stack: the peer was not in the map at the first
+    /// write (or the socket could not join it).
+    pub unaccelerated_sends: u64,
+}
+const _: () = assert!(size_of::<AccelCounters>() == 24);
+
+impl AccelCounters {
+    /// Field-wise sum (user space adds up the per-CPU copies).
+    #[must_use]
+    pub fn plus(self, o: &Self) -> Self {
+        Self {
+            accelerated_sends: self.accelerated_sends + o.accelerated_sends,
+            accelerated_bytes: self.accelerated_bytes + o.accelerated_bytes,
+            unaccelerated_sends: self.unaccelerated_sends + o.unaccelerated_sends,
         }
     }
 }

@@ -66,9 +66,10 @@ pub const CIDR_FAMILY_V6: u8 = 6;
 
 /// A connection as the proxy's accepted socket sees it, used to hand the original destination
 /// from the app's socket to the proxy's (`HANDOFF`). IPv4 addresses use the first word only, also
-/// when a dual-stack socket carries them v4-mapped.
+/// when a dual-stack socket carries them v4-mapped. Also each accelerated socket's key in
+/// `ACCEL_PEERS`: its connection as it sees it, in its netns.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct HandoffKey {
     pub netns_cookie: u64,
     pub local_addr: [u32; 4],

@@ -6,9 +6,9 @@
 //! the version fails them. Pins from before versions existed are version 1 of every map.
 
 use crate::{
-    config::{PodConfig, PodCounters},
+    config::{AccelCounters, PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
-    state::{OriginalDst, SockState},
+    state::{AccelState, OriginalDst, SockState},
 };
 
 /// What a takeover does with a pinned map whose layout or definition differs from its own.
@@ -37,6 +37,20 @@ pub struct MapLayout {
 
 /// Every version a build that did not record them used.
 pub const UNRECORDED_VERSION: u32 = 1;
+
+/// The maps every build that did not record layouts pinned (later builds name theirs in the
+/// node record).
+pub const UNRECORDED_MAPS: [&str; 9] = [
+    "POD_CONFIGS",
+    "POD_COUNTERS",
+    "NODE_ERRORS",
+    "PORT_LISTS",
+    "CIDR_LISTS",
+    "INBOUND_PODS",
+    "INBOUND_LISTENERS",
+    "HANDOFF",
+    "SOCKET_STATES",
+];
 
 #[cfg(not(capture_layout_next))]
 const POD_CONFIGS_VERSION: u32 = 1;
@@ -81,8 +95,11 @@ pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOT
 #[cfg(capture_layout_next)]
 pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOTS + 1024;
 
+/// `ACCEL_PEERS`'s capacity: accelerated sockets on the node, two per connection.
+pub const MAX_ACCEL_SOCKETS: u32 = 131_072;
+
 /// This build's maps, in the order user space pins them.
-pub const MAP_LAYOUTS: [MapLayout; 9] = [
+pub const MAP_LAYOUTS: [MapLayout; 12] = [
     MapLayout {
         name: "POD_CONFIGS",
         version: POD_CONFIGS_VERSION,
@@ -125,6 +142,21 @@ pub const MAP_LAYOUTS: [MapLayout; 9] = [
     },
     MapLayout {
         name: "SOCKET_STATES",
+        version: 1,
+        carry: Carry::Live,
+    },
+    MapLayout {
+        name: "ACCEL_COUNTERS",
+        version: 1,
+        carry: Carry::Counters,
+    },
+    MapLayout {
+        name: "ACCEL_PEERS",
+        version: 1,
+        carry: Carry::Live,
+    },
+    MapLayout {
+        name: "ACCEL_STATES",
         version: 1,
         carry: Carry::Live,
     },
@@ -194,6 +226,9 @@ pub fn sizes_of(name: &str) -> Option<(usize, usize)> {
         "INBOUND_LISTENERS" => (size_of::<ListenerKey>(), size_of::<u32>()),
         "HANDOFF" => (size_of::<HandoffKey>(), size_of::<OriginalDst>()),
         "SOCKET_STATES" => (size_of::<i32>(), size_of::<SockState>()),
+        "ACCEL_COUNTERS" => (size_of::<u64>(), size_of::<AccelCounters>()),
+        "ACCEL_PEERS" => (size_of::<HandoffKey>(), size_of::<u32>()),
+        "ACCEL_STATES" => (size_of::<i32>(), size_of::<AccelState>()),
         _ => return None,
     })
 }
@@ -204,7 +239,7 @@ mod tests {
 
     /// Each version's sizes. A map whose types change size must get a new version (and a row
     /// here); a change of meaning at the same size must bump the version too.
-    const KNOWN: [(&str, u32, usize, usize); 11] = [
+    const KNOWN: [(&str, u32, usize, usize); 14] = [
         ("POD_CONFIGS", 1, 8, 120),
         ("POD_CONFIGS", 2, 8, 128),
         ("POD_COUNTERS", 1, 8, 80),
@@ -216,6 +251,9 @@ mod tests {
         ("INBOUND_LISTENERS", 1, 16, 4),
         ("HANDOFF", 1, 48, 20),
         ("SOCKET_STATES", 1, 4, 48),
+        ("ACCEL_COUNTERS", 1, 8, 24),
+        ("ACCEL_PEERS", 1, 48, 4),
+        ("ACCEL_STATES", 1, 4, 56),
     ];
 
     #[test]

@@ -6,6 +6,7 @@
 //! exercise on the host.
 #![no_std]
 
+pub mod accel;
 pub mod addr;
 pub mod config;
 pub mod decision;
@@ -36,6 +37,7 @@ mod user {
 
     unsafe impl aya::Pod for config::PodConfig {}
     unsafe impl aya::Pod for config::PodCounters {}
+    unsafe impl aya::Pod for config::AccelCounters {}
     unsafe impl aya::Pod for keys::PortKey {}
     unsafe impl aya::Pod for keys::CidrKey {}
     unsafe impl aya::Pod for keys::HandoffKey {}
@@ -43,4 +45,5 @@ mod user {
     unsafe impl aya::Pod for keys::ListenerKey {}
     unsafe impl aya::Pod for state::OriginalDst {}
     unsafe impl aya::Pod for state::SockState {}
+    unsafe impl aya::Pod for state::AccelState {}
 }

@@ -7,6 +7,7 @@
 #![no_std]
 #![no_main]
 
+mod accel;
 mod connect;
 mod counters;
 mod lookup;
@@ -19,8 +20,10 @@ mod sockopt;
 mod storage;
 
 use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr, cgroup_sockopt, sk_lookup, sock_ops},
-    programs::{SkLookupContext, SockAddrContext, SockContext, SockOpsContext, SockoptContext},
+    macros::{cgroup_sock, cgroup_sock_addr, cgroup_sockopt, sk_lookup, sk_msg, sock_ops},
+    programs::{
+        SkLookupContext, SkMsgContext, SockAddrContext, SockContext, SockOpsContext, SockoptContext,
+    },
 };
 
 const PROCEED: i32 = 1;
@@ -105,6 +108,12 @@ pub fn capture_getsockopt(ctx: SockoptContext) -> i32 {
 #[sk_lookup]
 pub fn capture_sk_lookup(ctx: SkLookupContext) -> u32 {
     lookup::on_sk_lookup(&ctx)
+}
+
+/// Attached to `ACCEL_PEERS`, not to a pod: runs for every write of an accelerated socket.
+#[sk_msg]
+pub fn capture_accel_msg(ctx: SkMsgContext) -> u32 {
+    accel::on_msg(&ctx)
 }
 
 #[cfg(not(test))]

@@ -22,8 +22,11 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use capture_common::{
+    accel::{is_proxy, Side},
     addr::{is_loopback4, is_unspecified, same, unmap},
-    config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
+    config::{
+        NodeError, PodConfig, PodCounter, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
+    },
     decision::LOOPBACK6,
     keys::{HandoffKey, ListenerKey, LISTENER_SLOTS},
     state::{
@@ -34,6 +37,7 @@ use capture_common::{
 };
 
 use crate::{
+    accel,
     counters::{bump_node, bump_pod},
     maps::{HANDOFF, INBOUND_LISTENERS, POD_CONFIGS},
     storage,
@@ -176,6 +180,44 @@ fn app_handoff_key(netns_cookie: u64, t: &Tuple) -> HandoffKey {
     }
 }
 
+/// A socket of the pod joins the acceleration if its connection is one it takes.
+#[inline(always)]
+fn accel_join(
+    ctx: &SockOpsContext,
+    side: impl FnOnce(&PodConfig, Option<&SockState>) -> Side,
+) -> Option<()> {
+    let sk = sock(ctx)?;
+    let state = storage::get(sk);
+    let netns_cookie = netns_of(ctx, state.as_deref());
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    if !cfg.has(FLAG_ACCELERATE) {
+        return None;
+    }
+    let t = tuple(ctx)?;
+    let conn = accel::Conn {
+        netns_cookie,
+        family: t.family,
+        local: &t.local,
+        remote: &t.remote,
+        local_port: t.local_port,
+        remote_port: t.remote_port,
+    };
+    accel::join(ctx.ops, sk, cfg, &conn, side(cfg, state.as_deref()));
+    Some(())
+}
+
+/// The connecting side: capture sent it to the proxy, or the proxy made it.
+#[inline(always)]
+fn connecting_side(cfg: &PodConfig, state: Option<&SockState>) -> Side {
+    Side::Connecting {
+        redirected: state.is_some_and(|s| s.flags & SOCK_REDIRECTED != 0),
+        by_proxy: state.is_some_and(|s| {
+            s.flags & SOCK_CREATOR_KNOWN != 0 && is_proxy(cfg, s.creator_uid, s.creator_gid)
+        }),
+    }
+}
+
 /// The app's socket is connected (to the proxy): publish its original destination, and ask to
 /// hear when the socket closes, to take back an entry the proxy never took.
 #[inline(always)]
@@ -291,9 +333,11 @@ pub fn on_sock_ops(ctx: &SockOpsContext) {
     match ctx.op() {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
             let _ = on_active_established(ctx);
+            let _ = accel_join(ctx, connecting_side);
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
             let _ = on_passive_established(ctx);
+            let _ = accel_join(ctx, |_, _| Side::Accepted);
         }
         BPF_SOCK_OPS_TCP_LISTEN_CB => {
             let _ = on_listen(ctx);

@@ -1,6 +1,7 @@
 //! capture's user space: pod configuration, the ebpf backend, and the operations the `capture`
 //! CLI (and later the node agent and CNI plugin) run.
 
+pub mod accel;
 pub mod agent;
 pub mod any_backend;
 pub mod api;

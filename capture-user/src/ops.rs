@@ -52,6 +52,8 @@ pub enum Error {
     EbpfUnsupported(String),
     #[error("pod netns {0} is not captured (no record in the state directory)")]
     NotAttached(PathBuf),
+    #[error("{0}")]
+    Accel(String),
 }
 
 /// What `attach` is asked to do.
@@ -84,6 +86,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let netns = Netns::open(&req.netns)?;
     // Before the comparison with an existing record, which holds them too.
     config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
+    config.accelerate &= mode == Mode::Ebpf && crate::accel::why_not(paths).is_none();
     let cgroup = cgroup::open_cgroup2(&req.cgroup)?;
     paths.prepare()?;
     let _lock = lock(paths)?;
@@ -154,6 +157,7 @@ fn attach_backend(
                 "this kernel refused {}, which the pod needs: {}",
                 missing.hook, missing.reason
             ));
+            record.config.accelerate = false;
             backend = AnyBackend::for_attach(paths, Mode::Iptables)?;
             backend.attach(target, &record.config)?;
         }
@@ -326,6 +330,18 @@ fn abandoned_attaches(paths: &Paths) -> Vec<u64> {
         .collect()
 }
 
+/// Runs the acceleration's correctness checks under the node lock and records the verdict.
+pub fn accel_check(paths: &Paths) -> Result<crate::accel::check::Report, Error> {
+    paths.prepare()?;
+    let _lock = lock(paths)?;
+    let report = crate::accel::check::run(paths).map_err(|e| Error::Accel(e.to_string()))?;
+    let mut node = crate::accel::load(paths);
+    node.check = Some(report.verdict());
+    crate::accel::save(paths, &node)
+        .map_err(|e| Error::Accel(format!("recording the verdict: {e}")))?;
+    Ok(report)
+}
+
 /// Releases every pod whose container id is not in `valid` (CNI GC). Pods attached without a
 /// container id (by hand) are not the runtime's to collect and stay.
 pub fn collect_garbage(paths: &Paths, valid: &[String]) -> Result<Vec<PodRecord>, Error> {
@@ -353,10 +369,10 @@ pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus
         return Ok(None);
     };
     let mut backends = ExistingBackends::new(paths);
-    Ok(Some(status_of(&mut backends, record)))
+    Ok(Some(status_of(paths, &mut backends, record)))
 }
 
-fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatus {
+fn status_of(paths: &Paths, backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatus {
     let (missing, counters, program_build) = match backends.get(record.mode) {
         Ok(b) => (
             b.missing(&record),
@@ -373,11 +389,22 @@ fn status_of(backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatu
     if let Some(why) = &record.release_failed {
         missing.push(format!("a release that failed and is tried again: {why}"));
     }
+    let accel_counters = || {
+        EbpfBackend::adopt(paths)
+            .ok()
+            .and_then(|b| b.accel_counters(record.netns_cookie))
+    };
+    let acceleration = crate::accel::of_pod(
+        paths,
+        &record,
+        record.config.accelerate.then(accel_counters).flatten(),
+    );
     PodStatus {
         in_force: missing.is_empty(),
         missing,
         counters,
         program_build,
+        acceleration,
         record,
     }
 }
@@ -394,6 +421,9 @@ pub struct PodStatus {
     pub counters: Option<PodCounters>,
     /// Which build's kernel programs capture the pod (ebpf pods).
     pub program_build: Option<String>,
+    /// For pods that ask for the app-to-proxy acceleration: whether they have it, and why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acceleration: Option<crate::accel::PodAcceleration>,
 }
 
 #[derive(Debug, Serialize)]
@@ -421,7 +451,7 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
     let mut backends = ExistingBackends::new(paths);
     let pods = records
         .into_iter()
-        .map(|record| status_of(&mut backends, record))
+        .map(|record| status_of(paths, &mut backends, record))
         .collect();
     let names = [
         "unknown_pod",

@@ -391,6 +391,27 @@ impl Node {
         self.exec_plugin(command, pod, &conf, None)
     }
 
+    /// `capture ARGS` over the node's directories.
+    #[must_use]
+    pub fn capture(&self, args: &[&str]) -> std::process::Output {
+        Command::new(crate::topology::capture_bin())
+            .arg("--bpffs")
+            .arg(&self.dirs.bpffs)
+            .arg("--state-dir")
+            .arg(&self.dirs.state)
+            .args(args)
+            .output()
+            .expect("capture")
+    }
+
+    /// `capture status --json` over the node's directories.
+    #[must_use]
+    pub fn status(&self) -> Value {
+        let out = self.capture(&["status", "--json"]);
+        assert!(out.status.success(), "capture status: {out:?}");
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
     /// A client in the node netns (like the kubelet or another node's pod).
     #[must_use]
     pub fn client(&self) -> Command {

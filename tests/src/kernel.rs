@@ -21,6 +21,10 @@ pub enum Feature {
     /// fails on the kernel matrix's 5.10 guest (its root a 9p mount chrooted on the initramfs):
     /// "could not ensure we are a cloned binary". A gap of that harness, not of capture or nodes.
     RuncClonedBinary,
+    /// The acceleration's sk_msg program loads: it reads socket-local storage through the
+    /// message's socket and attaches to a sockhash. Known from the node record (the agent's
+    /// load tells).
+    SkMsgAcceleration,
 }
 
 impl Feature {
@@ -30,6 +34,7 @@ impl Feature {
             Self::SockOpsNetnsCookie => "sock_ops_netns_cookie",
             Self::UnifiedCgroupControllers => "unified_cgroup_controllers",
             Self::RuncClonedBinary => "runc_cloned_binary",
+            Self::SkMsgAcceleration => "sk_msg_acceleration",
         }
     }
 }
@@ -50,8 +55,8 @@ pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
             .ok()
             .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())
             .is_some_and(|c| c.split_whitespace().any(|c| c == "cpu")),
-        // Known only from a failure: see record_skip.
-        Feature::RuncClonedBinary => true,
+        // Known only from a failure or a node's load: see record_skip.
+        Feature::RuncClonedBinary | Feature::SkMsgAcceleration => true,
     };
     if !present {
         record_skip(feature, reason);

@@ -496,7 +496,7 @@ pub fn node_pin_dir(bpffs: &std::path::Path) -> PathBuf {
 }
 
 /// The node's maps that hold entries of pods: none may keep any once every pod is gone.
-pub const POD_MAPS: [&str; 7] = [
+pub const POD_MAPS: [&str; 8] = [
     "POD_CONFIGS",
     "POD_COUNTERS",
     "PORT_LISTS",
@@ -504,6 +504,7 @@ pub const POD_MAPS: [&str; 7] = [
     "INBOUND_PODS",
     "INBOUND_LISTENERS",
     "HANDOFF",
+    "ACCEL_COUNTERS",
 ];
 
 /// The number of entries in one of a node's pinned maps.

@@ -48,6 +48,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
         in_force: true,
         missing: Vec::new(),
         program_build: (mode == Mode::Ebpf).then(|| "0.1.0+0123456789ab".into()),
+        acceleration: None,
         counters,
     }
 }

@@ -54,6 +54,10 @@ pub struct AgentConfig {
     pub mesh: crate::config::MeshDefaults,
     /// Keep capture-cni chained in the node's CNI configuration.
     pub cni_watch: Option<CniWatch>,
+    /// Allow the app-to-proxy acceleration (`--accelerate`).
+    pub accelerate: bool,
+    /// Check cases whose differences are accepted (`--accelerate-accepting`).
+    pub accelerate_accepting: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -439,6 +443,11 @@ fn prepare(agent: &Agent) -> Result<(), AgentError> {
             Err(e) => return Err(AgentError::Node(e.to_string())),
         }
     }
+    prepare_acceleration(
+        paths,
+        agent.cfg.accelerate && agent.mode == Mode::Ebpf,
+        &agent.cfg.accelerate_accepting,
+    );
     let status = ops::status(paths).map_err(|e| AgentError::Node(e.to_string()))?;
     for pod in &status.pods {
         let r = &pod.record;
@@ -449,6 +458,56 @@ fn prepare(agent: &Agent) -> Result<(), AgentError> {
         }
     }
     Ok(())
+}
+
+/// Records whether the node allows acceleration (and which differences it accepts) and, when it
+/// does, makes sure this kernel and build have been checked (now, if they have not). A check
+/// that cannot run is a failed verdict: acceleration stays off, and status says why.
+fn prepare_acceleration(paths: &Paths, allowed: bool, accepted: &[String]) {
+    let mut node = crate::accel::load(paths);
+    node.allowed = allowed;
+    node.accepted = accepted.to_vec();
+    if let Err(e) = crate::accel::save(paths, &node) {
+        warn!(error = %e, "recording the node's acceleration setting");
+    }
+    if !allowed
+        || node
+            .check
+            .as_ref()
+            .is_some_and(crate::accel::Verdict::is_current)
+    {
+        return;
+    }
+    info!("running the acceleration's correctness checks on this kernel");
+    match ops::accel_check(paths) {
+        Ok(report) => {
+            let unaccepted = report.verdict().unaccepted(accepted);
+            if unaccepted.is_empty() {
+                info!(
+                    cases = report.cases.len(),
+                    "acceleration checks passed; pods that ask are accelerated"
+                );
+            } else {
+                warn!(differences = ?unaccepted, "acceleration checks found differences; no pod is accelerated");
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "the acceleration checks could not run; no pod is accelerated");
+            node.check = Some(crate::accel::Verdict {
+                kernel: crate::accel::kernel_release(),
+                build: crate::ebpf::loader::build_name(),
+                cases: 0,
+                failed: vec![crate::accel::FailedCase {
+                    name: "the checks could not run".into(),
+                    plain: e.to_string(),
+                    accelerated: String::new(),
+                }],
+                accelerated_bytes: 0,
+                checked_at_unix: crate::record::now_unix(),
+            });
+            let _ = crate::accel::save(paths, &node);
+        }
+    }
 }
 
 /// Runs the agent until SIGTERM or SIGINT.

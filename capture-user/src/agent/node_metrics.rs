@@ -121,6 +121,52 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         &node_build,
     )?;
 
+    let accelerated: Vec<_> = pods
+        .iter()
+        .filter_map(|(labels, p)| {
+            let accel = p.acceleration.as_ref()?;
+            Some((&labels[..], ConstGauge::new(i64::from(accel.active))))
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_accelerated",
+        "For pods that ask for the app-to-proxy acceleration: whether they have it (capture status says why not).",
+        &accelerated,
+    )?;
+    let accel_bytes: Vec<_> = pods
+        .iter()
+        .filter_map(|(labels, p)| {
+            let c = p.acceleration.as_ref()?.counters?;
+            Some((&labels[..], ConstCounter::new(c.accelerated_bytes)))
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_accelerated_bytes",
+        "Bytes the acceleration moved straight between the pod's app and proxy sockets.",
+        &accel_bytes,
+    )?;
+    let accel_sends: Vec<_> = pods
+        .iter()
+        .flat_map(|(labels, p)| {
+            let c = p.acceleration.as_ref().and_then(|a| a.counters);
+            c.into_iter().flat_map(move |c| {
+                [
+                    ("accelerated", c.accelerated_sends),
+                    ("tcp", c.unaccelerated_sends),
+                ]
+                .map(|(path, n)| ((&labels[..], [("path", path)]), ConstCounter::new(n)))
+            })
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_accelerated_socket_directions",
+        "Socket directions of accelerated pods by the path their writes took (decided at each socket's first write).",
+        &accel_sends,
+    )?;
+
     let connections: Vec<_> = pods
         .iter()
         .flat_map(|(labels, p)| {

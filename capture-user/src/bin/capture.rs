@@ -23,6 +23,10 @@ fn main() -> std::process::ExitCode {
             eprintln!("capture: validate: {reason}");
             std::process::ExitCode::from(capture_user::validate::NOT_CAPTURED_EXIT)
         }
+        Ok(capture_user::cli::Outcome::Refused(reason)) => {
+            eprintln!("capture: {reason}");
+            std::process::ExitCode::FAILURE
+        }
         Err(e) => {
             // Library errors already carry their causes in their messages: print the top one only.
             eprintln!("capture: error: {e}");

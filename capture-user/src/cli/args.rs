@@ -101,6 +101,16 @@ pub enum Command {
         /// capture-cni is installed in --cni-bin-dir; `uninstall-cni` takes it out for good).
         #[arg(long)]
         watch_cni_config: bool,
+        /// Allow the app-to-proxy acceleration for pods that ask for it
+        /// (capture.dev/accelerate: "true"), once this kernel has passed the acceleration's
+        /// correctness checks, which the agent runs at start (once per kernel and build).
+        #[arg(long)]
+        accelerate: bool,
+        /// With --accelerate: check cases whose differences this node accepts (comma-separated
+        /// names, as `capture accel-check` prints them); a kernel that differs only in those is
+        /// accelerated anyway.
+        #[arg(long, value_delimiter = ',', requires = "accelerate")]
+        accelerate_accepting: Vec<String>,
         #[command(flatten)]
         cni: CniDirs,
     },
@@ -134,6 +144,26 @@ pub enum Command {
     Status {
         #[arg(long)]
         json: bool,
+    },
+    /// Run the acceleration's correctness checks on this node's kernel (a scratch pod, every
+    /// case plain and accelerated, compared) and record the verdict the agent goes by. Holds the
+    /// node lock while it runs: CNI ADDs wait.
+    AccelCheck {
+        #[arg(long)]
+        json: bool,
+        /// Also allow acceleration on this node, as the agent's --accelerate does (for nodes
+        /// captured with `capture attach`, without the agent).
+        #[arg(long)]
+        allow: bool,
+        /// With --allow: check cases whose differences this node accepts (comma-separated).
+        #[arg(long, value_delimiter = ',', requires = "allow")]
+        accepting: Vec<String>,
+    },
+    /// The checks' own cases, run inside their scratch pod (internal).
+    #[command(hide = true)]
+    AccelCases {
+        #[arg(long)]
+        destination: std::net::SocketAddr,
     },
 }
 

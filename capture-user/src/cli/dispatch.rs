@@ -20,6 +20,8 @@ pub enum Outcome {
     Success,
     /// `capture validate` found capture not in force.
     NotCaptured(String),
+    /// The command ran, and its answer is no (the message says why).
+    Refused(String),
 }
 
 /// Runs one command; the binary prints the error chain on one line.
@@ -112,6 +114,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_gid,
             mesh,
             watch_cni_config,
+            accelerate,
+            accelerate_accepting,
             cni,
         } => {
             let mut mesh = mesh.into_defaults();
@@ -133,6 +137,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 proxy_gids: proxy_gid.unwrap_or_default().0,
                 mesh,
                 cni_watch,
+                accelerate,
+                accelerate_accepting,
             })?;
         }
         Command::InstallCni {
@@ -210,6 +216,35 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 print!("{}", crate::cli::render::render_limits(&limits));
                 print!("{}", crate::cli::render::render_foreign(&foreign));
             }
+        }
+        Command::AccelCheck {
+            json,
+            allow,
+            accepting,
+        } => {
+            let report = ops::accel_check(&paths)?;
+            if allow {
+                let mut node = crate::accel::load(&paths);
+                node.allowed = true;
+                node.accepted = accepting;
+                crate::accel::save(&paths, &node)?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::cli::render::render_accel_check(&report));
+            }
+            let node = crate::accel::load(&paths);
+            let unaccepted = report.verdict().unaccepted(&node.accepted);
+            if !unaccepted.is_empty() {
+                return Ok(Outcome::Refused(format!(
+                    "accel-check: differences on this kernel: {}; pods are not accelerated",
+                    unaccepted.join(", ")
+                )));
+            }
+        }
+        Command::AccelCases { destination } => {
+            crate::accel::check::run_cases_here(destination)?;
         }
         Command::Status { json } => {
             let status = ops::status(&paths)?;

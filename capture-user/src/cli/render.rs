@@ -206,3 +206,29 @@ pub fn render_status(status: &NodeStatus) -> String {
     }
     out
 }
+
+/// The acceleration checks, one line per case.
+#[must_use]
+pub fn render_accel_check(report: &crate::accel::check::Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "acceleration checks on kernel {} with build {}: {}\n",
+        report.kernel,
+        report.build,
+        if report.passed { "passed" } else { "FAILED" }
+    );
+    for case in &report.cases {
+        let _ = writeln!(
+            out,
+            "  {:<40} {}",
+            case.name,
+            if case.passed { "same" } else { "DIFFERS" }
+        );
+        if !case.passed {
+            let _ = writeln!(out, "    plain:       {:?}", case.plain);
+            let _ = writeln!(out, "    accelerated: {:?}", case.accelerated);
+        }
+    }
+    let _ = writeln!(out, "  bytes accelerated: {}", report.accelerated_bytes);
+    out
+}

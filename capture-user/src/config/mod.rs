@@ -35,6 +35,9 @@ pub const ANN_KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInte
 pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
 pub const ANN_INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
 pub const ANN_STATUS_PORT: &str = "status.sidecar.istio.io/port";
+/// capture's own: `"true"` asks for the app-to-proxy acceleration (sk_msg). The node must allow
+/// it too (the agent's `--accelerate`, and a kernel that passed the acceleration's checks).
+pub const ANN_ACCELERATE: &str = "capture.dev/accelerate";
 /// Proxy configuration; capture reads `proxyMetadata.ISTIO_META_DNS_CAPTURE` from it.
 pub const ANN_PROXY_CONFIG: &str = "proxy.istio.io/config";
 pub const DNS_CAPTURE_METADATA: &str = "ISTIO_META_DNS_CAPTURE";
@@ -151,6 +154,10 @@ pub struct CaptureConfig {
     /// namespace of its own; absent for every other pod (see userns.rs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ids: Option<crate::userns::HostIds>,
+    /// The app-to-proxy acceleration is on for the pod: it asked (`ANN_ACCELERATE`) and, when
+    /// attached, its node allowed it (see `ops::attach`).
+    #[serde(default)]
+    pub accelerate: bool,
 }
 
 fn all_owner_groups() -> OwnerGroups {
@@ -231,6 +238,15 @@ impl CaptureConfig {
                 "REDIRECT" => InterceptionMode::Redirect,
                 "TPROXY" => InterceptionMode::Tproxy,
                 _ => return Err(bad(ANN_INTERCEPTION_MODE, v, "must be REDIRECT or TPROXY")),
+            },
+        };
+
+        let accelerate = match ann(ANN_ACCELERATE) {
+            None => false,
+            Some(v) => match v.trim() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(bad(ANN_ACCELERATE, v, "must be true or false")),
             },
         };
 
@@ -349,6 +365,7 @@ impl CaptureConfig {
             reroute_virtual_interfaces,
             drop_invalid: spec.mesh.drop_invalid,
             host_ids: None,
+            accelerate,
         })
     }
 

@@ -7,8 +7,9 @@
 use std::collections::BTreeSet;
 
 use capture_common::layout::{
-    MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES, MAX_INBOUND_LISTENERS, MAX_PODS,
-    MAX_PORT_ENTRIES, POD_CIDR_QUOTA, POD_INBOUND_ADDRESS_QUOTA, POD_PORT_QUOTA,
+    MAX_ACCEL_SOCKETS, MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES,
+    MAX_INBOUND_LISTENERS, MAX_PODS, MAX_PORT_ENTRIES, POD_CIDR_QUOTA, POD_INBOUND_ADDRESS_QUOTA,
+    POD_PORT_QUOTA,
 };
 use serde::Serialize;
 
@@ -148,6 +149,12 @@ pub fn node_limits(paths: &Paths) -> Vec<NodeLimit> {
             "HANDOFF",
             "handshakes in flight between an app and its proxy",
             MAX_HANDOFFS,
+            None,
+        ),
+        row(
+            "ACCEL_PEERS",
+            "accelerated sockets (two per accelerated connection; when full, connections stay on TCP)",
+            MAX_ACCEL_SOCKETS,
             None,
         ),
     ]

@@ -191,7 +191,7 @@ fn load_program(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> 
 
 /// One line from a load failure: the errno, and the verifier's last complaint (the whole log goes
 /// to the debug log).
-fn summarize(e: &ProgramError) -> String {
+pub(super) fn summarize(e: &ProgramError) -> String {
     match e {
         ProgramError::LoadError {
             io_error,

@@ -1,5 +1,6 @@
 //! The ebpf backend: the node's programs attached to a pod's cgroup, its config in the maps.
 
+pub mod accel;
 mod adopt;
 pub mod foreign;
 pub mod hook_probe;
@@ -182,6 +183,21 @@ impl EbpfBackend {
     fn has_leftovers(&self, netns_cookie: u64) -> bool {
         self.paths.pod_links_dir(netns_cookie).exists()
             || self.node.maps.pod_configs.get(&netns_cookie, 0).is_ok()
+    }
+
+    /// Rewrites an attached pod's entries for `cfg` (same lists, another config): the
+    /// acceleration checks switch their scratch pod's acceleration on this way.
+    pub fn reconfigure(&mut self, netns_cookie: u64, cfg: &CaptureConfig) -> Result<(), EbpfError> {
+        Ok(pod_maps::install(&mut self.node.maps, netns_cookie, cfg)?)
+    }
+
+    /// The pod's acceleration counters summed over CPUs.
+    #[must_use]
+    pub fn accel_counters(
+        &self,
+        netns_cookie: u64,
+    ) -> Option<capture_common::config::AccelCounters> {
+        pod_maps::accel_counters(&self.node.maps, netns_cookie)
     }
 
     /// Stops capturing one pod: links go first (rewriting stops), then the map entries.

@@ -11,9 +11,9 @@ use std::{
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SkStorage, SockHash};
 use capture_common::{
-    config::{PodConfig, PodCounters},
+    config::{AccelCounters, PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
-    layout::{MAP_LAYOUTS, UNRECORDED_VERSION},
+    layout::{MAP_LAYOUTS, UNRECORDED_MAPS, UNRECORDED_VERSION},
     state::{OriginalDst, SockState},
 };
 
@@ -40,6 +40,8 @@ pub struct Maps {
     pub inbound_listeners: SockHash<MapData, ListenerKey>,
     pub handoff: HashMap<MapData, HandoffKey, OriginalDst>,
     pub socket_states: SkStorage<MapData, SockState>,
+    /// Absent on a node whose programs come from a build without acceleration.
+    pub accel_counters: Option<PerCpuHashMap<MapData, u64, AccelCounters>>,
 }
 
 /// The node's programs (as fds, ready to attach) and maps.
@@ -110,6 +112,13 @@ pub(super) fn load_and_pin(
             .pin(&path)
             .map_err(|e| pin_error(&path, e.to_string()))?;
     }
+    if let Err(reason) = super::accel::load_and_attach(&mut ebpf, &programs_dir) {
+        tracing::warn!(%reason, "the kernel refused the acceleration's sk_msg program; no pod is accelerated");
+        unavailable.push(UnavailableHook {
+            hook: super::accel::HOOK.into(),
+            reason,
+        });
+    }
     Ok(unavailable)
 }
 
@@ -117,13 +126,17 @@ fn is_unavailable(unavailable: &[UnavailableHook], hook: &Hook) -> bool {
     unavailable.iter().any(|u| u.hook == hook.hook)
 }
 
-/// Whether every program and map the record names is pinned.
+/// Whether every program and map the record names is pinned: the maps of its own layouts, which
+/// an older build's lack this build's newer maps.
 fn all_pinned(paths: &Paths, record: &NodeRecord) -> bool {
     HOOKS
         .iter()
         .filter(|h| !is_unavailable(&record.unavailable, h))
         .all(|h| record.programs_dir(paths).join(h.program).exists())
-        && map_names().all(|m| record.maps_dir(paths).join(m).exists())
+        && record
+            .map_names()
+            .iter()
+            .all(|m| record.maps_dir(paths).join(m).exists())
 }
 
 /// Removes the node's program and map pins, of every build (the kernel frees them once no link
@@ -166,6 +179,7 @@ pub(super) fn open_maps(dir: &Path) -> Result<Maps, LoadError> {
         inbound_listeners: open_map(dir, "INBOUND_LISTENERS")?,
         handoff: open_map(dir, "HANDOFF")?,
         socket_states: open_map(dir, "SOCKET_STATES")?,
+        accel_counters: open_map(dir, "ACCEL_COUNTERS").ok(),
     })
 }
 
@@ -266,6 +280,16 @@ impl NodeRecord {
             )
         } else {
             self.build.clone()
+        }
+    }
+
+    /// The maps its build pinned.
+    #[must_use]
+    pub fn map_names(&self) -> Vec<String> {
+        if self.layouts.is_empty() {
+            UNRECORDED_MAPS.iter().map(|m| (*m).to_string()).collect()
+        } else {
+            self.layouts.keys().cloned().collect()
         }
     }
 

@@ -5,12 +5,13 @@ use std::net::IpAddr;
 use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use capture_common::{
     config::{
-        ListKind, PodConfig, PodCounters, FLAG_DNS_CAPTURE, FLAG_DNS_CAPTURE_ALL,
-        FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS, FLAG_HAS_EXCLUDE_OUTBOUND_PORTS,
-        FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS, FLAG_HAS_INCLUDE_OUTBOUND_PORTS,
-        FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6, FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND,
-        FLAG_INCLUDE_COVERS_LOOPBACK, MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL,
-        OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE,
+        AccelCounters, ListKind, PodConfig, PodCounters, FLAG_ACCELERATE, FLAG_DNS_CAPTURE,
+        FLAG_DNS_CAPTURE_ALL, FLAG_HAS_EXCLUDE_CIDRS, FLAG_HAS_EXCLUDE_INBOUND_PORTS,
+        FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
+        FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
+        FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK,
+        MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL, OWNER_GROUPS_EXCLUDE,
+        OWNER_GROUPS_INCLUDE,
     },
     keys::{CidrKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS},
     AF_INET, AF_INET6,
@@ -88,6 +89,7 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
         cfg.dns.as_ref().is_some_and(|d| d.capture_all),
         FLAG_DNS_CAPTURE_ALL,
     );
+    set(cfg.accelerate, FLAG_ACCELERATE);
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
     let (owner_group_mode, mut owner_groups): (u32, &[u32]) = match &cfg.owner_groups {
@@ -252,6 +254,13 @@ pub fn install(
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
         result => result.map_err(write("counters".into()))?,
     }
+    if let (true, Some(accel)) = (cfg.accelerate, maps.accel_counters.as_mut()) {
+        let zero = PerCpuValues::try_from(vec![AccelCounters::default(); cpus]).expect("non-empty");
+        match accel.insert(netns_cookie, zero, NOEXIST) {
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+            result => result.map_err(write("acceleration counters".into()))?,
+        }
+    }
     for (list, port) in port_entries(cfg) {
         maps.port_lists
             .insert(PortKey::new(netns_cookie, list, port), 1, 0)
@@ -299,6 +308,9 @@ pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
         let _ = maps.cidr_lists.remove(&cidr_key(netns_cookie, list, &net));
     }
     let _ = maps.pod_counters.remove(&netns_cookie);
+    if let Some(accel) = maps.accel_counters.as_mut() {
+        let _ = accel.remove(&netns_cookie);
+    }
 }
 
 /// Every listener slot of the pod, both families.
@@ -364,6 +376,9 @@ pub fn remove(maps: &mut Maps, netns_cookie: u64) {
         let _ = maps.cidr_lists.remove(&k);
     }
     let _ = maps.pod_counters.remove(&netns_cookie);
+    if let Some(accel) = maps.accel_counters.as_mut() {
+        let _ = accel.remove(&netns_cookie);
+    }
 }
 
 /// The pod's counters summed over CPUs.
@@ -374,5 +389,16 @@ pub fn counters(maps: &Maps, netns_cookie: u64) -> Option<PodCounters> {
         per_cpu
             .iter()
             .fold(PodCounters::default(), PodCounters::plus),
+    )
+}
+
+/// The pod's acceleration counters summed over CPUs (none for a pod without acceleration).
+#[must_use]
+pub fn accel_counters(maps: &Maps, netns_cookie: u64) -> Option<AccelCounters> {
+    let per_cpu = maps.accel_counters.as_ref()?.get(&netns_cookie, 0).ok()?;
+    Some(
+        per_cpu
+            .iter()
+            .fold(AccelCounters::default(), AccelCounters::plus),
     )
 }

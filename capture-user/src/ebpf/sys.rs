@@ -17,6 +17,7 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
@@ -71,6 +72,21 @@ pub fn link_create(
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_PROG_ATTACH` of an sk_msg program to a sockmap or sockhash. The map holds the program
+/// from then on (it has no link), so the attachment lasts as long as the map's pin; attaching
+/// another program replaces it for sockets that join later.
+pub fn prog_attach_to_map(
+    prog: BorrowedFd<'_>,
+    map: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.put_u32(0, map.as_raw_fd() as u32);
+    attr.put_u32(4, prog.as_raw_fd() as u32);
+    attr.put_u32(8, attach_type);
+    bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
 }
 
 /// `BPF_LINK_DETACH` (Linux 5.9+): take the link off its cgroup or netns now, whoever still holds

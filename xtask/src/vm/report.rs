@@ -209,6 +209,11 @@ pub const CAPABILITIES: &[Capability] = &[
         except: &[],
     },
     Capability {
+        name: "acceleration checks (sk_msg; pods accelerated only where they pass)",
+        tests: &[("accel", "*")],
+        except: &[],
+    },
+    Capability {
         name: "IPv4-only pods (dual stack)",
         tests: &[("outbound", "ipv4_only_pod_leaves_ipv6_alone")],
         except: &[],

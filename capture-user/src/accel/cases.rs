@@ -1,0 +1,652 @@
+//! The acceleration's correctness cases. Each runs one workload over a connection from the app to
+//! the proxy (made through capture, so acceleration applies when it is on) and writes down what
+//! the sockets answered: bytes (as digests), return values, errno, readiness. The same case run
+//! with and without acceleration must write down the same thing.
+
+use std::{
+    io::{self, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    os::fd::{AsRawFd as _, RawFd},
+    time::Duration,
+};
+
+/// What one case observed, line by line.
+pub type Observation = Vec<String>;
+
+/// Makes a connection through capture: the app's socket and the proxy's accepted one.
+pub struct Pair<'a> {
+    pub listener: &'a TcpListener,
+    /// Where the app connects; capture redirects it to the listener.
+    pub destination: std::net::SocketAddr,
+}
+
+impl Pair<'_> {
+    fn connect(&self) -> io::Result<(TcpStream, TcpStream)> {
+        let app = TcpStream::connect_timeout(&self.destination, Duration::from_secs(5))?;
+        let (proxy, _) = self.listener.accept()?;
+        for s in [&app, &proxy] {
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.set_write_timeout(Some(Duration::from_secs(5)))?;
+        }
+        Ok((app, proxy))
+    }
+}
+
+pub type Case = fn(&Pair<'_>) -> io::Result<Observation>;
+
+/// Every case, by name.
+pub const CASES: [(&str, Case); 22] = [
+    ("small_writes", small_writes),
+    ("large_writes_16mib", large_writes),
+    ("partial_reads", partial_reads),
+    ("msg_peek", msg_peek),
+    ("msg_more", msg_more),
+    ("writev", writev),
+    ("sendfile", sendfile),
+    ("splice_both_ways", splice_both_ways),
+    ("half_close_by_app", |p| half_close(p, true)),
+    ("half_close_by_proxy", |p| half_close(p, false)),
+    ("close_with_unread_data_by_proxy", |p| {
+        close_with_unread(p, false)
+    }),
+    ("close_with_unread_data_by_app", |p| {
+        close_with_unread(p, true)
+    }),
+    ("poll_and_epoll_readiness", readiness),
+    ("so_rcvlowat", rcvlowat),
+    ("fionread", fionread),
+    ("nonblocking_backpressure", backpressure),
+    ("many_concurrent_connections", many_connections),
+    ("socket_handed_to_another_process", handed_over),
+    ("proxy_closes_first", |p| closes_first(p, false)),
+    ("app_closes_first", |p| closes_first(p, true)),
+    ("ulp_tls_refused_or_kept", ulp_tls),
+    ("original_destination_and_peer", original_destination),
+];
+
+/// FNV-1a: enough to tell two byte streams apart in an observation.
+fn digest(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{} bytes, fnv {h:016x}", bytes.len())
+}
+
+/// Bytes that differ from position to position, so that a reordering shows in the digest.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
+        .collect()
+}
+
+fn read_exactly(s: &mut TcpStream, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0; len];
+    s.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// The outcome of a call, as an observation line: the value, or the errno's name.
+fn outcome<T: std::fmt::Debug>(what: &str, r: io::Result<T>) -> String {
+    match r {
+        Ok(v) => format!("{what}: ok {v:?}"),
+        Err(e) => format!("{what}: {:?}", e.kind()),
+    }
+}
+
+fn errno_result(rc: isize) -> io::Result<usize> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}
+
+fn small_writes(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, mut proxy) = p.connect()?;
+    let mut obs = Vec::new();
+    for (i, len) in [1usize, 2, 100, 1000, 4096, 65536].into_iter().enumerate() {
+        let data = pattern(len, i as u8);
+        app.write_all(&data)?;
+        obs.push(format!(
+            "to proxy {}",
+            digest(&read_exactly(&mut proxy, len)?)
+        ));
+        proxy.write_all(&data)?;
+        obs.push(format!("to app {}", digest(&read_exactly(&mut app, len)?)));
+    }
+    Ok(obs)
+}
+
+/// Writes `data` on one thread while the other side reads it all.
+fn stream(mut from: TcpStream, mut to: TcpStream, data: Vec<u8>) -> io::Result<String> {
+    let len = data.len();
+    let writer = std::thread::spawn(move || from.write_all(&data).map(|()| from));
+    let got = read_exactly(&mut to, len)?;
+    writer.join().expect("writer")?;
+    Ok(digest(&got))
+}
+
+fn large_writes(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, proxy) = p.connect()?;
+    let size = 16 << 20;
+    Ok(vec![
+        format!(
+            "to proxy {}",
+            stream(app.try_clone()?, proxy.try_clone()?, pattern(size, 1))?
+        ),
+        format!("to app {}", stream(proxy, app, pattern(size, 2))?),
+    ])
+}
+
+fn partial_reads(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, mut proxy) = p.connect()?;
+    let data = pattern(10_000, 3);
+    app.write_all(&data)?;
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 7];
+    while got.len() < data.len() {
+        let n = proxy.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&chunk[..n]);
+    }
+    Ok(vec![digest(&got)])
+}
+
+fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for its length.
+    errno_result(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) })
+}
+
+fn send(fd: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for its length.
+    errno_result(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) })
+}
+
+fn msg_peek(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, mut proxy) = p.connect()?;
+    app.write_all(b"hello world")?;
+    wait_readable(proxy.as_raw_fd(), 11)?;
+    let mut peeked = [0u8; 5];
+    let n = recv(proxy.as_raw_fd(), &mut peeked, libc::MSG_PEEK)?;
+    let rest = read_exactly(&mut proxy, 11)?;
+    Ok(vec![
+        format!("peeked {:?}", String::from_utf8_lossy(&peeked[..n])),
+        format!("read {:?}", String::from_utf8_lossy(&rest)),
+    ])
+}
+
+fn msg_more(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, mut proxy) = p.connect()?;
+    let first = send(app.as_raw_fd(), b"abc", libc::MSG_MORE)?;
+    let second = send(app.as_raw_fd(), b"def", 0)?;
+    let got = read_exactly(&mut proxy, 6)?;
+    Ok(vec![
+        format!("sent {first} then {second}"),
+        format!("read {:?}", String::from_utf8_lossy(&got)),
+    ])
+}
+
+fn writev(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, mut proxy) = p.connect()?;
+    let parts: [&[u8]; 3] = [b"one,", b"two,", &pattern(5000, 4)];
+    let iov: Vec<libc::iovec> = parts
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr().cast_mut().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: every iovec points into a live slice of its length.
+    let n = errno_result(unsafe { libc::writev(app.as_raw_fd(), iov.as_ptr(), 3) })?;
+    let got = read_exactly(&mut proxy, n)?;
+    Ok(vec![format!("wrote {n}"), digest(&got)])
+}
+
+fn sendfile(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, mut proxy) = p.connect()?;
+    let data = pattern(1 << 20, 5);
+    let mut file = tempfile()?;
+    file.write_all(&data)?;
+    let mut offset: libc::off_t = 0;
+    let mut sent = 0;
+    while sent < data.len() {
+        // SAFETY: plain fds and a valid offset pointer.
+        let n = errno_result(unsafe {
+            libc::sendfile(
+                app.as_raw_fd(),
+                file.as_raw_fd(),
+                &mut offset,
+                data.len() - sent,
+            )
+        })?;
+        if n == 0 {
+            break;
+        }
+        sent += n;
+    }
+    Ok(vec![
+        format!("sent {sent}"),
+        digest(&read_exactly(&mut proxy, sent)?),
+    ])
+}
+
+/// An unnamed file in /tmp (gone when closed).
+fn tempfile() -> io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags_tmpfile()
+        .open(std::env::temp_dir())
+}
+
+trait TmpfileFlag {
+    fn custom_flags_tmpfile(&mut self) -> &mut Self;
+}
+
+impl TmpfileFlag for std::fs::OpenOptions {
+    fn custom_flags_tmpfile(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        self.custom_flags(libc::O_TMPFILE)
+    }
+}
+
+fn pipe() -> io::Result<(std::fs::File, std::fs::File)> {
+    use std::os::fd::FromRawFd as _;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned these fds; nothing else owns them.
+    Ok(unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
+    // SAFETY: plain fds; null offsets (pipes and sockets have none).
+    errno_result(unsafe {
+        libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, 0)
+    })
+}
+
+/// App to proxy through `splice` on both ends: pipe to the app's socket, then the proxy's socket
+/// to a pipe.
+fn splice_both_ways(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, proxy) = p.connect()?;
+    let data = pattern(60_000, 6);
+    let (in_r, mut in_w) = pipe()?;
+    let (mut out_r, out_w) = pipe()?;
+    let mut obs = Vec::new();
+    in_w.write_all(&data)?;
+    let mut sent = 0;
+    while sent < data.len() {
+        sent += splice(in_r.as_raw_fd(), app.as_raw_fd(), data.len() - sent)?;
+    }
+    obs.push(format!("spliced in {sent}"));
+    let mut got = Vec::new();
+    while got.len() < data.len() {
+        wait_readable(proxy.as_raw_fd(), 1)?;
+        let n = splice(proxy.as_raw_fd(), out_w.as_raw_fd(), data.len() - got.len())?;
+        if n == 0 {
+            break;
+        }
+        let mut buf = vec![0; n];
+        out_r.read_exact(&mut buf)?;
+        got.extend_from_slice(&buf);
+    }
+    obs.push(format!("spliced out {}", digest(&got)));
+    Ok(obs)
+}
+
+/// One side writes and shuts its writing half: the other reads the bytes, then end of stream,
+/// and can still answer.
+fn half_close(p: &Pair<'_>, by_app: bool) -> io::Result<Observation> {
+    let (app, proxy) = p.connect()?;
+    let (mut closer, mut other) = if by_app { (app, proxy) } else { (proxy, app) };
+    closer.write_all(b"request")?;
+    closer.shutdown(std::net::Shutdown::Write)?;
+    let mut got = Vec::new();
+    other.read_to_end(&mut got)?;
+    other.write_all(b"response")?;
+    other.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = Vec::new();
+    closer.read_to_end(&mut answer)?;
+    Ok(vec![
+        format!(
+            "other read {:?} then end of stream",
+            String::from_utf8_lossy(&got)
+        ),
+        format!(
+            "closer read {:?} then end of stream",
+            String::from_utf8_lossy(&answer)
+        ),
+    ])
+}
+
+/// One side closes with bytes it never read: TCP resets the connection, and the other side's
+/// next read says so.
+fn close_with_unread(p: &Pair<'_>, by_app: bool) -> io::Result<Observation> {
+    let (app, proxy) = p.connect()?;
+    let (closer, mut other) = if by_app { (app, proxy) } else { (proxy, app) };
+    other.write_all(&pattern(100, 7))?;
+    wait_readable(closer.as_raw_fd(), 100)?;
+    drop(closer);
+    std::thread::sleep(Duration::from_millis(100));
+    let mut buf = [0u8; 16];
+    Ok(vec![outcome("read after the close", other.read(&mut buf))])
+}
+
+fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.revents)
+}
+
+/// Waits until `fd` is readable (5 s at most), then a moment more for the rest of a small
+/// write. Readiness only: FIONREAD is a case of its own.
+fn wait_readable(fd: RawFd, _bytes: usize) -> io::Result<()> {
+    if poll_one(fd, libc::POLLIN, 5000)? & libc::POLLIN == 0 {
+        return Err(io::Error::from(io::ErrorKind::TimedOut));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    Ok(())
+}
+
+fn inq(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn readiness(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, proxy) = p.connect()?;
+    let fd = proxy.as_raw_fd();
+    let mut obs = vec![format!(
+        "poll before: {:#x}",
+        poll_one(fd, libc::POLLIN, 0)?
+    )];
+    // SAFETY: plain epoll calls on valid fds; the event buffer has room for one.
+    let ready = unsafe {
+        let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: 1,
+        };
+        libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev);
+        app.write_all(b"x")?;
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }];
+        let n = libc::epoll_wait(ep, out.as_mut_ptr(), 1, 2000);
+        let again = libc::epoll_wait(ep, out.as_mut_ptr(), 1, 50);
+        libc::close(ep);
+        (n, again)
+    };
+    obs.push(format!(
+        "epoll after a write: {} ready, then {} (edge)",
+        ready.0, ready.1
+    ));
+    obs.push(format!(
+        "poll after: {:#x}",
+        poll_one(fd, libc::POLLIN, 2000)?
+    ));
+    Ok(obs)
+}
+
+fn set_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
+    // SAFETY: one int, its size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&raw const value).cast(),
+            size_of::<i32>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn rcvlowat(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, mut proxy) = p.connect()?;
+    let fd = proxy.as_raw_fd();
+    set_int(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT, 100)?;
+    app.write_all(&pattern(50, 8))?;
+    let below = poll_one(fd, libc::POLLIN, 300)?;
+    app.write_all(&pattern(50, 9))?;
+    let above = poll_one(fd, libc::POLLIN, 2000)?;
+    let got = read_exactly(&mut proxy, 100)?;
+    Ok(vec![
+        format!("poll with 50 of 100 bytes: {below:#x}"),
+        format!("poll with 100 of 100 bytes: {above:#x}"),
+        digest(&got),
+    ])
+}
+
+fn fionread(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, proxy) = p.connect()?;
+    app.write_all(&pattern(1234, 10))?;
+    let ready = poll_one(proxy.as_raw_fd(), libc::POLLIN, 2000)?;
+    std::thread::sleep(Duration::from_millis(50));
+    Ok(vec![
+        format!("poll {ready:#x}"),
+        outcome("FIONREAD", inq(proxy.as_raw_fd())),
+    ])
+}
+
+/// A non-blocking writer fills the buffers until EAGAIN, the reader drains, and the writer can
+/// write again: every byte arrives, in order.
+fn backpressure(p: &Pair<'_>) -> io::Result<Observation> {
+    let (mut app, mut proxy) = p.connect()?;
+    app.set_nonblocking(true)?;
+    let chunk = pattern(65536, 11);
+    let mut written = 0usize;
+    let mut stalled = false;
+    while written < (256 << 20) {
+        match app.write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                stalled = true;
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut expected = Vec::with_capacity(written);
+    while expected.len() < written {
+        let take = (written - expected.len()).min(chunk.len());
+        expected.extend_from_slice(&chunk[..take]);
+    }
+    let got = read_exactly(&mut proxy, written)?;
+    let writable = poll_one(app.as_raw_fd(), libc::POLLOUT, 2000)?;
+    Ok(vec![
+        format!("writes stalled with EAGAIN: {stalled}"),
+        format!("every byte arrived in order: {}", got == expected),
+        format!("writable after the drain: {:#x}", writable & libc::POLLOUT),
+    ])
+}
+
+fn many_connections(p: &Pair<'_>) -> io::Result<Observation> {
+    let pairs: Vec<(TcpStream, TcpStream)> =
+        (0..64).map(|_| p.connect()).collect::<Result<_, _>>()?;
+    let handles: Vec<_> = pairs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut app, mut proxy))| {
+            std::thread::spawn(move || -> io::Result<bool> {
+                let data = pattern(20_000, i as u8);
+                let writer = {
+                    let data = data.clone();
+                    let mut app = app.try_clone()?;
+                    std::thread::spawn(move || app.write_all(&data))
+                };
+                let got = read_exactly(&mut proxy, data.len())?;
+                writer.join().expect("writer")?;
+                proxy.write_all(&got)?;
+                let back = read_exactly(&mut app, data.len())?;
+                Ok(got == data && back == data)
+            })
+        })
+        .collect();
+    let intact = handles
+        .into_iter()
+        .map(|h| h.join().expect("connection thread"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![format!(
+        "{} of {} connections intact both ways",
+        intact.iter().filter(|ok| **ok).count(),
+        intact.len()
+    )])
+}
+
+/// The app's socket is written by a forked process (as a socket passed to a worker would be).
+fn handed_over(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, mut proxy) = p.connect()?;
+    let msg = b"written by another process";
+    // SAFETY: the child only calls write(2) and _exit(2), both async-signal-safe.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            let n = libc::write(app.as_raw_fd(), msg.as_ptr().cast(), msg.len());
+            libc::_exit(i32::from(n != msg.len() as isize));
+        }
+    }
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    drop(app);
+    let got = read_exactly(&mut proxy, msg.len())?;
+    Ok(vec![
+        format!("child exit status {status}"),
+        format!("read {:?}", String::from_utf8_lossy(&got)),
+    ])
+}
+
+/// One side says goodbye and closes; the other reads it, then end of stream, and its writes
+/// then fail as TCP makes them.
+fn closes_first(p: &Pair<'_>, app_first: bool) -> io::Result<Observation> {
+    let (app, proxy) = p.connect()?;
+    let (mut first, mut second) = if app_first {
+        (app, proxy)
+    } else {
+        (proxy, app)
+    };
+    first.write_all(b"bye")?;
+    drop(first);
+    let mut got = Vec::new();
+    let end = second.read_to_end(&mut got);
+    let write1 = second.write(b"late");
+    std::thread::sleep(Duration::from_millis(100));
+    let write2 = second.write(b"later");
+    Ok(vec![
+        format!("read {:?}", String::from_utf8_lossy(&got)),
+        outcome("end of stream", end),
+        outcome("first write after", write1.map(|_| ())),
+        outcome("second write after", write2.map(|_| ())),
+    ])
+}
+
+/// kTLS on the app's socket: the kernel either takes it (and the proxy reads a TLS record) or
+/// refuses it; either way exactly as without acceleration.
+fn ulp_tls(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, mut proxy) = p.connect()?;
+    let name = b"tls";
+    // SAFETY: a byte string and its length.
+    let rc = unsafe {
+        libc::setsockopt(
+            app.as_raw_fd(),
+            libc::SOL_TCP,
+            libc::TCP_ULP,
+            name.as_ptr().cast(),
+            name.len() as u32,
+        )
+    };
+    let set = if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    };
+    let mut obs = vec![outcome(
+        "TCP_ULP tls",
+        set.as_ref()
+            .map(|_| ())
+            .map_err(|e| io::Error::from(e.kind())),
+    )];
+    if set.is_ok() {
+        // TLS 1.2, AES-GCM-128, a fixed all-zero key: the bytes on the wire are deterministic.
+        let mut info = [0u8; 40];
+        info[0..2].copy_from_slice(&0x0303u16.to_ne_bytes());
+        info[2..4].copy_from_slice(&51u16.to_ne_bytes());
+        // SAFETY: the crypto info buffer and its length.
+        let rc = unsafe {
+            libc::setsockopt(
+                app.as_raw_fd(),
+                282,
+                1,
+                info.as_ptr().cast(),
+                info.len() as u32,
+            )
+        };
+        obs.push(format!(
+            "TLS_TX: {}",
+            if rc == 0 { "ok" } else { "refused" }
+        ));
+        if rc == 0 {
+            let n = send(app.as_raw_fd(), b"secret", 0)?;
+            // A record: 5 header bytes, 8 explicit nonce bytes, the data, 16 tag bytes.
+            obs.push(format!(
+                "record {}",
+                digest(&read_exactly(&mut proxy, n + 29)?)
+            ));
+        }
+    }
+    Ok(obs)
+}
+
+fn original_destination(p: &Pair<'_>) -> io::Result<Observation> {
+    let (app, proxy) = p.connect()?;
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_in>() as u32;
+    // SAFETY: a sockaddr_in buffer and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            proxy.as_raw_fd(),
+            libc::SOL_IP,
+            capture_common::SO_ORIGINAL_DST,
+            (&raw mut addr).cast(),
+            &mut len,
+        )
+    };
+    let orig = (rc == 0).then(|| {
+        std::net::SocketAddrV4::new(
+            u32::from_be(addr.sin_addr.s_addr).into(),
+            u16::from_be(addr.sin_port),
+        )
+    });
+    Ok(vec![
+        format!("SO_ORIGINAL_DST {orig:?}"),
+        outcome("app's peer", app.peer_addr()),
+    ])
+}

@@ -1,0 +1,219 @@
+//! The app-to-proxy acceleration: its correctness checks run on this kernel, the node follows
+//! their verdict, and an accelerated pod's traffic (and every answer the proxy relies on) stays
+//! as it is without acceleration.
+
+use capture_tests::cni::{CgroupDriver, Node, Pod, MESHED};
+use capture_tests::kernel::{record_skip, Feature};
+use capture_tests::probe::{connect_with, Outcome};
+use serde_json::Value;
+
+const ASK: (&str, &str) = ("capture.dev/accelerate", "true");
+
+/// Where the app's connections go: the node's listener, at the pods' gateway.
+const GATEWAY_80: &str = "10.88.0.1:80";
+
+fn meshed_asking() -> Vec<(&'static str, &'static str)> {
+    vec![MESHED[0], ASK]
+}
+
+/// `capture accel-check --json`, with its report.
+fn check(node: &Node, extra: &[&str]) -> (bool, Value) {
+    let mut args = vec!["accel-check", "--json"];
+    args.extend_from_slice(extra);
+    let out = node.capture(&args);
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("accel-check report ({e}): {out:?}"));
+    (out.status.success(), report)
+}
+
+fn pod_status<'a>(status: &'a Value, pod: &Pod) -> &'a Value {
+    status["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["pod"]["name"] == pod.name.as_str())
+        .unwrap_or_else(|| panic!("{} in status: {status}", pod.name))
+}
+
+fn sk_msg_refused(status: &Value) -> Option<String> {
+    let node = std::fs::read_to_string(
+        std::path::Path::new(&status["state_dir"].as_str().expect("state dir")).join("node.json"),
+    )
+    .ok()?;
+    let node: Value = serde_json::from_str(&node).ok()?;
+    node["unavailable"]
+        .as_array()?
+        .iter()
+        .find(|u| u["hook"] == "sk_msg")
+        .map(|u| u["reason"].to_string())
+}
+
+fn start_remote(node: &Node) -> capture_tests::guards::ChildGuard {
+    capture_tests::guards::ChildGuard::spawn_ready(
+        capture_tests::probe::probe_in(&node.netns.path(), None, None).args([
+            "serve",
+            "--tcp",
+            "remote=0.0.0.0:80",
+        ]),
+    )
+}
+
+fn captured_answers(got: &Outcome) -> (Option<String>, Option<String>, Option<String>) {
+    (got.server(), got.orig(), got.client_peer())
+}
+
+#[test]
+fn every_case_runs_and_the_node_follows_the_verdict() {
+    let node = Node::new();
+    let (clean, report) = check(&node, &[]);
+    let cases = report["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 20, "{report}");
+    for case in cases {
+        // Without acceleration every case must run: an error there is a broken case, which
+        // would make every kernel look different.
+        assert!(
+            case["plain"]["Ok"].is_array(),
+            "case {} failed plain: {case}",
+            case["name"]
+        );
+    }
+    let failed: Vec<String> = cases
+        .iter()
+        .filter(|c| c["passed"] == false)
+        .map(|c| c["name"].as_str().expect("name").to_string())
+        .collect();
+    assert_eq!(
+        clean,
+        failed.is_empty() && report["accelerated_bytes"].as_u64() > Some(0)
+    );
+
+    let _remote = start_remote(&node);
+    let _agent = node.start_agent_with("ebpf", &["--accelerate"]);
+    let mut pod = node.pod("asks", CgroupDriver::Cgroupfs, &meshed_asking());
+    node.add(&mut pod).expect("ADD");
+    let status = node.status();
+    let accel = &pod_status(&status, &pod)["acceleration"];
+    assert_eq!(accel["active"], Value::Bool(clean), "{accel}");
+    if !clean {
+        let reason = accel["reason"].as_str().expect("a reason");
+        match sk_msg_refused(&status) {
+            Some(why) => assert!(reason.contains("refused"), "{reason} ({why})"),
+            None => {
+                for name in &failed {
+                    assert!(
+                        reason.contains(name.as_str()),
+                        "{reason} should name {name}"
+                    );
+                }
+            }
+        }
+    }
+    node.del(&pod).expect("DEL");
+}
+
+#[test]
+fn accelerated_pods_answer_as_unaccelerated_ones_and_count_their_bytes() {
+    let node = Node::new();
+    let (_, report) = check(&node, &[]);
+    if report["accelerated_bytes"].as_u64() == Some(0) {
+        let refused = sk_msg_refused(&node.status());
+        assert!(
+            refused.is_some(),
+            "no byte accelerated, yet sk_msg loaded: {report}"
+        );
+        record_skip(
+            Feature::SkMsgAcceleration,
+            &format!("the kernel refused the sk_msg program: {refused:?}"),
+        );
+        return;
+    }
+    // Accept whatever this kernel differs in, so that the pod is accelerated here.
+    let differences: Vec<String> = report["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|c| c["passed"] == false)
+        .map(|c| c["name"].as_str().expect("name").to_string())
+        .collect();
+    let accepting = differences.join(",");
+    let mut args = vec!["--accelerate"];
+    if !accepting.is_empty() {
+        args.extend(["--accelerate-accepting", &accepting]);
+    }
+    let _remote = start_remote(&node);
+    let _agent = node.start_agent_with("ebpf", &args);
+    let mut fast = node.pod("fast", CgroupDriver::Cgroupfs, &meshed_asking());
+    let mut plain = node.pod("plain", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut fast).expect("ADD");
+    node.add(&mut plain).expect("ADD");
+    let _fast_servers = fast.start_servers();
+    let _plain_servers = plain.start_servers();
+
+    let before = node.status();
+    let fast_status = pod_status(&before, &fast);
+    assert_eq!(fast_status["acceleration"]["active"], true, "{fast_status}");
+    assert!(
+        pod_status(&before, &plain).get("acceleration").is_none(),
+        "a pod that did not ask has no acceleration"
+    );
+
+    for _ in 0..5 {
+        let a = connect_with(fast.app_client(), GATEWAY_80);
+        let b = connect_with(plain.app_client(), GATEWAY_80);
+        assert_eq!(a.server().as_deref(), Some("outbound"), "{:?}", a.0);
+        assert_eq!(
+            captured_answers(&a),
+            captured_answers(&b),
+            "{:?} vs {:?}",
+            a.0,
+            b.0
+        );
+    }
+    let after = node.status();
+    let counters = &pod_status(&after, &fast)["acceleration"]["counters"];
+    assert!(
+        counters["accelerated_bytes"].as_u64() > Some(0),
+        "the proxy's answers went through the sk_msg program: {counters}"
+    );
+    assert!(
+        counters["accelerated_sends"].as_u64() >= Some(5),
+        "{counters}"
+    );
+    node.del(&fast).expect("DEL");
+    node.del(&plain).expect("DEL");
+}
+
+#[test]
+fn the_iptables_backend_says_it_has_no_acceleration() {
+    let node = Node::new();
+    let _agent = node.start_agent_with("iptables", &[]);
+    let mut pod = node.pod("asks", CgroupDriver::Cgroupfs, &meshed_asking());
+    node.add(&mut pod).expect("ADD");
+    let status = node.status();
+    let accel = &pod_status(&status, &pod)["acceleration"];
+    assert_eq!(accel["active"], false);
+    assert!(
+        accel["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("iptables")),
+        "{accel}"
+    );
+    node.del(&pod).expect("DEL");
+}
+
+#[test]
+fn a_bad_annotation_value_fails_the_add_and_names_it() {
+    let node = Node::new();
+    let _agent = node.start_agent_with("ebpf", &["--accelerate"]);
+    let mut pod = node.pod(
+        "bad",
+        CgroupDriver::Cgroupfs,
+        &[MESHED[0], ("capture.dev/accelerate", "yes")],
+    );
+    let err = node.add(&mut pod).expect_err("a bad value");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("capture.dev/accelerate") && msg.contains("yes"),
+        "{msg}"
+    );
+}
