@@ -33,18 +33,41 @@ pub enum Mode {
     None,
     Iptables,
     Ebpf,
+    /// ebpf with the app-to-proxy acceleration (sk_msg) on, whatever this kernel's checks found:
+    /// the report says which differences were accepted for the measurement.
+    EbpfAccel,
 }
 
 impl Mode {
-    pub const ALL: [Self; 3] = [Self::None, Self::Iptables, Self::Ebpf];
+    pub const ALL: [Self; 4] = [Self::None, Self::Iptables, Self::Ebpf, Self::EbpfAccel];
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::None => "none",
             Self::Iptables => "iptables",
             Self::Ebpf => "ebpf",
+            Self::EbpfAccel => "ebpf+accel",
         }
     }
+}
+
+/// The network settings of the pods under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Settings {
+    /// The kernel's defaults, as nodes run them (`tcp_tw_reuse=2`: TIME_WAIT ports are reused
+    /// for loopback connections only).
+    Default,
+    /// Tuned for connection churn: `tcp_tw_reuse=1` and ports 1024-65000, so that no mode runs out
+    /// of ephemeral ports in TIME_WAIT.
+    Tuned,
+}
+
+impl Settings {
+    const TUNED_SYSCTLS: [&'static str; 2] = [
+        "net.ipv4.tcp_tw_reuse=1",
+        "net.ipv4.ip_local_port_range=1024 65000",
+    ];
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -62,6 +85,7 @@ pub struct Cell {
     pub concurrency: usize,
     pub inbound: bool,
     pub proxy: Proxy,
+    pub settings: Settings,
 }
 
 impl Cell {
@@ -73,7 +97,15 @@ impl Cell {
             Workload::Stream => "stream",
         };
         let dir = if self.inbound { "inbound" } else { "outbound" };
-        format!("{dir} {w} c{} ({:?} proxy)", self.concurrency, self.proxy).to_lowercase()
+        let tuned = match self.settings {
+            Settings::Default => "",
+            Settings::Tuned => ", tuned",
+        };
+        format!(
+            "{dir} {w} c{} ({:?} proxy{tuned})",
+            self.concurrency, self.proxy
+        )
+        .to_lowercase()
     }
 }
 
@@ -91,6 +123,24 @@ pub struct CellResult {
     pub cell: Cell,
     pub label: String,
     pub samples: Vec<Sample>,
+    /// After the cell's last round, per mode: what the pod's netns held.
+    pub aftermath: Vec<(Mode, Aftermath)>,
+}
+
+/// What connection churn leaves in a pod's netns.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Aftermath {
+    /// Sockets in TIME_WAIT (each holds its 4-tuple, and its local port unless reused).
+    pub time_wait: u64,
+    /// Conntrack entries (iptables' REDIRECT needs one per connection).
+    pub conntrack: u64,
+}
+
+/// What this kernel's acceleration checks found, accepted for the ebpf+accel measurement.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AccelNote {
+    pub differences: Vec<String>,
+    pub cases: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -128,6 +178,11 @@ pub struct Results {
     pub program_costs: Vec<ProgramCost>,
     /// Connections made in that pass.
     pub profiled_connections: u64,
+    pub accel: AccelNote,
+    /// Where the ebpf+accel path's kernel time goes: a persistent request/response pass.
+    pub accel_program_costs: Vec<ProgramCost>,
+    /// Requests answered in that pass.
+    pub accel_profiled_requests: u64,
 }
 
 pub struct Options {
@@ -164,22 +219,29 @@ struct Bed {
 }
 
 impl Bed {
-    fn new(mode: Mode, proxy: Proxy) -> Self {
+    fn new(mode: Mode, proxy: Proxy, settings: Settings, accel: &AccelNote) -> Self {
         let topo = Topology::new();
-        // Connection churn at these rates would otherwise run out of ephemeral ports in TIME_WAIT
-        // within seconds, in every mode alike; conntrack's own entries are what iptables costs.
-        for ns in [&topo.pod.netns.name, &topo.remote.name] {
-            for kv in [
-                "net.ipv4.tcp_tw_reuse=1",
-                "net.ipv4.ip_local_port_range=1024 65000",
-            ] {
-                crate::guards::run(
-                    Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]),
-                );
+        if settings == Settings::Tuned {
+            for ns in [&topo.pod.netns.name, &topo.remote.name] {
+                for kv in Settings::TUNED_SYSCTLS {
+                    crate::guards::run(
+                        Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]),
+                    );
+                }
             }
         }
-        if mode != Mode::None {
-            topo.attach(&["--mode", mode.name()]);
+        match mode {
+            Mode::None => {}
+            Mode::Iptables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
+            Mode::EbpfAccel => {
+                allow_acceleration(&topo, accel);
+                topo.attach(&[
+                    "--mode",
+                    "ebpf",
+                    "--annotation",
+                    "capture.dev/accelerate=true",
+                ]);
+            }
         }
         let mut servers = Vec::new();
         let upstream = role(
@@ -331,6 +393,25 @@ impl Bed {
         (costs, load.ops)
     }
 
+    /// TIME_WAIT sockets and conntrack entries in the pod's netns now.
+    fn aftermath(&self) -> Aftermath {
+        let tcp = Command::new("nsenter")
+            .arg(format!("--net={}", self.topo.pod.netns.path().display()))
+            .args(["cat", "/proc/net/tcp", "/proc/net/tcp6"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        // The fourth column is the state; 06 is TIME_WAIT.
+        let time_wait = tcp
+            .lines()
+            .filter(|l| l.split_whitespace().nth(3) == Some("06"))
+            .count() as u64;
+        Aftermath {
+            time_wait,
+            conntrack: self.conntrack_entries(),
+        }
+    }
+
     fn conntrack_entries(&self) -> u64 {
         let out = Command::new("nsenter")
             .arg(format!("--net={}", self.topo.pod.netns.path().display()))
@@ -360,23 +441,69 @@ fn clock_ticks() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }
 
+/// Every workload under the kernel's defaults (the headline), and connection churn again under
+/// tuned settings.
 fn cells(concurrency: usize) -> Vec<Cell> {
-    let c = |workload, concurrency, inbound, proxy| Cell {
+    let c = |workload, concurrency, inbound, proxy, settings| Cell {
         workload,
         concurrency,
         inbound,
         proxy,
+        settings,
     };
-    vec![
-        c(Workload::Crr, 1, false, Proxy::Echo),
-        c(Workload::Crr, concurrency, false, Proxy::Echo),
-        c(Workload::Rr, 1, false, Proxy::Echo),
-        c(Workload::Stream, 1, false, Proxy::Echo),
-        c(Workload::Crr, 1, true, Proxy::Echo),
-        c(Workload::Crr, 1, false, Proxy::Forward),
-        c(Workload::Crr, concurrency, false, Proxy::Forward),
-        c(Workload::Rr, 1, false, Proxy::Forward),
-    ]
+    let mut out = Vec::new();
+    for proxy in [Proxy::Echo, Proxy::Forward] {
+        out.push(c(Workload::Crr, 1, false, proxy, Settings::Default));
+        out.push(c(
+            Workload::Crr,
+            concurrency,
+            false,
+            proxy,
+            Settings::Default,
+        ));
+        out.push(c(Workload::Rr, 1, false, proxy, Settings::Default));
+        out.push(c(Workload::Stream, 1, false, proxy, Settings::Default));
+        if proxy == Proxy::Echo {
+            out.push(c(Workload::Crr, 1, true, proxy, Settings::Default));
+        }
+        out.push(c(Workload::Crr, 1, false, proxy, Settings::Tuned));
+        out.push(c(Workload::Crr, concurrency, false, proxy, Settings::Tuned));
+    }
+    out
+}
+
+/// Runs this kernel's acceleration checks once (in a throwaway node) and notes their differences,
+/// which the ebpf+accel pods then accept: the measurement shows what acceleration would give,
+/// the note what it would cost in correctness here.
+fn check_acceleration() -> AccelNote {
+    let topo = Topology::new();
+    let out = topo.capture(&["accel-check", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("accel-check report ({e}): {out:?}"));
+    let cases = report["cases"].as_array().cloned().unwrap_or_default();
+    AccelNote {
+        differences: cases
+            .iter()
+            .filter(|c| c["passed"] == false)
+            .filter_map(|c| c["name"].as_str().map(String::from))
+            .collect(),
+        cases: cases.len(),
+    }
+}
+
+/// Allows acceleration on the bed's node, accepting the differences the checks found.
+fn allow_acceleration(topo: &Topology, accel: &AccelNote) {
+    let mut args = vec!["accel-check", "--allow"];
+    let accepting = accel.differences.join(",");
+    if !accepting.is_empty() {
+        args.extend(["--accepting", &accepting]);
+    }
+    let out = topo.capture(&args);
+    assert!(
+        out.status.success(),
+        "accel-check --allow: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Unreclaimable kernel memory, KiB: where BPF links, program arrays and map entries live
@@ -439,15 +566,30 @@ pub fn run(opts: &Options) -> Results {
             cell: *c,
             label: c.label(),
             samples: Vec::new(),
+            aftermath: Vec::new(),
         })
         .collect();
     let mut conntrack = Vec::new();
     let mut profile = (Vec::new(), 0);
-    for proxy in [Proxy::Echo, Proxy::Forward] {
-        eprintln!("bench: setting up the {proxy:?} proxy in three pods (none, iptables, ebpf)");
-        let beds: Vec<Bed> = Mode::ALL.iter().map(|m| Bed::new(*m, proxy)).collect();
+    let mut accel_profile = (Vec::new(), 0);
+    eprintln!("bench: running the acceleration checks");
+    let accel = check_acceleration();
+    for (proxy, settings) in [
+        (Proxy::Echo, Settings::Default),
+        (Proxy::Echo, Settings::Tuned),
+        (Proxy::Forward, Settings::Default),
+        (Proxy::Forward, Settings::Tuned),
+    ] {
+        eprintln!(
+            "bench: setting up the {proxy:?} proxy ({settings:?} settings) in a pod per mode"
+        );
+        let beds: Vec<Bed> = Mode::ALL
+            .iter()
+            .map(|m| Bed::new(*m, proxy, settings, &accel))
+            .collect();
+        let ours = |c: &Cell| c.proxy == proxy && c.settings == settings;
         for round in 0..rounds {
-            for (i, cell) in cells.iter().enumerate().filter(|(_, c)| c.proxy == proxy) {
+            for (i, cell) in cells.iter().enumerate().filter(|(_, c)| ours(c)) {
                 // Interleaved: the modes' order rotates every round and cell.
                 for k in 0..beds.len() {
                     let bed = &beds[(round + i + k) % beds.len()];
@@ -466,10 +608,13 @@ pub fn run(opts: &Options) -> Results {
                         load,
                         cpu_us_per_op: cpu,
                     });
+                    if round + 1 == rounds && cell.workload == Workload::Crr {
+                        results[i].aftermath.push((bed.mode, bed.aftermath()));
+                    }
                 }
             }
         }
-        if proxy == Proxy::Echo {
+        if proxy == Proxy::Echo && settings == Settings::Default {
             conntrack = beds
                 .iter()
                 .map(|b| (b.mode, b.conntrack_entries()))
@@ -481,6 +626,14 @@ pub fn run(opts: &Options) -> Results {
             {
                 eprintln!("bench: profiling the ebpf programs on {}", cell.label());
                 profile = bed.profile(cell, duration);
+            }
+            let rr = cells.iter().find(|c| ours(c) && c.workload == Workload::Rr);
+            if let (Some(bed), Some(cell)) = (beds.iter().find(|b| b.mode == Mode::EbpfAccel), rr) {
+                eprintln!(
+                    "bench: profiling the ebpf+accel programs on {}",
+                    cell.label()
+                );
+                accel_profile = bed.profile(cell, duration);
             }
         }
     }
@@ -519,6 +672,9 @@ pub fn run(opts: &Options) -> Results {
         cni_add,
         program_costs: profile.0,
         profiled_connections: profile.1,
+        accel,
+        accel_program_costs: accel_profile.0,
+        accel_profiled_requests: accel_profile.1,
     };
     report::write(&results, &opts.out);
     results
