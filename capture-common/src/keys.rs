@@ -69,7 +69,7 @@ pub const CIDR_FAMILY_V6: u8 = 6;
 /// when a dual-stack socket carries them v4-mapped. Also each accelerated socket's key in
 /// `ACCEL_PEERS`: its connection as it sees it, in its netns.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HandoffKey {
     pub netns_cookie: u64,
     pub local_addr: [u32; 4],

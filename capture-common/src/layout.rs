@@ -8,7 +8,7 @@
 use crate::{
     config::{AccelCounters, PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
-    state::{AccelState, OriginalDst, SockState},
+    state::{OriginalDst, SockState},
 };
 
 /// What a takeover does with a pinned map whose layout or definition differs from its own.
@@ -99,7 +99,7 @@ pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOT
 pub const MAX_ACCEL_SOCKETS: u32 = 131_072;
 
 /// This build's maps, in the order user space pins them.
-pub const MAP_LAYOUTS: [MapLayout; 12] = [
+pub const MAP_LAYOUTS: [MapLayout; 11] = [
     MapLayout {
         name: "POD_CONFIGS",
         version: POD_CONFIGS_VERSION,
@@ -152,11 +152,6 @@ pub const MAP_LAYOUTS: [MapLayout; 12] = [
     },
     MapLayout {
         name: "ACCEL_PEERS",
-        version: 1,
-        carry: Carry::Live,
-    },
-    MapLayout {
-        name: "ACCEL_STATES",
         version: 1,
         carry: Carry::Live,
     },
@@ -228,7 +223,6 @@ pub fn sizes_of(name: &str) -> Option<(usize, usize)> {
         "SOCKET_STATES" => (size_of::<i32>(), size_of::<SockState>()),
         "ACCEL_COUNTERS" => (size_of::<u64>(), size_of::<AccelCounters>()),
         "ACCEL_PEERS" => (size_of::<HandoffKey>(), size_of::<u32>()),
-        "ACCEL_STATES" => (size_of::<i32>(), size_of::<AccelState>()),
         _ => return None,
     })
 }
@@ -239,7 +233,7 @@ mod tests {
 
     /// Each version's sizes. A map whose types change size must get a new version (and a row
     /// here); a change of meaning at the same size must bump the version too.
-    const KNOWN: [(&str, u32, usize, usize); 14] = [
+    const KNOWN: [(&str, u32, usize, usize); 13] = [
         ("POD_CONFIGS", 1, 8, 120),
         ("POD_CONFIGS", 2, 8, 128),
         ("POD_COUNTERS", 1, 8, 80),
@@ -253,7 +247,6 @@ mod tests {
         ("SOCKET_STATES", 1, 4, 48),
         ("ACCEL_COUNTERS", 1, 8, 24),
         ("ACCEL_PEERS", 1, 48, 4),
-        ("ACCEL_STATES", 1, 4, 56),
     ];
 
     #[test]

@@ -45,5 +45,4 @@ mod user {
     unsafe impl aya::Pod for keys::ListenerKey {}
     unsafe impl aya::Pod for state::OriginalDst {}
     unsafe impl aya::Pod for state::SockState {}
-    unsafe impl aya::Pod for state::AccelState {}
 }

@@ -35,6 +35,14 @@ pub const SOCK_NETNS_KNOWN: u32 = 1 << 5;
 /// ignore, so the layout keeps its version.
 pub const SOCK_HANDOFF_LOST: u32 = 1 << 6;
 
+/// Acceleration: the socket's first write found its peer in `ACCEL_PEERS`, so every write goes
+/// to the peer directly while the peer is in the map. Flags old builds ignore.
+pub const SOCK_ACCEL_REDIRECTING: u32 = 1 << 7;
+/// Acceleration: the socket's first write did not find its peer (or the socket could not join
+/// the map) and went through TCP, so every later one does too: the peer must never read bytes out
+/// of order, and the kernel reads redirected bytes before those in the TCP receive queue.
+pub const SOCK_ACCEL_PASSING: u32 = 1 << 8;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockState {
@@ -52,23 +60,3 @@ pub struct SockState {
     pub _pad32: u32,
 }
 const _: () = assert!(size_of::<SockState>() == 48);
-
-/// An accelerated socket's own state (`ACCEL_STATES`, socket-local storage of its own so that
-/// `SockState` keeps its layout). Written by sock_ops when the socket joins `ACCEL_PEERS`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AccelState {
-    /// The peer's key in `ACCEL_PEERS`: this socket's tuple, reversed.
-    pub peer: crate::keys::HandoffKey,
-    pub flags: u32,
-    pub _pad: u32,
-}
-const _: () = assert!(size_of::<AccelState>() == 56);
-
-/// The socket's first write found its peer: every write goes to the peer directly, as long as
-/// the peer is in the map.
-pub const ACCEL_REDIRECTING: u32 = 1 << 0;
-/// The socket's first write did not find its peer and went through TCP: every later one does
-/// too, so that the peer never reads bytes out of order (redirected bytes are read before those
-/// in the TCP receive queue).
-pub const ACCEL_PASSING: u32 = 1 << 1;

@@ -6,17 +6,20 @@
 //! those in its TCP receive queue, so each socket decides once, at its first write, and keeps to
 //! it: peer found, every write is redirected (while the peer is in the map: once it has closed,
 //! writes go to TCP, which answers as it would for any closed peer); peer not found (its
-//! handshake not yet complete), every write stays on TCP.
+//! handshake not yet complete), every write stays on TCP. The decision lives in the socket's
+//! `SockState` flags, which every joined socket has: no allocation beyond the map's own.
 
 use aya_ebpf::{
-    bindings::{bpf_sock_ops, sk_action::SK_PASS, BPF_ANY, BPF_F_INGRESS},
+    bindings::{bpf_sock_ops, sk_action::SK_PASS, sk_msg_md, BPF_ANY, BPF_F_INGRESS},
     programs::SkMsgContext,
 };
 use capture_common::{
     accel::{joins, Side},
-    config::PodConfig,
+    addr::unmap,
+    config::{AccelCounters, PodConfig},
     keys::HandoffKey,
-    state::{ACCEL_PASSING, ACCEL_REDIRECTING},
+    state::{SOCK_ACCEL_PASSING, SOCK_ACCEL_REDIRECTING, SOCK_NETNS_KNOWN},
+    AF_INET, AF_INET6,
 };
 
 use crate::{
@@ -24,65 +27,111 @@ use crate::{
     storage,
 };
 
-/// The socket's connection from its own side, in its netns.
-pub struct Conn<'a> {
+/// The socket's connection from its own side, in its netns; IPv4 (also v4-mapped) in word 0.
+pub struct Conn {
     pub netns_cookie: u64,
     pub family: u16,
-    pub local: &'a [u32; 4],
-    pub remote: &'a [u32; 4],
+    pub local: [u32; 4],
+    pub remote: [u32; 4],
     pub local_port: u16,
     pub remote_port: u16,
 }
 
+impl Conn {
+    /// The key the socket joins the map under.
+    #[inline(always)]
+    fn own_key(&self) -> HandoffKey {
+        HandoffKey {
+            netns_cookie: self.netns_cookie,
+            local_addr: self.local,
+            remote_addr: self.remote,
+            local_port: self.local_port,
+            remote_port: self.remote_port,
+            family: self.family,
+            _pad: 0,
+        }
+    }
+
+    /// The key its peer joined under: the same connection seen from the other end.
+    #[inline(always)]
+    fn peer_key(&self) -> HandoffKey {
+        HandoffKey {
+            netns_cookie: self.netns_cookie,
+            local_addr: self.remote,
+            remote_addr: self.local,
+            local_port: self.remote_port,
+            remote_port: self.local_port,
+            family: self.family,
+            _pad: 0,
+        }
+    }
+}
+
 /// An established socket joins `ACCEL_PEERS` if its pod accelerates and the connection is one
-/// the acceleration takes. A socket the kernel refuses (one with a ULP, or the map full) simply
-/// stays on TCP, and so does its peer: its writes will not find it.
+/// the acceleration takes. A socket the kernel refuses (one with a ULP, or the map full) stays on
+/// TCP, and so does its peer: its writes will not find it.
 #[inline(always)]
 pub fn join(
     ops: *mut bpf_sock_ops,
     sk: *mut core::ffi::c_void,
     cfg: &PodConfig,
-    c: &Conn<'_>,
+    c: &Conn,
     side: Side,
 ) {
-    if !joins(cfg, c.family, c.remote, side) {
+    if !joins(cfg, c.family, &c.remote, side) {
         return;
     }
-    let Some(state) = storage::accel_or_create(sk) else {
+    let Some(state) = storage::get_or_create(sk) else {
         return;
     };
-    state.peer.netns_cookie = c.netns_cookie;
-    state.peer.local_addr = *c.remote;
-    state.peer.remote_addr = *c.local;
-    state.peer.local_port = c.remote_port;
-    state.peer.remote_port = c.local_port;
-    state.peer.family = c.family;
-    state.flags = 0;
-    let mut own = HandoffKey {
-        netns_cookie: c.netns_cookie,
-        local_addr: *c.local,
-        remote_addr: *c.remote,
-        local_port: c.local_port,
-        remote_port: c.remote_port,
-        family: c.family,
-        _pad: 0,
-    };
+    // The sk_msg program finds the pod by the socket's netns cookie (a socket accepted by a
+    // listener that predates the attach may not have it yet).
+    state.netns_cookie = c.netns_cookie;
+    state.flags = (state.flags | SOCK_NETNS_KNOWN) & !(SOCK_ACCEL_REDIRECTING | SOCK_ACCEL_PASSING);
+    let mut own = c.own_key();
     // SAFETY: `ops` is the program's context, valid for the whole run.
     if ACCEL_PEERS
         .update(&mut own, unsafe { &mut *ops }, u64::from(BPF_ANY))
         .is_err()
     {
-        state.flags = ACCEL_PASSING;
+        state.flags |= SOCK_ACCEL_PASSING;
         count(c.netns_cookie, |n| n.unaccelerated_sends += 1);
     }
 }
 
 #[inline(always)]
-fn count(netns_cookie: u64, f: impl FnOnce(&mut capture_common::config::AccelCounters)) {
+fn count(netns_cookie: u64, f: impl FnOnce(&mut AccelCounters)) {
     if let Some(p) = ACCEL_COUNTERS.get_ptr_mut(netns_cookie) {
         // SAFETY: this CPU's slot of the entry; nothing else writes it concurrently.
         f(unsafe { &mut *p });
     }
+}
+
+/// The writing socket's connection, as sk_msg sees it. Ports as sock_ops has them: the local one
+/// in host order, the remote one in network order in the upper half.
+#[inline(always)]
+fn msg_conn(md: &sk_msg_md, netns_cookie: u64) -> Option<Conn> {
+    let local_port = md.local_port as u16;
+    let remote_port = u16::from_be((md.remote_port >> 16) as u16);
+    let (family, local, remote) = match md.family as u16 {
+        AF_INET => (AF_INET, [md.local_ip4, 0, 0, 0], [md.remote_ip4, 0, 0, 0]),
+        AF_INET6 => {
+            let (local, remote) = (md.local_ip6, md.remote_ip6);
+            match (unmap(&local), unmap(&remote)) {
+                (Some(l), Some(r)) => (AF_INET, [l, 0, 0, 0], [r, 0, 0, 0]),
+                _ => (AF_INET6, local, remote),
+            }
+        }
+        _ => return None,
+    };
+    Some(Conn {
+        netns_cookie,
+        family,
+        local,
+        remote,
+        local_port,
+        remote_port,
+    })
 }
 
 /// One write of an accelerated socket. Always `SK_PASS`: either the write was redirected to the
@@ -90,32 +139,37 @@ fn count(netns_cookie: u64, f: impl FnOnce(&mut capture_common::config::AccelCou
 /// the app's write.
 #[inline(always)]
 pub fn on_msg(ctx: &SkMsgContext) -> u32 {
-    // SAFETY: the context pointer is valid; `sk` may be null and is checked.
-    let sk = unsafe { (*ctx.msg).__bindgen_anon_3.sk };
+    // SAFETY: the context pointer is valid for the whole program run.
+    let md = unsafe { &*ctx.msg };
+    // SAFETY: `sk` is the union's only pointer member in sk_msg programs; it may be null.
+    let sk = unsafe { md.__bindgen_anon_3.sk };
     if sk.is_null() {
         return SK_PASS;
     }
-    let Some(state) = storage::accel(sk.cast()) else {
+    let Some(state) = storage::get(sk.cast()) else {
         return SK_PASS;
     };
-    if state.flags & ACCEL_PASSING != 0 {
+    if state.flags & SOCK_ACCEL_PASSING != 0 {
         return SK_PASS;
     }
-    let netns_cookie = state.peer.netns_cookie;
-    let redirected = ACCEL_PEERS.redirect_msg(ctx, &mut state.peer, u64::from(BPF_F_INGRESS))
-        == i64::from(SK_PASS);
+    let Some(conn) = msg_conn(md, state.netns_cookie) else {
+        return SK_PASS;
+    };
+    let mut peer = conn.peer_key();
+    let redirected =
+        ACCEL_PEERS.redirect_msg(ctx, &mut peer, u64::from(BPF_F_INGRESS)) == i64::from(SK_PASS);
     let size = u64::from(ctx.size());
-    match (redirected, state.flags & ACCEL_REDIRECTING != 0) {
+    match (redirected, state.flags & SOCK_ACCEL_REDIRECTING != 0) {
         (true, already) => {
-            state.flags |= ACCEL_REDIRECTING;
-            count(netns_cookie, |n| {
+            state.flags |= SOCK_ACCEL_REDIRECTING;
+            count(conn.netns_cookie, |n| {
                 n.accelerated_sends += u64::from(!already);
                 n.accelerated_bytes += size;
             });
         }
         (false, false) => {
-            state.flags |= ACCEL_PASSING;
-            count(netns_cookie, |n| n.unaccelerated_sends += 1);
+            state.flags |= SOCK_ACCEL_PASSING;
+            count(conn.netns_cookie, |n| n.unaccelerated_sends += 1);
         }
         // The peer has left the map (it closed): TCP answers this write.
         (false, true) => {}

@@ -11,7 +11,7 @@ use capture_common::{
     decision::PodLists,
     keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
     layout,
-    state::{AccelState, OriginalDst, SockState},
+    state::{OriginalDst, SockState},
 };
 
 /// Pods one node can capture at once.
@@ -50,21 +50,21 @@ pub static INBOUND_LISTENERS: SockHash<ListenerKey, { layout::MAX_INBOUND_LISTEN
 #[btf_map]
 pub static HANDOFF: LruHashMap<HandoffKey, OriginalDst, MAX_HANDOFFS> = LruHashMap::new();
 
-/// Socket-local storage of `T`. Declared by hand rather than with `btf_maps::SkStorage`, whose
-/// helpers take only sock_addr contexts and which cannot have `BPF_F_CLONE`.
+/// Socket-local storage. Declared by hand rather than with `btf_maps::SkStorage` because it needs
+/// `BPF_F_CLONE`: a listener's entry (its netns cookie) is copied into every socket it accepts.
 #[repr(C)]
-pub struct SocketStorage<T, const FLAGS: usize> {
+pub struct SocketStates {
     r#type: *const [i32; BPF_MAP_TYPE_SK_STORAGE as usize],
     key: *const i32,
-    value: *const T,
+    value: *const SockState,
     max_entries: *const [i32; 0],
-    map_flags: *const [i32; FLAGS],
+    map_flags: *const [i32; (BPF_F_NO_PREALLOC | BPF_F_CLONE) as usize],
 }
 
 // SAFETY: the fields are type-only placeholders the loader reads from BTF; nothing dereferences them.
-unsafe impl<T, const FLAGS: usize> Sync for SocketStorage<T, FLAGS> {}
+unsafe impl Sync for SocketStates {}
 
-impl<T, const FLAGS: usize> SocketStorage<T, FLAGS> {
+impl SocketStates {
     const fn new() -> Self {
         Self {
             r#type: core::ptr::null(),
@@ -82,23 +82,14 @@ impl<T, const FLAGS: usize> SocketStorage<T, FLAGS> {
     }
 }
 
-/// Who created each socket and where it was going. `BPF_F_CLONE`: a listener's entry (its netns
-/// cookie) is copied into every socket it accepts.
 #[btf_map]
-pub static SOCKET_STATES: SocketStorage<SockState, { (BPF_F_NO_PREALLOC | BPF_F_CLONE) as usize }> =
-    SocketStorage::new();
+pub static SOCKET_STATES: SocketStates = SocketStates::new();
 
 /// Each accelerated socket under its own tuple (`HandoffKey`), so that its peer finds it; the
 /// sk_msg program is attached to this map.
 #[btf_map]
 pub static ACCEL_PEERS: SockHash<HandoffKey, { layout::MAX_ACCEL_SOCKETS as usize }> =
     SockHash::new();
-
-/// An accelerated socket's peer key and its first write's outcome. Not cloned: an accepted socket
-/// joins on its own.
-#[btf_map]
-pub static ACCEL_STATES: SocketStorage<AccelState, { BPF_F_NO_PREALLOC as usize }> =
-    SocketStorage::new();
 
 #[btf_map]
 pub static ACCEL_COUNTERS: PerCpuHashMap<u64, AccelCounters, MAX_PODS> = PerCpuHashMap::new();

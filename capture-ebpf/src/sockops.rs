@@ -198,8 +198,8 @@ fn accel_join(
     let conn = accel::Conn {
         netns_cookie,
         family: t.family,
-        local: &t.local,
-        remote: &t.remote,
+        local: t.local,
+        remote: t.remote,
         local_port: t.local_port,
         remote_port: t.remote_port,
     };

@@ -83,6 +83,32 @@ impl ScratchCgroup {
     }
 }
 
+/// Removes the scratch cgroups of processes that died without removing them (an agent killed
+/// during a probe or a check): `capture-PURPOSE-PID-N` whose PID is gone. Only empty cgroups can
+/// be removed, so a cgroup still in use stays.
+pub fn remove_stale_scratch() {
+    let Ok(root) = cgroup2_mount() else {
+        return;
+    };
+    for entry in fs::read_dir(&root).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("capture-")) else {
+            continue;
+        };
+        let mut parts = rest.rsplit('-');
+        let (Some(_n), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
 impl Drop for ScratchCgroup {
     fn drop(&mut self) {
         let _ = fs::remove_dir(&self.path);

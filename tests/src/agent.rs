@@ -146,6 +146,12 @@ impl Agent {
         }
     }
 
+    /// The agent's process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// SIGKILL, as a node under pressure or a crash would.
     pub fn kill_hard(&mut self) {
         if let Some(mut c) = self.child.take() {

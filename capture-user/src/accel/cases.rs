@@ -460,7 +460,9 @@ fn backpressure(p: &Pair<'_>) -> io::Result<Observation> {
     let chunk = pattern(65536, 11);
     let mut written = 0usize;
     let mut stalled = false;
-    while written < (256 << 20) {
+    // Far beyond what TCP's buffers hold (a few MiB at most), so a writer that never stalls by
+    // then never would.
+    while written < (32 << 20) {
         match app.write(&chunk) {
             Ok(n) => written += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

@@ -125,7 +125,9 @@ fn run_cases(
     // keeps open.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1
+            // Dies with the checker: an agent killed mid-check leaves no cases running.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                || libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1
                 || libc::setns(netns_fd, libc::CLONE_NEWNET) != 0
             {
                 return Err(io::Error::last_os_error());
@@ -177,10 +179,30 @@ fn wait_with_timeout(
     })
 }
 
-/// Runs the checks in a scratch pod. The caller holds the node lock: the scratch pod has no
-/// record, and the agent's sweep of abandoned attaches must not take it away mid-way.
+/// Where a running check names its scratch pod, so that the agent's sweep of attaches that died
+/// half-way leaves it alone (it has no record).
+fn marker(paths: &Paths) -> std::path::PathBuf {
+    paths.state_dir.join("accel-check.json")
+}
+
+/// The netns cookie of the scratch pod of a check that is running now, if any.
+#[must_use]
+pub fn running_scratch_pod(paths: &Paths) -> Option<u64> {
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(marker(paths)).ok()?).ok()?;
+    let pid = i32::try_from(marker["pid"].as_u64()?).ok()?;
+    // SAFETY: signal 0 only asks whether the process exists.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    alive.then(|| marker["netns_cookie"].as_u64()).flatten()
+}
+
+fn lock(paths: &Paths) -> Result<crate::lock::NodeLock, CheckError> {
+    crate::lock::NodeLock::acquire(&paths.lock_path()).map_err(io_err("taking the node lock"))
+}
+
+/// Runs the checks in a scratch pod. The node lock is held only while the scratch pod is attached,
+/// switched and detached, so CNI ADDs go on meanwhile.
 pub fn run(paths: &Paths) -> Result<Report, CheckError> {
-    let mut ebpf = EbpfBackend::open(paths)?;
     let netns = scratch_netns().map_err(io_err("creating a scratch netns"))?;
     let netns_path = format!("/proc/self/fd/{}", netns.as_raw_fd());
     let netns_cookie = crate::netns::Netns::open(Path::new(&netns_path))
@@ -208,16 +230,32 @@ pub fn run(paths: &Paths) -> Result<Report, CheckError> {
         cgroup_path: &scratch.path,
         cgroup: &cgroup,
     };
-    ebpf.attach(&target, &plain)?;
+    let marker_json =
+        serde_json::json!({ "pid": std::process::id(), "netns_cookie": netns_cookie });
+    let mut ebpf = {
+        let _lock = lock(paths)?;
+        let mut ebpf = EbpfBackend::open(paths)?;
+        crate::fsutil::write_atomic(&marker(paths), marker_json.to_string().as_bytes(), None)
+            .map_err(io_err("writing the check's marker"))?;
+        ebpf.attach(&target, &plain)?;
+        ebpf
+    };
     let runs = run_cases(&netns, &scratch.path).and_then(|plain_run| {
-        ebpf.reconfigure(netns_cookie, &accelerated)?;
+        {
+            let _lock = lock(paths)?;
+            ebpf.reconfigure(netns_cookie, &accelerated)?;
+        }
         let accel_run = run_cases(&netns, &scratch.path)?;
         let bytes = ebpf
             .accel_counters(netns_cookie)
             .map_or(0, |c| c.accelerated_bytes);
         Ok((plain_run, accel_run, bytes))
     });
-    ebpf.detach(netns_cookie);
+    {
+        let _lock = lock(paths);
+        ebpf.detach(netns_cookie);
+        let _ = std::fs::remove_file(marker(paths));
+    }
     let (plain_run, mut accel_run, accelerated_bytes) = runs?;
     let cases: Vec<CaseResult> = plain_run
         .into_iter()

@@ -123,7 +123,7 @@ pub fn why_not(paths: &Paths) -> Option<String> {
             })
         }
         _ => Some(format!(
-            "the acceleration checks have not run on kernel {} with build {} (the agent runs them at start with --accelerate; `capture accel-check` runs them by hand)",
+            "the acceleration checks have not finished on kernel {} with build {} (the agent with --accelerate runs them in the background at its start, and pods captured before they end are not accelerated; `capture accel-check` runs them by hand)",
             kernel_release(),
             crate::ebpf::loader::build_name()
         )),

@@ -274,8 +274,9 @@ impl Agent {
 }
 
 /// How often the agent tries again the releases that failed (a link pin that could not be
-/// removed, say) and releases what attaches that died half-way left: the runtime retries its
-/// DEL too, but a pod deleted by hand, or whose netns is gone, has no one else.
+/// removed, say) and releases what attaches that died half-way left (and the scratch cgroups of
+/// probes whose process died): the runtime retries its DEL too, but a pod deleted by hand, or
+/// whose netns is gone, has no one else.
 const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn retry_failed_releases(paths: Paths) {
@@ -288,7 +289,11 @@ async fn retry_failed_releases(paths: Paths) {
             continue;
         };
         let p = paths.clone();
-        match tokio::task::spawn_blocking(move || ops::release_abandoned_attaches(&p)).await {
+        let abandoned = tokio::task::spawn_blocking(move || {
+            crate::cgroup::remove_stale_scratch();
+            ops::release_abandoned_attaches(&p)
+        });
+        match abandoned.await {
             Ok(Ok(cookies)) if !cookies.is_empty() => {
                 warn!(netns_cookies = ?cookies, "released what attaches that died half-way left")
             }
@@ -461,8 +466,9 @@ fn prepare(agent: &Agent) -> Result<(), AgentError> {
 }
 
 /// Records whether the node allows acceleration (and which differences it accepts) and, when it
-/// does, makes sure this kernel and build have been checked (now, if they have not). A check
-/// that cannot run is a failed verdict: acceleration stays off, and status says why.
+/// does, makes sure this kernel and build get checked (in the background, if they have not
+/// been). A check that cannot run is a failed verdict: acceleration stays off, and status says
+/// why.
 fn prepare_acceleration(paths: &Paths, allowed: bool, accepted: &[String]) {
     let mut node = crate::accel::load(paths);
     node.allowed = allowed;
@@ -478,6 +484,18 @@ fn prepare_acceleration(paths: &Paths, allowed: bool, accepted: &[String]) {
     {
         return;
     }
+    // In the background: readiness does not wait for an optional feature. Pods captured before
+    // the verdict are not accelerated (status says why).
+    let paths = paths.clone();
+    let accepted = accepted.to_vec();
+    std::thread::spawn(move || run_acceleration_checks(&paths, &accepted, node));
+}
+
+fn run_acceleration_checks(
+    paths: &Paths,
+    accepted: &[String],
+    mut node: crate::accel::NodeAcceleration,
+) {
     info!("running the acceleration's correctness checks on this kernel");
     match ops::accel_check(paths) {
         Ok(report) => {

@@ -146,8 +146,7 @@ pub enum Command {
         json: bool,
     },
     /// Run the acceleration's correctness checks on this node's kernel (a scratch pod, every
-    /// case plain and accelerated, compared) and record the verdict the agent goes by. Holds the
-    /// node lock while it runs: CNI ADDs wait.
+    /// case plain and accelerated, compared) and record the verdict the agent goes by.
     AccelCheck {
         #[arg(long)]
         json: bool,
