@@ -12,8 +12,9 @@ const FEATURES: [(&str, (u32, u32)); 3] = [
     ("sock_ops_netns_cookie", (5, 15)),
     // The SO_NETNS_COOKIE socket option.
     ("so_netns_cookie", (5, 14)),
-    // The acceleration's sk_msg program: socket-local storage read through an sk_msg's socket.
-    ("sk_msg_acceleration", (5, 15)),
+    // The acceleration's sk_msg program (socket-local storage read through an sk_msg's socket):
+    // loads on every kernel of the matrix, 5.10 included.
+    ("sk_msg_acceleration", (5, 10)),
 ];
 
 /// Features of the node's set-up rather than the kernel: the guests mount cgroup v2 alone, so
