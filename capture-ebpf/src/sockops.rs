@@ -237,19 +237,27 @@ fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
     Some(())
 }
 
-/// A redirected app socket closed: its entry goes if the proxy never took it. The tuple is still
-/// the socket's own (a TIME_WAIT successor holds it), so no newer connection can own the key.
+/// A redirected app socket changed state. Closed: its entry goes if the proxy never took it (the
+/// tuple is still the socket's own, a TIME_WAIT successor holds it, so no newer connection can
+/// own the key). Any other change with the entry already taken: nothing is left to clean up, so
+/// the kernel stops calling for this socket's later state changes (each is a program run per
+/// connection).
 #[inline(always)]
 fn on_state_change(ctx: &SockOpsContext) -> Option<()> {
-    if ctx.arg(1) != BPF_TCP_CLOSE {
-        return None;
-    }
     let state = storage::get(sock(ctx)?)?;
     if state.flags & SOCK_REDIRECTED == 0 {
         return None;
     }
     let t = tuple(ctx)?;
-    let _ = HANDOFF.remove(app_handoff_key(state.netns_cookie, &t));
+    let key = app_handoff_key(state.netns_cookie, &t);
+    if ctx.arg(1) == BPF_TCP_CLOSE {
+        let _ = HANDOFF.remove(key);
+        return Some(());
+    }
+    // SAFETY: a plain lookup; the value is not read.
+    if unsafe { HANDOFF.get(key) }.is_none() {
+        let _ = ctx.set_cb_flags(0);
+    }
     Some(())
 }
 

@@ -231,9 +231,21 @@ impl<'a> Scenario<'a> {
 /// The parity matrix: runs `cases` in `scenario` against each backend in turn, each on a fresh
 /// pod, checking the same expectations (and the by-design differences) for both.
 pub fn run_matrix(scenario: Scenario<'_>, cases: &[Case]) {
-    for backend in Backend::ALL {
+    // ebpf a second time with the app-to-proxy acceleration on, where the kernel's checks allow
+    // it: every answer must stay the same.
+    for (backend, accelerated) in [
+        (Backend::Iptables, false),
+        (Backend::Ebpf, false),
+        (Backend::Ebpf, true),
+    ] {
         let mut topo = Topology::new();
+        if accelerated && !crate::accel::allow(&topo) {
+            continue;
+        }
         let mut args = vec!["--mode", backend.mode()];
+        if accelerated {
+            args.extend(["--annotation", "capture.dev/accelerate=true"]);
+        }
         args.extend(scenario.args);
         let out = topo.try_attach_with_ips(scenario.pod_ips, &args);
         assert!(
@@ -241,6 +253,13 @@ pub fn run_matrix(scenario: Scenario<'_>, cases: &[Case]) {
             "{backend:?} attach failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if accelerated {
+            let status = topo.status();
+            assert_eq!(
+                status["pods"][0]["acceleration"]["active"], true,
+                "the accelerated run's pod is accelerated: {status}"
+            );
+        }
         (scenario.start)(&mut topo);
         run_cases_on(&topo, Some(backend), cases);
     }

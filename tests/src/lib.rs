@@ -2,6 +2,7 @@
 //! that owns the destination addresses, and its own bpffs/state directories, and removes all of
 //! it when the guards drop. Traffic only ever goes to loopback or to these namespaces.
 
+pub mod accel;
 pub mod accepted;
 pub mod flood;
 pub mod guards;

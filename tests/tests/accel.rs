@@ -2,6 +2,7 @@
 //! their verdict, and an accelerated pod's traffic (and every answer the proxy relies on) stays
 //! as it is without acceleration.
 
+use capture_tests::accel::{differences, EDGE_CASES};
 use capture_tests::cni::{CgroupDriver, Node, Pod, MESHED};
 use capture_tests::kernel::{record_skip, Feature};
 use capture_tests::probe::{connect_with, Outcome};
@@ -63,26 +64,6 @@ fn captured_answers(got: &Outcome) -> (Option<String>, Option<String>, Option<St
     (got.server(), got.orig(), got.client_peer())
 }
 
-/// Cases in which acceleration differs from TCP at the edges (resets, buffer limits, socket
-/// options, splice), as 6.18 does: the accelerated-traffic test accepts these, and only these.
-const EDGE_CASES: [&str; 5] = [
-    "close_with_unread_data_by_app",
-    "close_with_unread_data_by_proxy",
-    "nonblocking_backpressure",
-    "so_rcvlowat",
-    "splice_both_ways",
-];
-
-fn differences(report: &Value) -> Vec<String> {
-    report["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .filter(|c| c["passed"] == false)
-        .map(|c| c["name"].as_str().expect("name").to_string())
-        .collect()
-}
-
 #[test]
 fn every_case_runs_and_the_node_follows_the_verdict() {
     let node = Node::new();
@@ -113,6 +94,21 @@ fn every_case_runs_and_the_node_follows_the_verdict() {
 
     let _remote = start_remote(&node);
     let _agent = node.start_agent_with("ebpf", &["--accelerate"]);
+    let doctor = node.capture(&["doctor", "--json"]);
+    let doctor: Value = serde_json::from_slice(&doctor.stdout).expect("doctor JSON");
+    assert_eq!(doctor["acceleration"]["allowed"], true, "{doctor}");
+    assert_eq!(
+        doctor["acceleration"]["accelerating"],
+        Value::Bool(clean),
+        "{doctor}"
+    );
+    assert_eq!(
+        doctor["acceleration"]["check"]["failed"]
+            .as_array()
+            .map(Vec::len),
+        Some(failed.len()),
+        "{doctor}"
+    );
     let mut pod = node.pod("asks", CgroupDriver::Cgroupfs, &meshed_asking());
     node.add(&mut pod).expect("ADD");
     let status = node.status();

@@ -130,6 +130,26 @@ pub fn why_not(paths: &Paths) -> Option<String> {
     }
 }
 
+/// The node's acceleration as `capture doctor` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeReport {
+    #[serde(flatten)]
+    pub setting: NodeAcceleration,
+    /// Pods that ask are accelerated now (`why_not` is empty).
+    pub accelerating: bool,
+    pub why_not: Option<String>,
+}
+
+#[must_use]
+pub fn node_report(paths: &Paths) -> NodeReport {
+    let why_not = why_not(paths);
+    NodeReport {
+        setting: load(paths),
+        accelerating: why_not.is_none(),
+        why_not,
+    }
+}
+
 /// A pod's acceleration as status shows it (only for pods that asked).
 #[derive(Clone, Debug, Serialize)]
 pub struct PodAcceleration {

@@ -202,12 +202,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 })
                 .unwrap_or_default();
             let limits = crate::ebpf::limits::node_limits(&paths);
+            let acceleration = crate::accel::node_report(&paths);
             if json {
                 let report = serde_json::json!({
                     "probe": probe,
                     "builds": builds,
                     "limits": limits,
                     "foreign_programs_above_pods": foreign,
+                    "acceleration": acceleration,
                 });
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -215,6 +217,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 print!("{}", crate::cli::render::render_builds(&builds));
                 print!("{}", crate::cli::render::render_limits(&limits));
                 print!("{}", crate::cli::render::render_foreign(&foreign));
+                print!("{}", crate::cli::render::render_acceleration(&acceleration));
             }
         }
         Command::AccelCheck {

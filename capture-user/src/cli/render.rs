@@ -106,6 +106,44 @@ pub fn render_limits(limits: &[crate::ebpf::limits::NodeLimit]) -> String {
     out
 }
 
+/// Whether pods that ask are accelerated on this node, and the checks' verdict.
+#[must_use]
+pub fn render_acceleration(report: &crate::accel::NodeReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "acceleration (app to proxy, sk_msg): {}\n",
+        match &report.why_not {
+            None => "on for pods that ask (capture.dev/accelerate: \"true\")".to_string(),
+            Some(why) => format!("off: {why}"),
+        }
+    );
+    if let Some(v) = &report.setting.check {
+        let _ = writeln!(
+            out,
+            "  last checks: kernel {}, build {}: {} cases, {} difference(s){}",
+            v.kernel,
+            v.build,
+            v.cases,
+            v.failed.len(),
+            if v.is_current() {
+                ""
+            } else {
+                " (another kernel or build: not in force)"
+            }
+        );
+        for f in &v.failed {
+            let accepted = report.setting.accepted.contains(&f.name);
+            let _ = writeln!(
+                out,
+                "    {}{}",
+                f.name,
+                if accepted { " (accepted)" } else { "" }
+            );
+        }
+    }
+    out
+}
+
 /// Other programs on the cgroups above the pods, which run after capture's.
 #[must_use]
 pub fn render_foreign(foreign: &[crate::ebpf::foreign::ForeignProgram]) -> String {
