@@ -68,6 +68,12 @@ fn distinct<T: PartialEq + std::fmt::Debug>(what: &str, list: &[T]) {
 /// What every configuration that validation lets through must hold: the kernel side and the
 /// iptables rules take these for granted.
 pub fn check_config(spec: &PodSpec, cfg: &CaptureConfig) {
+    // Asked for, spelled exactly: anything else than true or false is an error, never a yes.
+    let asked = spec
+        .annotations
+        .get(capture_user::config::ANN_ACCELERATE)
+        .is_some_and(|v| v.trim() == "true");
+    assert_eq!(cfg.accelerate, asked, "acceleration from {:?}", spec.annotations);
     let ports = [
         ("include_outbound_ports", &cfg.include_outbound_ports),
         ("exclude_outbound_ports", &cfg.exclude_outbound_ports),
