@@ -6,8 +6,13 @@
 use std::{
     io::{self, Read as _, Write as _},
     net::{TcpListener, TcpStream},
-    os::fd::{AsRawFd as _, RawFd},
+    os::fd::AsRawFd as _,
     time::Duration,
+};
+
+use super::case_io::{
+    digest, errno_result, inq, outcome, pattern, pipe, poll_one, read_exactly, recv, send, set_int,
+    splice, tempfile, wait_readable,
 };
 
 /// What one case observed, line by line.
@@ -64,43 +69,6 @@ pub const CASES: [(&str, Case); 22] = [
     ("original_destination_and_peer", original_destination),
 ];
 
-/// FNV-1a: enough to tell two byte streams apart in an observation.
-fn digest(bytes: &[u8]) -> String {
-    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{} bytes, fnv {h:016x}", bytes.len())
-}
-
-/// Bytes that differ from position to position, so that a reordering shows in the digest.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
-        .collect()
-}
-
-fn read_exactly(s: &mut TcpStream, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0; len];
-    s.read_exact(&mut buf)?;
-    Ok(buf)
-}
-
-/// The outcome of a call, as an observation line: the value, or the errno's name.
-fn outcome<T: std::fmt::Debug>(what: &str, r: io::Result<T>) -> String {
-    match r {
-        Ok(v) => format!("{what}: ok {v:?}"),
-        Err(e) => format!("{what}: {:?}", e.kind()),
-    }
-}
-
-fn errno_result(rc: isize) -> io::Result<usize> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc as usize)
-    }
-}
-
 fn small_writes(p: &Pair<'_>) -> io::Result<Observation> {
     let (mut app, mut proxy) = p.connect()?;
     let mut obs = Vec::new();
@@ -152,16 +120,6 @@ fn partial_reads(p: &Pair<'_>) -> io::Result<Observation> {
         got.extend_from_slice(&chunk[..n]);
     }
     Ok(vec![digest(&got)])
-}
-
-fn recv(fd: RawFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for its length.
-    errno_result(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) })
-}
-
-fn send(fd: RawFd, buf: &[u8], flags: i32) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for its length.
-    errno_result(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), flags) })
 }
 
 fn msg_peek(p: &Pair<'_>) -> io::Result<Observation> {
@@ -232,49 +190,6 @@ fn sendfile(p: &Pair<'_>) -> io::Result<Observation> {
     ])
 }
 
-/// An unnamed file in /tmp (gone when closed).
-fn tempfile() -> io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags_tmpfile()
-        .open(std::env::temp_dir())
-}
-
-trait TmpfileFlag {
-    fn custom_flags_tmpfile(&mut self) -> &mut Self;
-}
-
-impl TmpfileFlag for std::fs::OpenOptions {
-    fn custom_flags_tmpfile(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        self.custom_flags(libc::O_TMPFILE)
-    }
-}
-
-fn pipe() -> io::Result<(std::fs::File, std::fs::File)> {
-    use std::os::fd::FromRawFd as _;
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned these fds; nothing else owns them.
-    Ok(unsafe {
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
-    })
-}
-
-fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
-    // SAFETY: plain fds; null offsets (pipes and sockets have none).
-    errno_result(unsafe {
-        libc::splice(from, std::ptr::null_mut(), to, std::ptr::null_mut(), len, 0)
-    })
-}
-
 /// App to proxy through `splice` on both ends: pipe to the app's socket, then the proxy's socket
 /// to a pipe.
 fn splice_both_ways(p: &Pair<'_>) -> io::Result<Observation> {
@@ -342,39 +257,6 @@ fn close_with_unread(p: &Pair<'_>, by_app: bool) -> io::Result<Observation> {
     Ok(vec![outcome("read after the close", other.read(&mut buf))])
 }
 
-fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(p.revents)
-}
-
-/// Waits until `fd` is readable (5 s at most), then a moment more for the rest of a small
-/// write. Readiness only: FIONREAD is a case of its own.
-fn wait_readable(fd: RawFd, _bytes: usize) -> io::Result<()> {
-    if poll_one(fd, libc::POLLIN, 5000)? & libc::POLLIN == 0 {
-        return Err(io::Error::from(io::ErrorKind::TimedOut));
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    Ok(())
-}
-
-fn inq(fd: RawFd) -> io::Result<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
-}
-
 fn readiness(p: &Pair<'_>) -> io::Result<Observation> {
     let (mut app, proxy) = p.connect()?;
     let fd = proxy.as_raw_fd();
@@ -406,23 +288,6 @@ fn readiness(p: &Pair<'_>) -> io::Result<Observation> {
         poll_one(fd, libc::POLLIN, 2000)?
     ));
     Ok(obs)
-}
-
-fn set_int(fd: RawFd, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: one int, its size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&raw const value).cast(),
-            size_of::<i32>() as u32,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn rcvlowat(p: &Pair<'_>) -> io::Result<Observation> {

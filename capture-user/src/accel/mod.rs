@@ -2,6 +2,7 @@
 //! the node allows (the agent's `--accelerate`), and the node's kernel must have passed the
 //! correctness checks (`check`) with this build. Off unless all three hold.
 
+mod case_io;
 pub mod cases;
 pub mod check;
 

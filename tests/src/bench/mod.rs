@@ -5,26 +5,23 @@
 //! same load generator run in every mode. The limit (`none`) has no capture: the client dials
 //! the proxy's listener directly.
 
+mod bed;
 pub mod cni_add;
 pub mod report;
 pub mod roles;
 
 use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
     path::PathBuf,
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde::Serialize;
 
-use self::roles::{LoadResult, Workload};
-use crate::{
-    guards::ChildGuard,
-    probe::Who,
-    topology::{Topology, POD_IP4},
+use self::{
+    bed::Bed,
+    roles::{LoadResult, Workload},
 };
+use crate::topology::Topology;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -190,257 +187,6 @@ pub struct Options {
     pub out: PathBuf,
 }
 
-fn bench_bin() -> PathBuf {
-    crate::built_binary("capture-bench", "CAPTURE_BENCH_BIN")
-}
-
-/// A role process of this binary, entered into a pod (or netns) as `who`.
-fn role(
-    netns: &std::path::Path,
-    cgroup: Option<&std::path::Path>,
-    who: &Who,
-    args: &[String],
-) -> Command {
-    let mut cmd = Command::new(bench_bin());
-    cmd.arg("role").arg("--netns").arg(netns);
-    if let Some(cg) = cgroup {
-        cmd.arg("--cgroup").arg(cg);
-    }
-    cmd.args(["--uid", &who.uid.to_string(), "--gid", &who.gid.to_string()])
-        .args(args);
-    cmd
-}
-
-/// One pod in one mode with one proxy, and its servers.
-struct Bed {
-    mode: Mode,
-    topo: Topology,
-    _servers: Vec<ChildGuard>,
-}
-
-impl Bed {
-    fn new(mode: Mode, proxy: Proxy, settings: Settings, accel: &AccelNote) -> Self {
-        let topo = Topology::new();
-        if settings == Settings::Tuned {
-            for ns in [&topo.pod.netns.name, &topo.remote.name] {
-                for kv in Settings::TUNED_SYSCTLS {
-                    crate::guards::run(
-                        Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]),
-                    );
-                }
-            }
-        }
-        match mode {
-            Mode::None => {}
-            Mode::Iptables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
-            Mode::EbpfAccel => {
-                allow_acceleration(&topo, accel);
-                topo.attach(&[
-                    "--mode",
-                    "ebpf",
-                    "--annotation",
-                    "capture.dev/accelerate=true",
-                ]);
-            }
-        }
-        let mut servers = Vec::new();
-        let upstream = role(
-            &topo.remote.path(),
-            None,
-            &Who::new(0, 0),
-            &["echo".into(), "--listen".into(), "0.0.0.0:80".into()],
-        );
-        servers.push(ChildGuard::spawn_ready(&mut { upstream }));
-        let proxy_args: Vec<String> = match proxy {
-            Proxy::Echo => [
-                "echo",
-                "--listen",
-                "0.0.0.0:15001",
-                "--listen",
-                "0.0.0.0:15006",
-            ]
-            .map(String::from)
-            .to_vec(),
-            Proxy::Forward => [
-                "forward",
-                "--listen",
-                "0.0.0.0:15001",
-                "--default-upstream",
-                "10.0.0.5:80",
-            ]
-            .map(String::from)
-            .to_vec(),
-        };
-        let mut p = role(
-            &topo.pod.netns.path(),
-            Some(&topo.pod.cgroup.path),
-            &Who::proxy(),
-            &proxy_args,
-        );
-        servers.push(ChildGuard::spawn_ready(&mut p));
-        Self {
-            mode,
-            topo,
-            _servers: servers,
-        }
-    }
-
-    fn target(&self, cell: &Cell) -> SocketAddr {
-        let s = match (self.mode, cell.inbound) {
-            (Mode::None, false) => "127.0.0.1:15001".to_string(),
-            (_, false) => "10.0.0.5:80".to_string(),
-            (Mode::None, true) => format!("{POD_IP4}:15006"),
-            (_, true) => format!("{POD_IP4}:8080"),
-        };
-        s.parse().expect("address")
-    }
-
-    fn run(&self, cell: &Cell, warmup: Duration, duration: Duration) -> (LoadResult, f64) {
-        let mut args: Vec<String> = vec!["load".into(), "--workload".into()];
-        args.push(format!("{:?}", cell.workload).to_lowercase());
-        args.extend([
-            "--target".into(),
-            self.target(cell).to_string(),
-            "--concurrency".into(),
-            cell.concurrency.to_string(),
-        ]);
-        args.extend([
-            "--warmup-ms".into(),
-            warmup.as_millis().to_string(),
-            "--duration-ms".into(),
-            duration.as_millis().to_string(),
-        ]);
-        let mut cmd = if cell.inbound {
-            role(&self.topo.remote.path(), None, &Who::new(0, 0), &args)
-        } else {
-            role(
-                &self.topo.pod.netns.path(),
-                Some(&self.topo.pod.cgroup.path),
-                &Who::app(),
-                &args,
-            )
-        };
-        let cpu0 = cpu_jiffies();
-        let out = cmd
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("load generator");
-        let cpu1 = cpu_jiffies();
-        assert!(out.status.success(), "load generator failed");
-        let load: LoadResult = serde_json::from_slice(&out.stdout).expect("load result");
-        // The busy time covers warm-up and the measured window; scale to the measured part.
-        let busy_s = (cpu1 - cpu0) as f64 / clock_ticks()
-            * (load.seconds / (load.seconds + warmup.as_secs_f64()));
-        let per_op = if load.ops == 0 {
-            0.0
-        } else {
-            busy_s * 1e6 / load.ops as f64
-        };
-        (load, per_op)
-    }
-
-    /// Cumulative (run_cnt, run_time_ns) of this pod's capture programs (its own pinned set).
-    fn program_counters(&self) -> BTreeMap<String, (u64, u64)> {
-        let dir = crate::topology::node_pin_dir(&self.topo.dirs.bpffs).join("programs");
-        let mut out = BTreeMap::new();
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let Ok(o) = Command::new("bpftool")
-                .args(["-j", "prog", "show", "pinned"])
-                .arg(e.path())
-                .output()
-            else {
-                continue;
-            };
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-            out.insert(
-                e.file_name().to_string_lossy().into_owned(),
-                (
-                    v["run_cnt"].as_u64().unwrap_or(0),
-                    v["run_time_ns"].as_u64().unwrap_or(0),
-                ),
-            );
-        }
-        out
-    }
-
-    /// A pass of its own, outside the measured rounds (the kernel's per-run accounting costs
-    /// two clock reads per program run): program runs and time per connection of `cell`.
-    fn profile(&self, cell: &Cell, duration: Duration) -> (Vec<ProgramCost>, u64) {
-        const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-        let before_setting = std::fs::read_to_string(BPF_STATS).unwrap_or_else(|_| "0".into());
-        let _ = std::fs::write(BPF_STATS, "1");
-        let before = self.program_counters();
-        let (load, _) = self.run(cell, Duration::ZERO, duration);
-        let after = self.program_counters();
-        let _ = std::fs::write(BPF_STATS, before_setting.trim());
-        let costs = after
-            .into_iter()
-            .map(|(program, (runs, ns))| {
-                let (runs0, ns0) = before.get(&program).copied().unwrap_or_default();
-                let (runs, ns) = (runs.saturating_sub(runs0), ns.saturating_sub(ns0));
-                ProgramCost {
-                    program,
-                    runs,
-                    ns_per_run: if runs == 0 {
-                        0.0
-                    } else {
-                        ns as f64 / runs as f64
-                    },
-                }
-            })
-            .filter(|c| c.runs > 0)
-            .collect();
-        (costs, load.ops)
-    }
-
-    /// TIME_WAIT sockets and conntrack entries in the pod's netns now.
-    fn aftermath(&self) -> Aftermath {
-        let tcp = Command::new("nsenter")
-            .arg(format!("--net={}", self.topo.pod.netns.path().display()))
-            .args(["cat", "/proc/net/tcp", "/proc/net/tcp6"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        // The fourth column is the state; 06 is TIME_WAIT.
-        let time_wait = tcp
-            .lines()
-            .filter(|l| l.split_whitespace().nth(3) == Some("06"))
-            .count() as u64;
-        Aftermath {
-            time_wait,
-            conntrack: self.conntrack_entries(),
-        }
-    }
-
-    fn conntrack_entries(&self) -> u64 {
-        let out = Command::new("nsenter")
-            .arg(format!("--net={}", self.topo.pod.netns.path().display()))
-            .args(["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
-            .output();
-        out.ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-/// Busy jiffies of the whole machine (user+nice+system+irq+softirq+steal).
-fn cpu_jiffies() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let cpu = stat.lines().next().unwrap_or_default();
-    let f: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal
-    [0, 1, 2, 5, 6, 7].iter().filter_map(|i| f.get(*i)).sum()
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
-}
-
 /// Every workload under the kernel's defaults (the headline), and connection churn again under
 /// tuned settings.
 fn cells(concurrency: usize) -> Vec<Cell> {
@@ -489,21 +235,6 @@ fn check_acceleration() -> AccelNote {
             .collect(),
         cases: cases.len(),
     }
-}
-
-/// Allows acceleration on the bed's node, accepting the differences the checks found.
-fn allow_acceleration(topo: &Topology, accel: &AccelNote) {
-    let mut args = vec!["accel-check", "--allow"];
-    let accepting = accel.differences.join(",");
-    if !accepting.is_empty() {
-        args.extend(["--accepting", &accepting]);
-    }
-    let out = topo.capture(&args);
-    assert!(
-        out.status.success(),
-        "accel-check --allow: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Unreclaimable kernel memory, KiB: where BPF links, program arrays and map entries live
