@@ -96,7 +96,13 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         // A pod that fell back stays where it fell: asking again is the same request.
         let same_mode =
             existing.mode == mode || (req.allow_fallback && existing.fallback_reason.is_some());
-        if existing.config == config && existing.cgroup == req.cgroup && same_mode {
+        // Acceleration is decided once, at the first attach; the node may allow it since.
+        let same_config = existing.config
+            == CaptureConfig {
+                accelerate: existing.config.accelerate,
+                ..config.clone()
+            };
+        if same_config && existing.cgroup == req.cgroup && same_mode {
             return Ok(existing);
         }
         return Err(Error::AlreadyAttached {

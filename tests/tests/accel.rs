@@ -292,3 +292,34 @@ fn an_agent_killed_during_the_checks_leaves_nothing_behind() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_pod_captured_before_the_node_allowed_acceleration_stays_as_it_was_and_says_why() {
+    let topo = capture_tests::topology::Topology::new();
+    let ask = [
+        "--mode",
+        "ebpf",
+        "--annotation",
+        "capture.dev/accelerate=true",
+    ];
+    topo.attach(&ask);
+    let before = topo.status();
+    assert_eq!(
+        before["pods"][0]["acceleration"]["active"], false,
+        "{before}"
+    );
+    let allowed = capture_tests::accel::allow(&topo);
+    // The same request again is the same pod: no error, and no change.
+    topo.attach(&ask);
+    let after = topo.status();
+    let accel = &after["pods"][0]["acceleration"];
+    assert_eq!(accel["active"], false, "{after}");
+    if allowed {
+        assert!(
+            accel["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("after the pod was captured")),
+            "{accel}"
+        );
+    }
+}
