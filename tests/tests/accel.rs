@@ -156,7 +156,7 @@ fn accelerated_pods_answer_as_unaccelerated_ones_and_count_their_bytes() {
         .collect();
     let accepting = EDGE_CASES.join(",");
     let _remote = start_remote(&node);
-    let _agent = node.start_agent_with(
+    let agent = node.start_agent_with(
         "ebpf",
         &["--accelerate", "--accelerate-accepting", &accepting],
     );
@@ -213,6 +213,19 @@ fn accelerated_pods_answer_as_unaccelerated_ones_and_count_their_bytes() {
         counters["accelerated_sends"].as_u64() >= Some(5),
         "{counters}"
     );
+    let metrics = agent.checked_metrics();
+    for series in [
+        "capture_pod_accelerated{",
+        "capture_pod_accelerated_bytes_total{",
+        "capture_pod_accelerated_socket_directions_total{",
+    ] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(series) && l.contains("pod=\"fast\"")),
+            "{series} for the accelerated pod in:\n{metrics}"
+        );
+    }
     node.del(&fast).expect("DEL");
     node.del(&plain).expect("DEL");
 }
