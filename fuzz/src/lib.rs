@@ -73,7 +73,11 @@ pub fn check_config(spec: &PodSpec, cfg: &CaptureConfig) {
         .annotations
         .get(capture_user::config::ANN_ACCELERATE)
         .is_some_and(|v| v.trim() == "true");
-    assert_eq!(cfg.accelerate, asked, "acceleration from {:?}", spec.annotations);
+    assert_eq!(
+        cfg.accelerate, asked,
+        "acceleration from {:?}",
+        spec.annotations
+    );
     let ports = [
         ("include_outbound_ports", &cfg.include_outbound_ports),
         ("exclude_outbound_ports", &cfg.exclude_outbound_ports),
