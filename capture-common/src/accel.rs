@@ -3,9 +3,8 @@
 //! on either then goes straight to the other's receive queue.
 
 use crate::{
-    addr::{is_loopback4, same},
-    config::{PodConfig, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6, MAX_PROXY_IDS},
-    decision::{INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
+    config::{PodConfig, FLAG_ACCELERATE, MAX_PROXY_IDS},
+    decision::routed_over_lo,
     AF_INET6,
 };
 
@@ -24,13 +23,7 @@ pub enum Side {
 #[inline(always)]
 #[must_use]
 pub fn is_local(cfg: &PodConfig, family: u16, remote: &[u32; 4]) -> bool {
-    if family == AF_INET6 {
-        same(remote, &LOOPBACK6)
-            || same(remote, &INBOUND_PASSTHROUGH_SRC6)
-            || (cfg.has(FLAG_HAS_POD_IP6) && same(remote, &cfg.pod_ip6))
-    } else {
-        is_loopback4(remote[0]) || (cfg.has(FLAG_HAS_POD_IP4) && remote[0] == cfg.pod_ip4)
-    }
+    routed_over_lo(cfg, family == AF_INET6, remote)
 }
 
 /// The creator's ids are the proxy's (uid or gid, as the owner rules match them).
@@ -68,7 +61,7 @@ pub fn joins(cfg: &PodConfig, family: u16, remote: &[u32; 4], side: Side) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{addr::ip4, AF_INET};
+    use crate::{addr::ip4, config::FLAG_HAS_POD_IP4, decision::LOOPBACK6, AF_INET};
 
     fn pod() -> PodConfig {
         PodConfig {

@@ -95,16 +95,22 @@ pub trait PodLists {
 }
 
 /// Would the kernel route `dst` over `lo` (iptables' `-o lo`)? Inside a pod that is the loopback
-/// range and the pod's own addresses (plus `::6`, which Istio adds to `lo`).
+/// range and the pod's own addresses (plus `::6`, which Istio adds to `lo`). IPv4 in word 0.
+#[inline(always)]
+#[must_use]
+pub fn routed_over_lo(cfg: &PodConfig, ipv6: bool, dst: &[u32; 4]) -> bool {
+    if ipv6 {
+        same6(dst, &LOOPBACK6)
+            || same6(dst, &INBOUND_PASSTHROUGH_SRC6)
+            || (cfg.has(FLAG_HAS_POD_IP6) && same6(dst, &cfg.pod_ip6))
+    } else {
+        is_loopback4(dst[0]) || (cfg.has(FLAG_HAS_POD_IP4) && dst[0] == cfg.pod_ip4)
+    }
+}
+
 #[inline(always)]
 fn leaves_through_lo(cfg: &PodConfig, c: &Connect) -> bool {
-    if c.ipv6 {
-        same6(&c.dst, &LOOPBACK6)
-            || same6(&c.dst, &INBOUND_PASSTHROUGH_SRC6)
-            || (cfg.has(FLAG_HAS_POD_IP6) && same6(&c.dst, &cfg.pod_ip6))
-    } else {
-        is_loopback4(c.dst[0]) || (cfg.has(FLAG_HAS_POD_IP4) && c.dst[0] == cfg.pod_ip4)
-    }
+    routed_over_lo(cfg, c.ipv6, &c.dst)
 }
 
 /// Istio's `LOOP` set: `HostIPv4LoopbackCidr` or `::1/128`.

@@ -103,7 +103,7 @@ pub fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
 
 /// Waits until `fd` is readable (5 s at most), then a moment more for the rest of a small
 /// write. Readiness only: FIONREAD is a case of its own.
-pub fn wait_readable(fd: RawFd, _bytes: usize) -> io::Result<()> {
+pub fn wait_readable(fd: RawFd) -> io::Result<()> {
     if poll_one(fd, libc::POLLIN, 5000)? & libc::POLLIN == 0 {
         return Err(io::Error::from(io::ErrorKind::TimedOut));
     }

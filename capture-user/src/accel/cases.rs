@@ -125,7 +125,7 @@ fn partial_reads(p: &Pair<'_>) -> io::Result<Observation> {
 fn msg_peek(p: &Pair<'_>) -> io::Result<Observation> {
     let (mut app, mut proxy) = p.connect()?;
     app.write_all(b"hello world")?;
-    wait_readable(proxy.as_raw_fd(), 11)?;
+    wait_readable(proxy.as_raw_fd())?;
     let mut peeked = [0u8; 5];
     let n = recv(proxy.as_raw_fd(), &mut peeked, libc::MSG_PEEK)?;
     let rest = read_exactly(&mut proxy, 11)?;
@@ -206,7 +206,7 @@ fn splice_both_ways(p: &Pair<'_>) -> io::Result<Observation> {
     obs.push(format!("spliced in {sent}"));
     let mut got = Vec::new();
     while got.len() < data.len() {
-        wait_readable(proxy.as_raw_fd(), 1)?;
+        wait_readable(proxy.as_raw_fd())?;
         let n = splice(proxy.as_raw_fd(), out_w.as_raw_fd(), data.len() - got.len())?;
         if n == 0 {
             break;
@@ -250,7 +250,7 @@ fn close_with_unread(p: &Pair<'_>, by_app: bool) -> io::Result<Observation> {
     let (app, proxy) = p.connect()?;
     let (closer, mut other) = if by_app { (app, proxy) } else { (proxy, app) };
     other.write_all(&pattern(100, 7))?;
-    wait_readable(closer.as_raw_fd(), 100)?;
+    wait_readable(closer.as_raw_fd())?;
     drop(closer);
     std::thread::sleep(Duration::from_millis(100));
     let mut buf = [0u8; 16];
