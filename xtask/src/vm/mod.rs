@@ -40,6 +40,31 @@ const HOST: &str = "host";
 /// Where the report goes when the whole matrix ran unfiltered.
 const DEFAULT_REPORT: &str = "docs/kernel-support.md";
 
+/// Test binaries whose subject is capture's user space: malformed input, the agent's socket
+/// protocol, the agent killed at random, the CNI defaults, the container runtime's calls, the
+/// manifest and the metrics. What they ask of the kernel the tests that stay ask too (attach,
+/// release, traffic), so `--scope kernel` leaves them to the host's run (`cargo xtask test`).
+/// Under emulation they are the slowest third of the suite.
+pub const KERNEL_INDEPENDENT: &[&str] = &[
+    "agent_socket",
+    "bad_input",
+    "chaos",
+    "cni_defaults",
+    "containerd",
+    "deploy",
+    "prometheus",
+];
+
+/// Which test binaries the guests run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Scope {
+    /// The whole suite (what the kernel support table is written from).
+    All,
+    /// Only what depends on the kernel: the suite without [`KERNEL_INDEPENDENT`] (CI, where
+    /// `cargo xtask test` has just run the whole suite on the host).
+    Kernel,
+}
+
 pub struct Options {
     pub kernels: Vec<String>,
     pub timeout_secs: u64,
@@ -50,6 +75,7 @@ pub struct Options {
     pub report: Option<PathBuf>,
     /// VMs booted at the same time.
     pub jobs: usize,
+    pub scope: Scope,
 }
 
 /// The workspace root (xtask sits one level below it).
@@ -76,7 +102,7 @@ pub fn run(opts: Options) -> Result<()> {
     for sub in ["kernels", "logs", "results"] {
         fs::create_dir_all(vm_dir.join(sub))?;
     }
-    let binaries = test_binaries(&opts.tests, &opts.filter)?;
+    let binaries = test_binaries(&opts.tests, &opts.filter, opts.scope)?;
     let tests_dir = root.join("tests");
     let stage2 = vm_dir.join("stage2.sh");
     stage2::write(&stage2, &tests_dir, &binaries, &opts.filter)?;
@@ -125,7 +151,8 @@ pub fn run(opts: Options) -> Result<()> {
 
     let full_matrix = all.iter().all(|k| opts.kernels.iter().any(|o| o == k))
         && opts.tests.is_empty()
-        && opts.filter.is_empty();
+        && opts.filter.is_empty()
+        && opts.scope == Scope::All;
     let report = opts
         .report
         .or_else(|| full_matrix.then(|| root.join(DEFAULT_REPORT)));
@@ -247,9 +274,9 @@ fn not_run(kernel: &str, binaries: &[TestBinary], error: &str) -> KernelResult {
     result
 }
 
-/// Builds capture-tests' integration tests and lists their tests (with the filter applied).
-/// `cargo build --bins` must have run: the tests start capture and capture-cni from there.
-fn test_binaries(only: &[String], filter: &[String]) -> Result<Vec<TestBinary>> {
+/// Builds capture-tests' integration tests and lists their tests (with the filter and the scope
+/// applied). `cargo build --bins` must have run: the tests start capture and capture-cni from there.
+fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec<TestBinary>> {
     let out = crate::cargo()
         .args(["test", "--no-run", "--locked", "--message-format=json"])
         .args(["-p", "capture-tests"])
@@ -283,7 +310,11 @@ fn test_binaries(only: &[String], filter: &[String]) -> Result<Vec<TestBinary>> 
         bail!("building the test binaries failed ({})", out.status);
     }
     found.sort();
-    for name in only {
+    let named = only
+        .iter()
+        .map(String::as_str)
+        .chain(KERNEL_INDEPENDENT.iter().copied());
+    for name in named {
         if !found.iter().any(|(n, _)| n == name) {
             let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
             bail!("no test binary {name}: there are {}", names.join(","));
@@ -291,7 +322,9 @@ fn test_binaries(only: &[String], filter: &[String]) -> Result<Vec<TestBinary>> 
     }
     let mut binaries = Vec::new();
     for (name, path) in found {
-        if !only.is_empty() && !only.contains(&name) {
+        let out_of_scope =
+            scope == Scope::Kernel && KERNEL_INDEPENDENT.contains(&name.as_str());
+        if (!only.is_empty() && !only.contains(&name)) || out_of_scope {
             continue;
         }
         let listed = crate::output(Command::new(&path).arg("--list").args(filter))?;
