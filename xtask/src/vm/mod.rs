@@ -322,8 +322,7 @@ fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec
     }
     let mut binaries = Vec::new();
     for (name, path) in found {
-        let out_of_scope =
-            scope == Scope::Kernel && KERNEL_INDEPENDENT.contains(&name.as_str());
+        let out_of_scope = scope == Scope::Kernel && KERNEL_INDEPENDENT.contains(&name.as_str());
         if (!only.is_empty() && !only.contains(&name)) || out_of_scope {
             continue;
         }
