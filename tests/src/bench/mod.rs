@@ -23,7 +23,7 @@ use self::{
 };
 use crate::topology::Topology;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// No capture: the client dials the proxy directly (the limit).
@@ -185,6 +185,13 @@ pub struct Results {
 pub struct Options {
     pub quick: bool,
     pub out: PathBuf,
+    /// Only the workloads whose label contains this (e.g. `connect+rr+close c1 (echo`), and no
+    /// attach or CNI measurements: a focused run while working on one number.
+    pub focus: Option<String>,
+    /// Only these modes; all when empty.
+    pub modes: Vec<Mode>,
+    /// Rounds instead of the default (5, quick 3).
+    pub rounds: Option<usize>,
 }
 
 /// Every workload under the kernel's defaults (the headline), and connection churn again under
@@ -280,6 +287,31 @@ fn attach_scale(mode: Mode, pods: usize) -> AttachScale {
     }
 }
 
+/// Attach latency and memory as pods fill a node (iptables to at most 200 pods), and the CNI ADD
+/// through capture-cni and the agent.
+fn control_plane(pods: usize, cni_pods: usize) -> (Vec<AttachScale>, Vec<cni_add::CniAdd>) {
+    eprintln!("bench: attaching {pods} pods per backend");
+    let attach = [Mode::Ebpf, Mode::Iptables]
+        .iter()
+        .map(|m| {
+            attach_scale(
+                *m,
+                if *m == Mode::Iptables {
+                    pods.min(200)
+                } else {
+                    pods
+                },
+            )
+        })
+        .collect();
+    eprintln!("bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent");
+    let cni_add = ["ebpf", "iptables"]
+        .iter()
+        .map(|m| cni_add::measure(m, cni_pods))
+        .collect();
+    (attach, cni_add)
+}
+
 /// Runs the whole benchmark and writes results.json, benchmarks.md and the chart.
 pub fn run(opts: &Options) -> Results {
     crate::require_root();
@@ -288,9 +320,21 @@ pub fn run(opts: &Options) -> Results {
     } else {
         (5, 3.0, 8, 1000)
     };
+    let rounds = opts.rounds.unwrap_or(rounds);
     let warmup = Duration::from_millis(if opts.quick { 150 } else { 500 });
     let duration = Duration::from_secs_f64(seconds);
-    let cells = cells(concurrency);
+    let cells: Vec<Cell> = cells(concurrency)
+        .into_iter()
+        .filter(|c| {
+            opts.focus
+                .as_ref()
+                .is_none_or(|f| c.label().contains(f.as_str()))
+        })
+        .collect();
+    let modes: Vec<Mode> = Mode::ALL
+        .into_iter()
+        .filter(|m| opts.modes.is_empty() || opts.modes.contains(m))
+        .collect();
     let mut results: Vec<CellResult> = cells
         .iter()
         .map(|c| CellResult {
@@ -303,8 +347,12 @@ pub fn run(opts: &Options) -> Results {
     let mut conntrack = Vec::new();
     let mut profile = (Vec::new(), 0);
     let mut accel_profile = (Vec::new(), 0);
-    eprintln!("bench: running the acceleration checks");
-    let accel = check_acceleration();
+    let accel = if modes.contains(&Mode::EbpfAccel) {
+        eprintln!("bench: running the acceleration checks");
+        check_acceleration()
+    } else {
+        AccelNote::default()
+    };
     for (proxy, settings) in [
         (Proxy::Echo, Settings::Default),
         (Proxy::Echo, Settings::Tuned),
@@ -314,11 +362,14 @@ pub fn run(opts: &Options) -> Results {
         eprintln!(
             "bench: setting up the {proxy:?} proxy ({settings:?} settings) in a pod per mode"
         );
-        let beds: Vec<Bed> = Mode::ALL
+        let ours = |c: &Cell| c.proxy == proxy && c.settings == settings;
+        if !cells.iter().any(ours) {
+            continue;
+        }
+        let beds: Vec<Bed> = modes
             .iter()
             .map(|m| Bed::new(*m, proxy, settings, &accel))
             .collect();
-        let ours = |c: &Cell| c.proxy == proxy && c.settings == settings;
         for round in 0..rounds {
             for (i, cell) in cells.iter().enumerate().filter(|(_, c)| ours(c)) {
                 // Interleaved: the modes' order rotates every round and cell.
@@ -368,26 +419,11 @@ pub fn run(opts: &Options) -> Results {
             }
         }
     }
-    eprintln!("bench: attaching {pods} pods per backend");
-    let attach = [Mode::Ebpf, Mode::Iptables]
-        .iter()
-        .map(|m| {
-            attach_scale(
-                *m,
-                if *m == Mode::Iptables {
-                    pods.min(200)
-                } else {
-                    pods
-                },
-            )
-        })
-        .collect();
-    let cni_pods = if opts.quick { 10 } else { 100 };
-    eprintln!("bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent");
-    let cni_add = ["ebpf", "iptables"]
-        .iter()
-        .map(|m| cni_add::measure(m, cni_pods))
-        .collect();
+    let (attach, cni_add) = if opts.focus.is_some() {
+        (Vec::new(), Vec::new())
+    } else {
+        control_plane(pods, if opts.quick { 10 } else { 100 })
+    };
     let kernel = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();

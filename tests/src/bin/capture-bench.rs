@@ -20,6 +20,15 @@ enum Cmd {
         quick: bool,
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
+        /// Only the workloads whose label contains this text, and no attach or CNI measurements.
+        #[arg(long)]
+        focus: Option<String>,
+        /// Only these modes (comma-separated).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        modes: Vec<bench::Mode>,
+        /// Rounds (default 5, quick 3).
+        #[arg(long)]
+        rounds: Option<usize>,
     },
     /// One process of the benchmark, entered into a pod.
     Role {
@@ -64,10 +73,19 @@ enum Role {
 
 fn main() {
     match Args::parse().cmd {
-        Cmd::Run { quick, out } => {
+        Cmd::Run {
+            quick,
+            out,
+            focus,
+            modes,
+            rounds,
+        } => {
             let results = bench::run(&bench::Options {
                 quick,
                 out: out.clone(),
+                focus,
+                modes,
+                rounds,
             });
             for (what, ok) in bench::report::targets(&results) {
                 println!("[{}] {what}", if ok { "met" } else { "NOT met" });
