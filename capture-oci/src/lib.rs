@@ -1,0 +1,347 @@
+//! OCI image layout archives, written directly: no daemon, no registry, no image builder. Every
+//! byte follows from the inputs (entries sorted by path and owned by root, one fixed time, gzip
+//! without a file name or time stamp), so the same inputs give the same digests. containerd reads
+//! the archive with `ctr images import`, skopeo with `oci-archive:`.
+
+mod host;
+
+use std::{
+    collections::BTreeMap,
+    io::{self, Write as _},
+    path::Path,
+};
+
+use serde_json::{json, Value};
+use sha2::{Digest as _, Sha256};
+
+pub use self::host::shared_libraries;
+
+/// One filesystem layer, built up in memory.
+#[derive(Default)]
+pub struct Layer {
+    entries: BTreeMap<String, Entry>,
+}
+
+enum Entry {
+    Dir(u32),
+    File { data: Vec<u8>, mode: u32 },
+    Symlink(String),
+}
+
+impl Layer {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A directory with `mode`; its parents get 0755 unless given otherwise.
+    pub fn dir(&mut self, path: &str, mode: u32) {
+        let path = relative(path);
+        self.parents(&path);
+        self.entries.insert(path, Entry::Dir(mode));
+    }
+
+    pub fn file(&mut self, path: &str, data: Vec<u8>, mode: u32) {
+        let path = relative(path);
+        self.parents(&path);
+        self.entries.insert(path, Entry::File { data, mode });
+    }
+
+    pub fn symlink(&mut self, path: &str, target: &str) {
+        let path = relative(path);
+        self.parents(&path);
+        self.entries
+            .insert(path, Entry::Symlink(target.to_string()));
+    }
+
+    /// Whether the layer has an entry at `path`.
+    #[must_use]
+    pub fn contains(&self, path: &str) -> bool {
+        self.entries.contains_key(&relative(path))
+    }
+
+    fn parents(&mut self, path: &str) {
+        let mut parent = Path::new(path).parent();
+        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            self.entries
+                .entry(p.to_string_lossy().into_owned())
+                .or_insert(Entry::Dir(0o755));
+            parent = p.parent();
+        }
+    }
+
+    /// The layer as a tar stream, every entry stamped with `mtime`. Sorted paths put each
+    /// directory before what it holds.
+    pub fn tar(&self, mtime: u64) -> io::Result<Vec<u8>> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, entry) in &self.entries {
+            match entry {
+                Entry::Dir(mode) => append_dir(&mut b, path, *mode, mtime)?,
+                Entry::File { data, mode } => append(&mut b, path, data, *mode, mtime)?,
+                Entry::Symlink(target) => {
+                    let mut h = header(0o777, 0, tar::EntryType::Symlink, mtime);
+                    b.append_link(&mut h, path, target)?;
+                }
+            }
+        }
+        b.into_inner()
+    }
+}
+
+/// How the layer is stored in the archive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// A plain tar: cheapest to write and to unpack (the containerd tests).
+    None,
+    /// gzip at its best level (what registries and runtimes expect of a shipped image).
+    Gzip,
+}
+
+/// One image of the archive: its name (as containerd will know it) and the image config's
+/// `config` object (Entrypoint, Env, Labels, ...).
+pub struct Image {
+    pub name: String,
+    pub config: Value,
+}
+
+/// What `write_archive` wrote.
+#[derive(Debug)]
+pub struct Written {
+    /// Each image's name and manifest digest (`sha256:…`), in the order given.
+    pub manifests: Vec<(String, String)>,
+    /// The layer's stored (possibly compressed) size, bytes.
+    pub layer_bytes: u64,
+    /// The archive's size, bytes.
+    pub archive_bytes: u64,
+}
+
+/// Writes an OCI image layout archive to `out`: `layer` (stamped with `mtime`, seconds since the
+/// epoch) shared by every image in `images`. `created` (RFC 3339) goes into each image config.
+pub fn write_archive(
+    out: &Path,
+    layer: &Layer,
+    compression: Compression,
+    mtime: u64,
+    created: Option<&str>,
+    images: &[Image],
+) -> io::Result<Written> {
+    let tar = layer.tar(mtime)?;
+    let diff_id = sha256(&tar);
+    let (blob, media_type) = match compression {
+        Compression::None => (tar, "application/vnd.oci.image.layer.v1.tar"),
+        Compression::Gzip => (gzip(&tar)?, "application/vnd.oci.image.layer.v1.tar+gzip"),
+    };
+    let layer_descriptor = descriptor(media_type, &blob);
+    let layer_bytes = blob.len() as u64;
+    let mut blobs: Vec<Vec<u8>> = vec![blob];
+    let mut manifests = Vec::new();
+    let mut written = Vec::new();
+    for image in images {
+        let mut config = json!({
+            "architecture": oci_architecture(),
+            "os": "linux",
+            "config": image.config,
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+        });
+        if let Some(created) = created {
+            config["created"] = json!(created);
+        }
+        let config = serde_json::to_vec(&config)?;
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": descriptor("application/vnd.oci.image.config.v1+json", &config),
+            "layers": [layer_descriptor],
+        }))?;
+        let mut entry = descriptor("application/vnd.oci.image.manifest.v1+json", &manifest);
+        let tag = image.name.rsplit_once(':').map_or("latest", |(_, t)| t);
+        entry["annotations"] = json!({
+            "io.containerd.image.name": image.name,
+            "org.opencontainers.image.ref.name": tag,
+        });
+        written.push((image.name.clone(), format!("sha256:{}", sha256(&manifest))));
+        manifests.push(entry);
+        blobs.push(config);
+        blobs.push(manifest);
+    }
+    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests}))?;
+
+    let mut archive = tar::Builder::new(std::fs::File::create(out)?);
+    append(
+        &mut archive,
+        "oci-layout",
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+        0o644,
+        mtime,
+    )?;
+    append(&mut archive, "index.json", &index, 0o644, mtime)?;
+    append_dir(&mut archive, "blobs", 0o755, mtime)?;
+    append_dir(&mut archive, "blobs/sha256", 0o755, mtime)?;
+    // Blobs by digest, each once (images share their layer, and may share a config).
+    let mut by_digest: BTreeMap<String, &[u8]> = BTreeMap::new();
+    for blob in &blobs {
+        by_digest.insert(sha256(blob), blob);
+    }
+    for (digest, blob) in by_digest {
+        append(
+            &mut archive,
+            &format!("blobs/sha256/{digest}"),
+            blob,
+            0o644,
+            mtime,
+        )?;
+    }
+    archive.into_inner()?.flush()?;
+    Ok(Written {
+        manifests: written,
+        layer_bytes,
+        archive_bytes: std::fs::metadata(out)?.len(),
+    })
+}
+
+fn relative(path: &str) -> String {
+    path.trim_start_matches('/')
+        .trim_end_matches('/')
+        .to_string()
+}
+
+fn gzip(data: &[u8]) -> io::Result<Vec<u8>> {
+    // No name and time 0 in the header (flate2's defaults, spelled out): nothing but the data
+    // decides the bytes.
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::best());
+    gz.write_all(data)?;
+    gz.finish()
+}
+
+fn header(mode: u32, size: u64, kind: tar::EntryType, mtime: u64) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(mtime);
+    h
+}
+
+fn append<W: io::Write>(
+    b: &mut tar::Builder<W>,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+    mtime: u64,
+) -> io::Result<()> {
+    let mut h = header(mode, data.len() as u64, tar::EntryType::Regular, mtime);
+    b.append_data(&mut h, path, data)
+}
+
+fn append_dir<W: io::Write>(
+    b: &mut tar::Builder<W>,
+    path: &str,
+    mode: u32,
+    mtime: u64,
+) -> io::Result<()> {
+    let mut h = header(mode, 0, tar::EntryType::Directory, mtime);
+    b.append_data(&mut h, format!("{path}/"), io::empty())
+}
+
+/// Lower-case hex SHA-256.
+#[must_use]
+pub fn sha256(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn descriptor(media_type: &str, blob: &[u8]) -> Value {
+    json!({"mediaType": media_type, "digest": format!("sha256:{}", sha256(blob)), "size": blob.len()})
+}
+
+/// This machine's architecture as OCI names it.
+#[must_use]
+pub fn oci_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(tar: &[u8]) -> Vec<(String, tar::EntryType, u64)> {
+        let mut a = tar::Archive::new(tar);
+        a.entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    h.entry_type(),
+                    h.mtime().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parents_come_first_and_every_entry_has_the_given_time() {
+        let mut l = Layer::new();
+        l.file("/usr/local/bin/capture", b"x".to_vec(), 0o755);
+        l.symlink("/bin", "usr/bin");
+        l.dir("/tmp", 0o1777);
+        let tar = l.tar(1_700_000_000).unwrap();
+        let got: Vec<String> = names(&tar).into_iter().map(|(n, _, _)| n).collect();
+        assert_eq!(
+            got,
+            [
+                "bin",
+                "tmp/",
+                "usr/",
+                "usr/local/",
+                "usr/local/bin/",
+                "usr/local/bin/capture"
+            ]
+        );
+        assert!(names(&tar).iter().all(|(_, _, t)| *t == 1_700_000_000));
+    }
+
+    #[test]
+    fn the_same_inputs_give_the_same_bytes_whatever_the_insertion_order() {
+        let build = |order: &[usize]| {
+            let mut l = Layer::new();
+            for i in order {
+                l.file(&format!("/f{i}"), vec![*i as u8; 1000], 0o644);
+            }
+            let dir = std::env::temp_dir().join(format!("capture-oci-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = dir.join(format!("{order:?}.tar"));
+            let image = Image {
+                name: "localhost/t:1".into(),
+                config: json!({"Entrypoint": ["/f1"]}),
+            };
+            let w = write_archive(&out, &l, Compression::Gzip, 0, None, &[image]).unwrap();
+            let bytes = std::fs::read(&out).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            (w.manifests, bytes)
+        };
+        let (a, bytes_a) = build(&[1, 2, 3]);
+        let (b, bytes_b) = build(&[3, 1, 2]);
+        assert_eq!(a, b);
+        assert_eq!(bytes_a, bytes_b);
+        assert!(a[0].1.starts_with("sha256:") && a[0].1.len() == 71, "{a:?}");
+    }
+
+    #[test]
+    fn a_different_time_gives_a_different_digest() {
+        let mut l = Layer::new();
+        l.file("/f", b"x".to_vec(), 0o644);
+        assert_ne!(sha256(&l.tar(0).unwrap()), sha256(&l.tar(1).unwrap()));
+    }
+}
