@@ -199,6 +199,77 @@ pub fn write_archive(
     })
 }
 
+/// One image read back from an archive.
+pub struct ReadImage {
+    /// `io.containerd.image.name`.
+    pub name: String,
+    /// `sha256:…` of its manifest.
+    pub digest: String,
+    /// The whole image config (architecture, os, config, rootfs, ...).
+    pub config: Value,
+    /// Its layers, uncompressed, in order.
+    pub layers: Vec<Vec<u8>>,
+}
+
+/// Reads every image of an OCI archive, checking each blob against its digest.
+pub fn read_archive(path: &Path) -> io::Result<Vec<ReadImage>> {
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut archive = tar::Archive::new(std::fs::File::open(path)?);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let name = entry.path()?.to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        io::Read::read_to_end(&mut entry, &mut data)?;
+        files.insert(name, data);
+    }
+    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+    let blob = |descriptor: &Value| -> io::Result<&Vec<u8>> {
+        let digest = descriptor["digest"].as_str().unwrap_or_default();
+        let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+        let data = files
+            .get(&format!("blobs/sha256/{hex}"))
+            .ok_or_else(|| invalid(format!("no blob {digest}")))?;
+        if sha256(data) != hex {
+            return Err(invalid(format!("blob {digest} does not match its digest")));
+        }
+        Ok(data)
+    };
+    let index: Value = serde_json::from_slice(
+        files
+            .get("index.json")
+            .ok_or_else(|| invalid("no index.json".into()))?,
+    )?;
+    let mut images = Vec::new();
+    for entry in index["manifests"].as_array().into_iter().flatten() {
+        let manifest: Value = serde_json::from_slice(blob(entry)?)?;
+        let config: Value = serde_json::from_slice(blob(&manifest["config"])?)?;
+        let mut layers = Vec::new();
+        for layer in manifest["layers"].as_array().into_iter().flatten() {
+            let data = blob(layer)?;
+            if layer["mediaType"]
+                .as_str()
+                .is_some_and(|m| m.ends_with("+gzip"))
+            {
+                let mut tar = Vec::new();
+                io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&data[..]), &mut tar)?;
+                layers.push(tar);
+            } else {
+                layers.push(data.clone());
+            }
+        }
+        images.push(ReadImage {
+            name: entry["annotations"]["io.containerd.image.name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            digest: entry["digest"].as_str().unwrap_or_default().to_string(),
+            config,
+            layers,
+        });
+    }
+    Ok(images)
+}
+
 fn relative(path: &str) -> String {
     path.trim_start_matches('/')
         .trim_end_matches('/')
@@ -336,6 +407,36 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(bytes_a, bytes_b);
         assert!(a[0].1.starts_with("sha256:") && a[0].1.len() == 71, "{a:?}");
+    }
+
+    #[test]
+    fn an_archive_reads_back_as_written() {
+        let mut l = Layer::new();
+        l.file("/usr/bin/x", b"hello".to_vec(), 0o755);
+        l.symlink("/bin", "usr/bin");
+        let dir = std::env::temp_dir().join(format!("capture-oci-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("a.tar");
+        let image = |name: &str| Image {
+            name: name.into(),
+            config: json!({"Entrypoint": ["/usr/bin/x"]}),
+        };
+        let w = write_archive(
+            &out,
+            &l,
+            Compression::Gzip,
+            7,
+            Some("2026-12-01T00:00:00+00:00"),
+            &[image("localhost/a:1"), image("localhost/b:2")],
+        )
+        .unwrap();
+        let read = read_archive(&out).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[1].name, "localhost/b:2");
+        assert_eq!(read[1].digest, w.manifests[1].1);
+        assert_eq!(read[0].config["created"], "2026-12-01T00:00:00+00:00");
+        assert_eq!(read[0].layers, vec![l.tar(7).unwrap()]);
     }
 
     #[test]

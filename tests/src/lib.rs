@@ -51,6 +51,30 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
     })
 }
 
+/// The node agent's image archive, which `cargo xtask test` builds (`cargo xtask image`) into
+/// `target/image/`. `$CAPTURE_IMAGE_ARCHIVE` overrides it.
+pub fn image_archive() -> PathBuf {
+    if let Some(p) = std::env::var_os("CAPTURE_IMAGE_ARCHIVE") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/image/capture-<version>.oci.tar
+    let archive = exe
+        .ancestors()
+        .nth(3)
+        .expect("target directory")
+        .join(format!(
+            "image/capture-{}.oci.tar",
+            env!("CARGO_PKG_VERSION")
+        ));
+    assert!(
+        archive.is_file(),
+        "{} is not built; run `cargo xtask test` or `cargo xtask image`, or set CAPTURE_IMAGE_ARCHIVE",
+        archive.display()
+    );
+    archive
+}
+
 /// The `capture` binary of the next-layout variant (`CAPTURE_LAYOUT_VARIANT=next`), which
 /// `cargo xtask test` builds into `target/variant`: another build whose pod-config and counter
 /// maps differ, for the upgrade and rollback tests. `$CAPTURE_VARIANT_BIN` overrides it.

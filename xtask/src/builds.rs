@@ -26,7 +26,7 @@ const BUILD_CAPTURE: [&str; 6] = [
     "capture",
 ];
 
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), Into::into)
 }
 

@@ -1,10 +1,11 @@
-//! capture's developer tasks: `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm`.
+//! capture's developer tasks: `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm|image`.
 //!
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
 
 mod builds;
 mod fuzz;
+mod image;
 mod setup;
 mod vm;
 
@@ -65,6 +66,18 @@ enum Task {
     },
     /// Capture a demo pod's traffic and show it (needs root).
     Demo,
+    /// Build the node agent's container image (capture and capture-cni linked statically, the
+    /// iptables variants, ip and nsenter) as an OCI archive that containerd imports; prints its
+    /// name, digest and size. Two builds of one commit give the same digest.
+    Image {
+        /// Where to write the archive (default target/image/capture-<version>.oci.tar).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        /// Build it twice, compiling the binaries afresh for the second, and fail unless both
+        /// give the same digest.
+        #[arg(long, conflicts_with = "out")]
+        check_reproducible: bool,
+    },
     /// Benchmark ebpf against iptables and no capture; writes docs/benchmarks.{md,svg} and
     /// docs/benchmark-results.json (needs root).
     Bench {
@@ -226,6 +239,7 @@ fn run_task(task: Task) -> Result<()> {
             build()?;
             build_variant()?;
             build_previous_release()?;
+            image::build(&image::Options { out: None })?;
             test(&args)
         }
         Task::Lint => {
@@ -265,6 +279,17 @@ fn run_task(task: Task) -> Result<()> {
                 json,
             })
         }
+        Task::Image {
+            out,
+            check_reproducible,
+        } => {
+            setup::setup()?;
+            if check_reproducible {
+                image::check_reproducible()
+            } else {
+                image::build(&image::Options { out }).map(|_| ())
+            }
+        }
         Task::Bench { quick, out } => {
             require_root("cargo xtask bench")?;
             setup::setup()?;
@@ -291,6 +316,7 @@ fn run_task(task: Task) -> Result<()> {
             build()?;
             build_variant()?;
             build_previous_release()?;
+            image::build(&image::Options { out: None })?;
             vm::run(vm::Options {
                 kernels,
                 timeout_secs,

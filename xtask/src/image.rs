@@ -1,0 +1,349 @@
+//! `cargo xtask image`: the node agent's container image, as an OCI archive that containerd
+//! imports (`ctr -n k8s.io images import`) and skopeo copies to a registry.
+//!
+//! Written directly (capture-oci) rather than by buildah, umoci or a Docker daemon: the image is
+//! one layer of known files, so a writer of sorted, root-owned tar entries stamped with the
+//! commit's time is all it takes, every byte follows from the inputs (two builds of one commit
+//! give one digest), and nothing beyond what setup already installs is needed. The layer holds
+//! - `capture` and `capture-cni`, linked statically (glibc's `crt-static`), so the capture-cni
+//!   that `install-cni` copies into the host's /opt/cni/bin runs whatever the host's libc;
+//! - what the agent runs in its container, from this machine's Debian packages (setup installs
+//!   them; their versions are in the image's labels): iptables and ip6tables in both the nft and
+//!   the legacy variant (`xtables-nft-multi`, `xtables-legacy-multi`, the names Debian links to
+//!   them, and their match and target extensions), `ip` (iproute2) and `nsenter` (util-linux),
+//!   with the shared libraries the dynamic loader gives each;
+//! - `/tmp`, `/run` and the merged-/usr links. Nothing else: no shell, no package manager.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+use capture_oci::{Compression, Image, Layer};
+use serde_json::json;
+
+use crate::{cargo, output, run};
+
+/// The repository the image is named under: `localhost/` says it is loaded onto nodes (or
+/// pushed under another name), never pulled from a public registry by a short name.
+pub const REPOSITORY: &str = "localhost/capture";
+
+/// The Rust target the static binaries build for.
+const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Where Debian's iptables keeps its match and target extensions (loaded with dlopen, so no
+/// binary names them as libraries).
+const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
+
+/// The programs the agent runs in its container (the iptables names below link to the first two).
+const ELF_TOOLS: [&str; 4] = [
+    "/usr/sbin/xtables-nft-multi",
+    "/usr/sbin/xtables-legacy-multi",
+    "/usr/bin/ip",
+    "/usr/bin/nsenter",
+];
+
+/// The iptables names the agent runs or an operator may (Debian links each to its multi-call
+/// binary); the unsuffixed ones point at the nft variant, as Debian's alternatives do by default.
+const IPTABLES_NAMES: [&str; 6] = [
+    "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ip6tables",
+    "ip6tables-save",
+    "ip6tables-restore",
+];
+
+pub struct Options {
+    pub out: Option<PathBuf>,
+}
+
+/// Builds the image twice, compiling `capture` and `capture-cni` afresh for the second, and fails
+/// unless both archives carry the same digest.
+pub fn check_reproducible() -> Result<()> {
+    let version = env!("CARGO_PKG_VERSION");
+    let first_path = archive_path(version).with_extension("first.tar");
+    let first = build(&Options {
+        out: Some(first_path.clone()),
+    })?;
+    run(cargo().env("CARGO_TARGET_DIR", static_target_dir()).args([
+        "clean",
+        "--release",
+        "-p",
+        "capture-user",
+        "--target",
+        STATIC_TARGET,
+    ]))?;
+    let second = build(&Options { out: None })?;
+    std::fs::remove_file(&first_path)?;
+    if first != second {
+        bail!(
+            "two builds of one tree gave two images: {} and {}",
+            first,
+            second
+        );
+    }
+    println!("reproducible: both builds are {second}");
+    Ok(())
+}
+
+/// Builds the image, prints its name, digest and size, and returns its digest.
+pub fn build(opts: &Options) -> Result<String> {
+    // The workspace's version, which every crate shares.
+    let version = env!("CARGO_PKG_VERSION");
+    let name = format!("{REPOSITORY}:{version}");
+    let out = opts.out.clone().unwrap_or_else(|| archive_path(version));
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let binaries = static_binaries()?;
+    let commit = Commit::head()?;
+
+    let mut layer = Layer::new();
+    for (link, target) in [
+        ("/bin", "usr/bin"),
+        ("/sbin", "usr/sbin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ] {
+        layer.symlink(link, target);
+    }
+    layer.dir("/tmp", 0o1777);
+    // iptables-legacy takes its lock in /run; the agent's socket and records live in /run/capture
+    // (a host mount in the manifest).
+    layer.dir("/run", 0o755);
+    layer.dir("/etc", 0o755);
+    for bin in &binaries {
+        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        layer.file(
+            &format!("/usr/local/bin/{name}"),
+            std::fs::read(bin)?,
+            0o755,
+        );
+    }
+    let mut elves = Vec::new();
+    for path in ELF_TOOLS {
+        copy_host_file(&mut layer, path, path)?;
+        elves.push(PathBuf::from(path));
+    }
+    for variant in ["nft", "legacy"] {
+        for name in IPTABLES_NAMES {
+            let (base, suffix) = match name.split_once('-') {
+                Some((base, op)) => (base, format!("-{op}")),
+                None => (name, String::new()),
+            };
+            layer.symlink(
+                &format!("/usr/sbin/{base}-{variant}{suffix}"),
+                &format!("xtables-{variant}-multi"),
+            );
+        }
+    }
+    for name in IPTABLES_NAMES {
+        let (base, suffix) = match name.split_once('-') {
+            Some((base, op)) => (base, format!("-{op}")),
+            None => (name, String::new()),
+        };
+        layer.symlink(&format!("/usr/sbin/{name}"), &format!("{base}-nft{suffix}"));
+    }
+    for entry in std::fs::read_dir(XTABLES_DIR)
+        .with_context(|| format!("reading {XTABLES_DIR}: install iptables"))?
+    {
+        let path = entry?.path();
+        let file = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        // The iptables and ip6tables extensions; ebtables' and arptables' are not run here.
+        if ["libxt_", "libipt_", "libip6t_"]
+            .iter()
+            .any(|p| file.starts_with(p))
+        {
+            let image_path = format!("{XTABLES_DIR}/{file}");
+            copy_host_file(&mut layer, &image_path, &path.to_string_lossy())?;
+            elves.push(path);
+        }
+    }
+    let mut libraries = BTreeSet::new();
+    for elf in &elves {
+        libraries.extend(capture_oci::shared_libraries(elf)?);
+    }
+    for lib in &libraries {
+        copy_host_file(&mut layer, &image_path(lib)?, lib)?;
+    }
+
+    let packages = package_versions(
+        elves
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .chain(libraries.iter().cloned()),
+    )?;
+    let image = Image {
+        name: name.clone(),
+        config: json!({
+            "Entrypoint": ["/usr/local/bin/capture"],
+            "Cmd": ["agent"],
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "WorkingDir": "/",
+            "Labels": {
+                "org.opencontainers.image.title": "capture",
+                "org.opencontainers.image.description": "eBPF traffic capture for mesh sidecars: the node agent and the chained CNI plugin",
+                "org.opencontainers.image.version": version,
+                "org.opencontainers.image.revision": commit.revision,
+                "org.opencontainers.image.created": commit.iso_time,
+                "org.opencontainers.image.licenses": "Apache-2.0",
+                "dev.capture.debian-packages": packages.join(" "),
+            },
+        }),
+    };
+    let written = capture_oci::write_archive(
+        &out,
+        &layer,
+        Compression::Gzip,
+        commit.unix_time,
+        Some(&commit.iso_time),
+        &[image],
+    )
+    .with_context(|| format!("writing {}", out.display()))?;
+    let (_, digest) = &written.manifests[0];
+    println!("image: {name}");
+    println!("digest: {digest}");
+    println!(
+        "size: {:.1} MiB compressed ({:.1} MiB archive)",
+        written.layer_bytes as f64 / (1 << 20) as f64,
+        written.archive_bytes as f64 / (1 << 20) as f64
+    );
+    println!("archive: {}", out.display());
+    println!(
+        "load it on a node: ctr -n k8s.io images import {}",
+        out.display()
+    );
+    Ok(digest.clone())
+}
+
+/// Where the archive goes by default (and where the tests look for it).
+pub fn archive_path(version: &str) -> PathBuf {
+    crate::builds::target_dir().join(format!("image/capture-{version}.oci.tar"))
+}
+
+/// The static builds' own target directory: their flags differ from every other build's.
+fn static_target_dir() -> PathBuf {
+    crate::builds::target_dir().join("image-build")
+}
+
+/// `capture` and `capture-cni`, release builds linked statically, in their own target directory
+/// (the flags differ from every other build's).
+fn static_binaries() -> Result<Vec<PathBuf>> {
+    let dir = static_target_dir();
+    run(cargo()
+        .env(
+            format!(
+                "CARGO_TARGET_{}_RUSTFLAGS",
+                STATIC_TARGET.to_uppercase().replace('-', "_")
+            ),
+            "-C target-feature=+crt-static",
+        )
+        .env("CARGO_TARGET_DIR", &dir)
+        .args(["build", "--release", "--locked", "-p", "capture-user"])
+        .args([
+            "--bin",
+            "capture",
+            "--bin",
+            "capture-cni",
+            "--target",
+            STATIC_TARGET,
+        ]))?;
+    let binaries: Vec<PathBuf> = ["capture", "capture-cni"]
+        .iter()
+        .map(|b| dir.join(STATIC_TARGET).join("release").join(b))
+        .collect();
+    for bin in &binaries {
+        if !capture_oci::shared_libraries(bin)?.is_empty() {
+            bail!("{} is not statically linked", bin.display());
+        }
+    }
+    Ok(binaries)
+}
+
+/// Copies a host file (its content, through symlinks, and its permissions) into the layer at
+/// `image_path`.
+fn copy_host_file(layer: &mut Layer, image_path: &str, host_path: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let context = || format!("reading {host_path} for the image: run cargo xtask setup");
+    let data = std::fs::read(host_path).with_context(context)?;
+    let mode = std::fs::metadata(host_path)
+        .with_context(context)?
+        .permissions()
+        .mode()
+        & 0o7777;
+    layer.file(image_path, data, mode);
+    Ok(())
+}
+
+/// Where a library the host's loader names goes in the image: its directory as the host resolves
+/// it (`/lib/x86_64-linux-gnu` is `/usr/lib/x86_64-linux-gnu` on a merged-/usr system, and so in
+/// the image, whose `/lib` is a link), under the name the loader asked for.
+fn image_path(host_path: &str) -> Result<String> {
+    let path = Path::new(host_path);
+    let (Some(dir), Some(file)) = (path.parent(), path.file_name()) else {
+        bail!("{host_path} is not a file path");
+    };
+    let dir = std::fs::canonicalize(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    Ok(dir.join(file).to_string_lossy().into_owned())
+}
+
+/// `package=version` of the Debian packages that hold `paths`, sorted.
+fn package_versions(paths: impl Iterator<Item = String>) -> Result<Vec<String>> {
+    let mut packages = BTreeSet::new();
+    for path in paths {
+        // dpkg knows a file by the path its package ships it at, which on a merged-/usr system
+        // may be the other side of the /usr link.
+        let alias = path
+            .strip_prefix("/usr")
+            .map_or_else(|| format!("/usr{path}"), str::to_string);
+        let owner = output(Command::new("dpkg-query").args(["-S", &path]))
+            .or_else(|_| output(Command::new("dpkg-query").args(["-S", &alias])))
+            .with_context(|| format!("which Debian package holds {path}"))?;
+        // `libc6:amd64: /lib/x86_64-linux-gnu/libc.so.6`
+        if let Some((package, _)) = owner.lines().next().and_then(|l| l.split_once(": ")) {
+            packages.insert(package.to_string());
+        }
+    }
+    let mut versions = Vec::new();
+    for package in packages {
+        versions.push(output(Command::new("dpkg-query").args([
+            "-W",
+            "-f=${Package}=${Version}",
+            &package,
+        ]))?);
+    }
+    Ok(versions)
+}
+
+/// The commit an image is built from: its time stamps every entry.
+struct Commit {
+    revision: String,
+    unix_time: u64,
+    iso_time: String,
+}
+
+impl Commit {
+    fn head() -> Result<Self> {
+        let log = output(Command::new("git").args(["log", "-1", "--format=%H %ct %cI"]))?;
+        let mut words = log.split_whitespace();
+        let (Some(hash), Some(time), Some(iso)) = (words.next(), words.next(), words.next()) else {
+            bail!("git log gave {log:?}");
+        };
+        let dirty = !output(Command::new("git").args(["status", "--porcelain"]))?.is_empty();
+        Ok(Self {
+            revision: if dirty {
+                format!("{hash}-dirty")
+            } else {
+                hash.to_string()
+            },
+            unix_time: time.parse().context("commit time")?,
+            iso_time: iso.to_string(),
+        })
+    }
+}
