@@ -31,7 +31,7 @@ impl AnyBackend {
     pub fn for_attach(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::open(paths)?)),
-            Mode::Iptables => Self::Iptables(IptablesBackend),
+            Mode::Iptables => Self::Iptables(IptablesBackend::for_node()),
         })
     }
 
@@ -39,7 +39,7 @@ impl AnyBackend {
     pub fn existing(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::adopt(paths)?)),
-            Mode::Iptables => Self::Iptables(IptablesBackend),
+            Mode::Iptables => Self::Iptables(IptablesBackend::for_node()),
         })
     }
 
@@ -54,6 +54,15 @@ impl AnyBackend {
         match self {
             Self::Ebpf(b) => Ok(Backend::detach(b.as_mut(), record)?),
             Self::Iptables(b) => Ok(b.detach(record)?),
+        }
+    }
+
+    /// The iptables variant new pods' rules are written with (the iptables backend only).
+    #[must_use]
+    pub fn iptables_flavour(&self) -> Option<crate::iptables::flavour::Flavour> {
+        match self {
+            Self::Ebpf(_) => None,
+            Self::Iptables(b) => Some(b.flavour),
         }
     }
 

@@ -124,6 +124,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         fallback_cause: fallback.as_ref().map(|gap| gap.cause),
         fallback_reason: fallback.map(|gap| gap.reason),
         release_failed: None,
+        iptables: None,
     };
     let added_v6 = match record.config.pod_ip6 {
         Some(_) => crate::netns::add_inbound_passthrough_v6(&req.netns)?,
@@ -169,6 +170,7 @@ fn attach_backend(
         }
         result => result?,
     }
+    record.iptables = backend.iptables_flavour();
     if let Err(e) = record::save(paths, record) {
         let _ = backend.detach(record);
         return Err(e.into());

@@ -66,6 +66,18 @@ pub struct PodRecord {
     /// until a later release (the runtime's DEL again, or the agent's retry) succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_failed: Option<String>,
+    /// The iptables variant the pod's rules were written with (iptables pods); `None` in records
+    /// from builds before the choice, which wrote with the unsuffixed names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iptables: Option<crate::iptables::flavour::Flavour>,
+}
+
+impl PodRecord {
+    /// The iptables variant to remove or check the pod's rules with.
+    #[must_use]
+    pub fn iptables_flavour(&self) -> crate::iptables::flavour::Flavour {
+        self.iptables.unwrap_or_default()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -44,6 +44,9 @@ pub struct Topology {
     pub dirs: CaptureDirs,
     /// Environment for every `capture` run (e.g. `CAPTURE_REFUSE_HOOKS`).
     pub capture_env: Vec<(&'static str, String)>,
+    /// The netns every `capture` run starts in (the node's, as the agent's would be): the test's
+    /// own when `None`.
+    pub node_netns: Option<PathBuf>,
     /// The pod's addresses (`POD_IP4`, `POD_IP6` unless numbered).
     pub ip4: String,
     pub ip6: String,
@@ -124,6 +127,7 @@ impl Topology {
             vm: None,
             dirs,
             capture_env: Vec::new(),
+            node_netns: None,
             ip4,
             ip6,
         }
@@ -191,7 +195,15 @@ impl Topology {
 
     /// Runs `capture` with this topology's directories.
     pub fn capture(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(capture_bin());
+        let mut cmd = match &self.node_netns {
+            Some(netns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", netns.display()))
+                    .arg(capture_bin());
+                c
+            }
+            None => Command::new(capture_bin()),
+        };
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)
             .arg("--state-dir")

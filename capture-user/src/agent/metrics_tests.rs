@@ -44,6 +44,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
             fallback_reason: fallback.map(Into::into),
             fallback_cause: fallback.map(|_| FallbackCause::Tproxy),
             release_failed: None,
+            iptables: None,
         },
         in_force: true,
         missing: Vec::new(),

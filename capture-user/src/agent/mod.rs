@@ -334,6 +334,14 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         .map_err(|e| AgentError::Mode(e.to_string()))?;
     let (mode, why) = probe::choose(cfg.mode, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
+    let iptables = tokio::task::spawn_blocking(crate::iptables::flavour::node)
+        .await
+        .map_err(|e| AgentError::Mode(e.to_string()))?;
+    info!(
+        variant = iptables.flavour.name(),
+        reason = %iptables.reason,
+        "iptables variant chosen for the iptables backend"
+    );
     // A record that cannot be read costs its own pod only: the node starts with the others.
     if let Ok(scan) = crate::record::scan(&cfg.paths) {
         for d in &scan.damaged {

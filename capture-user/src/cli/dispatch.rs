@@ -203,9 +203,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 .unwrap_or_default();
             let limits = crate::ebpf::limits::node_limits(&paths);
             let acceleration = crate::accel::node_report(&paths);
+            let iptables = crate::iptables::flavour::node();
             if json {
                 let report = serde_json::json!({
                     "probe": probe,
+                    "iptables": {"variant": iptables.flavour, "reason": iptables.reason},
                     "builds": builds,
                     "limits": limits,
                     "foreign_programs_above_pods": foreign,
@@ -214,6 +216,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", render_probe(&probe));
+                println!(
+                    "iptables backend: the {} variant ({})",
+                    iptables.flavour.name(),
+                    iptables.reason
+                );
                 print!("{}", crate::cli::render::render_builds(&builds));
                 print!("{}", crate::cli::render::render_limits(&limits));
                 print!("{}", crate::cli::render::render_foreign(&foreign));

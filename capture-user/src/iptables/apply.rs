@@ -6,6 +6,7 @@ use std::{
     process::{Command, Output},
 };
 
+use super::flavour::Flavour;
 use super::rules::{
     mangle_rules, nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS,
     TPROXY_CHAINS, TPROXY_MARK, TPROXY_TABLE,
@@ -39,15 +40,6 @@ pub fn families(cfg: &CaptureConfig) -> Vec<Family> {
         f.push(Family::V6);
     }
     f
-}
-
-fn tool(family: Family, restore: bool) -> &'static str {
-    match (family, restore) {
-        (Family::V4, true) => "iptables-restore",
-        (Family::V6, true) => "ip6tables-restore",
-        (Family::V4, false) => "iptables-save",
-        (Family::V6, false) => "ip6tables-save",
-    }
 }
 
 /// Runs an iptables tool in the netns, feeding `input` on stdin; returns its stdout.
@@ -134,30 +126,30 @@ fn tproxy_routing(netns: &Path, cfg: &CaptureConfig, add: bool) -> Result<(), Ip
     Ok(())
 }
 
-/// Writes the pod's rules (all families or none).
-pub fn apply(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
-    apply_rules(netns, cfg)?;
+/// Writes the pod's rules (all families or none) with `flavour`'s tools.
+pub fn apply(netns: &Path, cfg: &CaptureConfig, flavour: Flavour) -> Result<(), IptablesError> {
+    apply_rules(netns, cfg, flavour)?;
     if cfg.interception_mode == InterceptionMode::Tproxy {
         if let Err(e) = tproxy_routing(netns, cfg, true) {
             let _ = tproxy_routing(netns, cfg, false);
-            let _ = remove(netns, cfg);
+            let _ = remove(netns, cfg, flavour);
             return Err(e);
         }
     }
     Ok(())
 }
 
-fn apply_rules(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
+fn apply_rules(netns: &Path, cfg: &CaptureConfig, flavour: Flavour) -> Result<(), IptablesError> {
     let mut done = Vec::new();
     for family in families(cfg) {
         if let Err(e) = in_netns(
             netns,
-            tool(family, true),
+            flavour.tool(family, true),
             &["--noflush"],
             &restore_input(cfg, family),
         ) {
             for f in done {
-                let _ = remove_family(netns, cfg, f);
+                let _ = remove_family(netns, cfg, f, flavour);
             }
             return Err(e);
         }
@@ -224,35 +216,40 @@ pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
     out
 }
 
-fn remove_family(netns: &Path, cfg: &CaptureConfig, family: Family) -> Result<(), IptablesError> {
+fn remove_family(
+    netns: &Path,
+    cfg: &CaptureConfig,
+    family: Family,
+    flavour: Flavour,
+) -> Result<(), IptablesError> {
     in_netns(
         netns,
-        tool(family, true),
+        flavour.tool(family, true),
         &["--noflush"],
         &removal_input(cfg, family),
     )
     .map(drop)
 }
 
-/// Removes the pod's rules (and TPROXY's routing); every family is attempted, the first error is
-/// returned.
-pub fn remove(netns: &Path, cfg: &CaptureConfig) -> Result<(), IptablesError> {
+/// Removes the pod's rules (and TPROXY's routing) with the tools that wrote them; every family is
+/// attempted, the first error is returned.
+pub fn remove(netns: &Path, cfg: &CaptureConfig, flavour: Flavour) -> Result<(), IptablesError> {
     if cfg.interception_mode == InterceptionMode::Tproxy {
         let _ = tproxy_routing(netns, cfg, false);
     }
     families(cfg)
         .into_iter()
-        .map(|f| remove_family(netns, cfg, f))
+        .map(|f| remove_family(netns, cfg, f, flavour))
         .fold(Ok(()), Result::and)
 }
 
 /// What is missing from the netns (empty when the rules are in force): each family's chains and
 /// the jumps into them.
 #[must_use]
-pub fn missing(netns: &Path, cfg: &CaptureConfig) -> Vec<String> {
+pub fn missing(netns: &Path, cfg: &CaptureConfig, flavour: Flavour) -> Vec<String> {
     let mut missing = Vec::new();
     for family in families(cfg) {
-        let saved = match in_netns(netns, tool(family, false), &["-t", "nat"], "") {
+        let saved = match in_netns(netns, flavour.tool(family, false), &["-t", "nat"], "") {
             Ok(s) => s,
             Err(e) => {
                 missing.push(e.to_string());

@@ -3,6 +3,7 @@
 //! kernels that lack a hook, and the baseline for benchmarks.
 
 pub mod apply;
+pub mod flavour;
 pub mod rules;
 
 use capture_common::config::PodCounters;
@@ -13,14 +14,27 @@ use crate::{
     record::PodRecord,
 };
 
-/// Istio's rules, written into the pod's netns.
-pub struct IptablesBackend;
+/// Istio's rules, written into the pod's netns with the node's iptables variant.
+pub struct IptablesBackend {
+    /// What new pods' rules are written with; a captured pod's record says what its were.
+    pub flavour: flavour::Flavour,
+}
+
+impl IptablesBackend {
+    /// The backend with the variant this node uses (`flavour::node`).
+    #[must_use]
+    pub fn for_node() -> Self {
+        Self {
+            flavour: flavour::node().flavour,
+        }
+    }
+}
 
 impl Backend for IptablesBackend {
     type Error = apply::IptablesError;
 
     fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), Self::Error> {
-        apply::apply(pod.netns_path, cfg)
+        apply::apply(pod.netns_path, cfg, self.flavour)
     }
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), Self::Error> {
@@ -28,11 +42,11 @@ impl Backend for IptablesBackend {
         if !record.netns.exists() {
             return Ok(());
         }
-        apply::remove(&record.netns, &record.config)
+        apply::remove(&record.netns, &record.config, record.iptables_flavour())
     }
 
     fn missing(&self, record: &PodRecord) -> Vec<String> {
-        apply::missing(&record.netns, &record.config)
+        apply::missing(&record.netns, &record.config, record.iptables_flavour())
     }
 
     fn counters(&self, _record: &PodRecord) -> Option<PodCounters> {

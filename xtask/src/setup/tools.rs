@@ -33,6 +33,15 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("ip6tables-restore", "iptables"),
     tool("iptables-save", "iptables"),
     tool("ip6tables-save", "iptables"),
+    // The node's own variant, when it holds nft or legacy rules (iptables/flavour.rs).
+    tool("iptables-nft-restore", "iptables"),
+    tool("iptables-nft-save", "iptables"),
+    tool("ip6tables-nft-restore", "iptables"),
+    tool("ip6tables-nft-save", "iptables"),
+    tool("iptables-legacy-restore", "iptables"),
+    tool("iptables-legacy-save", "iptables"),
+    tool("ip6tables-legacy-restore", "iptables"),
+    tool("ip6tables-legacy-save", "iptables"),
     tool("nsenter", "util-linux"),
     // capture reads a user-namespaced pod's id maps from inside its namespace (userns.rs).
     tool("cat", "coreutils"),

@@ -1,0 +1,173 @@
+//! Which iptables writes a pod's rules: the node's own variant, nft or legacy, found as Istio
+//! finds it. Both write into the pod's netns, but the kernel of a node may support one only (no
+//! nf_tables on an old kernel, no ip_tables on a new distribution), and a node's tools and people
+//! expect one: the variant whose rules the node already holds (kube-proxy's, the kubelet's
+//! canaries) is the one that works there. Where neither holds rules, the unsuffixed names
+//! decide (`iptables-restore` on the PATH: nft in the agent's image, the alternatives' choice on a
+//! host).
+//!
+//! The agent decides once, at its start, in the node's netns (its own); `capture attach` decides
+//! per run. `CAPTURE_IPTABLES=nft|legacy|plain` decides instead. Each pod's record keeps the
+//! variant its rules were written with, and they are removed with the same one.
+
+use std::{process::Command, sync::OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use super::rules::Family;
+
+/// The environment variable that overrides the detection.
+pub const OVERRIDE_ENV: &str = "CAPTURE_IPTABLES";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flavour {
+    /// The unsuffixed names (`iptables-restore`): what records from builds before the choice
+    /// were written with.
+    #[default]
+    Plain,
+    Nft,
+    Legacy,
+}
+
+impl Flavour {
+    /// The program for `family`: `iptables-nft-restore`, `ip6tables-legacy-save`, ...
+    #[must_use]
+    pub fn tool(self, family: Family, restore: bool) -> &'static str {
+        use Family::{V4, V6};
+        match (self, family, restore) {
+            (Self::Plain, V4, true) => "iptables-restore",
+            (Self::Plain, V4, false) => "iptables-save",
+            (Self::Plain, V6, true) => "ip6tables-restore",
+            (Self::Plain, V6, false) => "ip6tables-save",
+            (Self::Nft, V4, true) => "iptables-nft-restore",
+            (Self::Nft, V4, false) => "iptables-nft-save",
+            (Self::Nft, V6, true) => "ip6tables-nft-restore",
+            (Self::Nft, V6, false) => "ip6tables-nft-save",
+            (Self::Legacy, V4, true) => "iptables-legacy-restore",
+            (Self::Legacy, V4, false) => "iptables-legacy-save",
+            (Self::Legacy, V6, true) => "ip6tables-legacy-restore",
+            (Self::Legacy, V6, false) => "ip6tables-legacy-save",
+        }
+    }
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Nft => "nft",
+            Self::Legacy => "legacy",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "plain" => Some(Self::Plain),
+            "nft" => Some(Self::Nft),
+            "legacy" => Some(Self::Legacy),
+            _ => None,
+        }
+    }
+}
+
+/// The variant chosen for this node, and why, in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub flavour: Flavour,
+    pub reason: String,
+}
+
+/// This process's choice: made at the first call and kept (the agent makes it at its start).
+pub fn node() -> &'static Choice {
+    static CHOICE: OnceLock<Choice> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        let forced = std::env::var(OVERRIDE_ENV).ok();
+        choose(forced.as_deref(), &|flavour| rule_lines(flavour))
+    })
+}
+
+/// The choice, given an override and a way to count a variant's rules in the node's netns
+/// (`None`: the variant cannot be run).
+fn choose(forced: Option<&str>, rules: &dyn Fn(Flavour) -> Option<usize>) -> Choice {
+    if let Some(forced) = forced.filter(|s| !s.is_empty()) {
+        if let Some(flavour) = Flavour::parse(forced) {
+            return Choice {
+                flavour,
+                reason: format!("{OVERRIDE_ENV}={forced}"),
+            };
+        }
+        tracing::warn!(
+            value = forced,
+            "{OVERRIDE_ENV} is not nft, legacy or plain; detecting instead"
+        );
+    }
+    // nft first, as Istio: a node whose kube-proxy runs in nft mode may also carry a few legacy
+    // chains the kubelet writes to both.
+    for flavour in [Flavour::Nft, Flavour::Legacy] {
+        if let Some(lines) = rules(flavour).filter(|n| *n > 0) {
+            return Choice {
+                flavour,
+                reason: format!("the node's netns holds {lines} {} rules", flavour.name()),
+            };
+        }
+    }
+    Choice {
+        flavour: Flavour::Plain,
+        reason: "the node's netns holds no nft or legacy rules: the unsuffixed iptables".into(),
+    }
+}
+
+/// The rules (`-A` lines; a table the kernel made with its built-in chains alone is not a user of
+/// the variant) `<variant>-save` prints in this process's netns, or `None` when it cannot run.
+fn rule_lines(flavour: Flavour) -> Option<usize> {
+    let out = Command::new(flavour.tool(Family::V4, false))
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("-A "))
+            .count(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nft_rules_win_then_legacy_ones_then_the_plain_names() {
+        let both = |f: Flavour| Some(if f == Flavour::Nft { 3 } else { 5 });
+        assert_eq!(choose(None, &both).flavour, Flavour::Nft);
+        let legacy = |f: Flavour| (f == Flavour::Legacy).then_some(7);
+        let c = choose(None, &legacy);
+        assert_eq!(c.flavour, Flavour::Legacy);
+        assert!(c.reason.contains("7 legacy rules"), "{}", c.reason);
+        let empty = |_: Flavour| Some(0);
+        assert_eq!(choose(None, &empty).flavour, Flavour::Plain);
+        let missing = |_: Flavour| None;
+        assert_eq!(choose(None, &missing).flavour, Flavour::Plain);
+    }
+
+    #[test]
+    fn the_override_decides_and_a_bad_one_is_ignored() {
+        let legacy = |f: Flavour| (f == Flavour::Legacy).then_some(7);
+        let c = choose(Some("nft"), &legacy);
+        assert_eq!(c.flavour, Flavour::Nft);
+        assert_eq!(c.reason, "CAPTURE_IPTABLES=nft");
+        assert_eq!(choose(Some("iptables"), &legacy).flavour, Flavour::Legacy);
+    }
+
+    #[test]
+    fn tools_are_named_as_debian_names_them() {
+        assert_eq!(
+            Flavour::Legacy.tool(Family::V6, true),
+            "ip6tables-legacy-restore"
+        );
+        assert_eq!(Flavour::Plain.tool(Family::V4, false), "iptables-save");
+        assert_eq!(Flavour::Nft.tool(Family::V4, true), "iptables-nft-restore");
+    }
+}
