@@ -118,4 +118,5 @@ pub mod bench;
 pub mod cases;
 pub mod cni;
 pub mod containerd;
+pub mod daemonset;
 pub mod enter;

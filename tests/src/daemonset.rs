@@ -1,0 +1,241 @@
+//! deploy/capture.yaml's DaemonSet pod, read as the kubelet reads it: each container's command
+//! line with `$(VAR)` expanded from its environment (the downward API's `status.hostIP` given),
+//! its security context, its mounts joined with the pod's hostPath volumes, and its readiness
+//! probe. Tests that run the pod through a container runtime take every one of these from the
+//! manifest rather than repeating them.
+
+use std::{collections::BTreeMap, path::Path};
+
+use serde_json::Value;
+
+/// The DaemonSet's pod template, as the tests need it.
+#[derive(Debug)]
+pub struct NodeAgentPod {
+    pub host_network: bool,
+    pub host_pid: bool,
+    /// Run to completion, in order, before `containers` start.
+    pub init_containers: Vec<ContainerSpec>,
+    pub containers: Vec<ContainerSpec>,
+}
+
+#[derive(Debug)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub image: String,
+    /// `command` then `args`, with `$(VAR)` expanded.
+    pub argv: Vec<String>,
+    /// Literal values and the downward API's node address.
+    pub env: Vec<(String, String)>,
+    pub privileged: bool,
+    pub run_as_user: Option<i64>,
+    pub capabilities_add: Vec<String>,
+    pub capabilities_drop: Vec<String>,
+    pub allow_privilege_escalation: Option<bool>,
+    pub mounts: Vec<Mount>,
+    pub readiness: Option<HttpProbe>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The volume's `hostPath.path`: where on the node.
+    pub host_path: String,
+    pub container_path: String,
+    pub read_only: bool,
+    /// `mountPropagation`: `None`, `HostToContainer` or `Bidirectional`.
+    pub propagation: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpProbe {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+    pub period_seconds: u64,
+}
+
+/// The DaemonSet of `manifest` (the first one), with `node_ip` standing for `status.hostIP`.
+pub fn node_agent(manifest: &Path, node_ip: &str) -> NodeAgentPod {
+    let text = std::fs::read_to_string(manifest)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", manifest.display()));
+    let daemonset = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            serde::Deserialize::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()))
+        })
+        .find(|doc: &Value| doc["kind"] == "DaemonSet")
+        .unwrap_or_else(|| panic!("no DaemonSet in {}", manifest.display()));
+    let spec = &daemonset["spec"]["template"]["spec"];
+    let volumes: BTreeMap<String, String> = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            Some((
+                v["name"].as_str()?.to_string(),
+                v["hostPath"]["path"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let containers = |key: &str| -> Vec<ContainerSpec> {
+        spec[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| container(c, &volumes, node_ip))
+            .collect()
+    };
+    NodeAgentPod {
+        host_network: spec["hostNetwork"] == true,
+        host_pid: spec["hostPID"] == true,
+        init_containers: containers("initContainers"),
+        containers: containers("containers"),
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+fn container(c: &Value, volumes: &BTreeMap<String, String>, node_ip: &str) -> ContainerSpec {
+    let name = c["name"].as_str().unwrap_or_default().to_string();
+    let env: Vec<(String, String)> = c["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let key = e["name"].as_str().unwrap_or_default().to_string();
+            let value = match (&e["value"], &e["valueFrom"]["fieldRef"]["fieldPath"]) {
+                (Value::String(v), _) => v.clone(),
+                (_, Value::String(field)) if field == "status.hostIP" => node_ip.to_string(),
+                (_, other) => panic!("{name}: env {key} from {other} is not one the tests give"),
+            };
+            (key, value)
+        })
+        .collect();
+    let argv = strings(&c["command"])
+        .into_iter()
+        .chain(strings(&c["args"]))
+        .map(|a| expand(&a, &env))
+        .collect();
+    let mounts = c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let volume = m["name"].as_str().unwrap_or_default();
+            Mount {
+                host_path: volumes
+                    .get(volume)
+                    .unwrap_or_else(|| panic!("{name}: volume {volume} is not a hostPath"))
+                    .clone(),
+                container_path: m["mountPath"].as_str().unwrap_or_default().to_string(),
+                read_only: m["readOnly"] == true,
+                propagation: m["mountPropagation"].as_str().unwrap_or("None").to_string(),
+            }
+        })
+        .collect();
+    let sc = &c["securityContext"];
+    let probe = &c["readinessProbe"];
+    let readiness = probe["httpGet"].is_object().then(|| HttpProbe {
+        host: probe["httpGet"]["host"]
+            .as_str()
+            .unwrap_or("127.0.0.1")
+            .to_string(),
+        port: u16::try_from(probe["httpGet"]["port"].as_u64().unwrap_or_default())
+            .expect("a port number"),
+        path: probe["httpGet"]["path"].as_str().unwrap_or("/").to_string(),
+        // The kubelet's default period.
+        period_seconds: probe["periodSeconds"].as_u64().unwrap_or(10),
+    });
+    ContainerSpec {
+        image: c["image"].as_str().unwrap_or_default().to_string(),
+        argv,
+        env,
+        privileged: sc["privileged"] == true,
+        run_as_user: sc["runAsUser"].as_i64(),
+        capabilities_add: strings(&sc["capabilities"]["add"]),
+        capabilities_drop: strings(&sc["capabilities"]["drop"]),
+        allow_privilege_escalation: sc["allowPrivilegeEscalation"].as_bool(),
+        mounts,
+        readiness,
+        name,
+    }
+}
+
+/// The kubelet's expansion of `$(VAR)` in a command line: a variable of the container's
+/// environment is replaced, `$$` is a literal `$`, anything else stays as written.
+fn expand(arg: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = arg;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some((name, tail)) = after
+            .strip_prefix('(')
+            .and_then(|s| s.split_once(')'))
+            .filter(|(name, _)| env.iter().any(|(k, _)| k == name))
+        {
+            let value = env.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+            out.push_str(value.map_or("", String::as_str));
+            rest = tail;
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variables_expand_as_the_kubelet_expands_them() {
+        let env = vec![("NODE_IP".to_string(), "10.88.0.1".to_string())];
+        assert_eq!(
+            expand("--metrics=$(NODE_IP):15301", &env),
+            "--metrics=10.88.0.1:15301"
+        );
+        assert_eq!(expand("$$(NODE_IP)", &env), "$(NODE_IP)");
+        assert_eq!(expand("$(OTHER) $", &env), "$(OTHER) $");
+    }
+
+    #[test]
+    fn the_manifests_pod_reads_with_its_mounts_and_probe() {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml");
+        let pod = node_agent(&manifest, "192.0.2.7");
+        assert!(pod.host_network && pod.host_pid);
+        let [init] = &pod.init_containers[..] else {
+            panic!("one init container: {pod:?}");
+        };
+        let [agent] = &pod.containers[..] else {
+            panic!("one container: {pod:?}");
+        };
+        assert_eq!(init.image, agent.image);
+        assert!(
+            agent.argv.iter().any(|a| a.ends_with("192.0.2.7:15301")),
+            "the node address expanded: {:?}",
+            agent.argv
+        );
+        assert!(
+            agent.argv.iter().all(|a| !a.contains("$(")),
+            "{:?}",
+            agent.argv
+        );
+        let probe = agent.readiness.as_ref().expect("a readiness probe");
+        assert_eq!(probe.path, "/readyz");
+        // Every mount is one of the pod's hostPath volumes.
+        for m in init.mounts.iter().chain(&agent.mounts) {
+            assert!(m.host_path.starts_with('/'), "{m:?}");
+        }
+    }
+}
