@@ -90,8 +90,8 @@ enum Cmd {
         #[arg(long, default_value_t = 512)]
         window: usize,
         /// A connect not established after this long counts as ETIMEDOUT: long enough for a
-        /// SYN the listener's full queue dropped to be sent three more times (1, 3 and 7 s), which
-        /// an emulated machine under load needs now and then.
+        /// dropped SYN to be sent three more times (after 1, 3 and 7 s), which an emulated
+        /// machine under load needs now and then.
         #[arg(long, default_value_t = 20_000)]
         patience_ms: u64,
     },
