@@ -8,7 +8,7 @@ use std::{
     process::{Command, Output, Stdio},
 };
 
-use capture_tests::guards::NetnsGuard;
+use capture_tests::guards::{run, NetnsGuard};
 
 /// The image's layer unpacked into a scratch directory with the host's /proc mounted in it, as a
 /// container runtime would (iptables-legacy lists its tables there), all removed on drop.
@@ -152,6 +152,13 @@ fn both_iptables_variants_write_and_read_back_the_sidecar_rules_in_a_pod_netns()
     .expect("the sidecar rules fixture");
     for variant in ["nft", "legacy"] {
         let pod = NetnsGuard::new("image-rules");
+        if variant == "legacy" {
+            // A node on legacy iptables has the nat table's module loaded (its kube-proxy rules
+            // live there); the image has no modprobe to load it, as a container has none.
+            run(Command::new("nsenter")
+                .arg(format!("--net=/var/run/netns/{}", pod.name))
+                .args(["iptables-legacy", "-t", "nat", "-n", "-L"]));
+        }
         root.run_ok(
             Some(&pod),
             &[&format!("/usr/sbin/iptables-{variant}-restore")],
