@@ -80,6 +80,7 @@ fn main() {
             modes,
             rounds,
         } => {
+            let focused = focus.is_some();
             let results = bench::run(&bench::Options {
                 quick,
                 out: out.clone(),
@@ -87,8 +88,29 @@ fn main() {
                 modes,
                 rounds,
             });
-            for (what, ok) in bench::report::targets(&results) {
-                println!("[{}] {what}", if ok { "met" } else { "NOT met" });
+            if focused {
+                // The targets judge a full run; a focused one says what it measured.
+                for cell in &results.cells {
+                    let none = bench::report::summarize(cell, bench::Mode::None).rate;
+                    for mode in bench::Mode::ALL {
+                        let s = bench::report::summarize(cell, mode);
+                        if s.rate > 0.0 {
+                            println!(
+                                "{}: {} median {:.0}/s ({:.0}..{:.0}), {:.2}x none",
+                                cell.label,
+                                mode.name(),
+                                s.rate,
+                                s.rate_min,
+                                s.rate_max,
+                                s.rate / none
+                            );
+                        }
+                    }
+                }
+            } else {
+                for (what, ok) in bench::report::targets(&results) {
+                    println!("[{}] {what}", if ok { "met" } else { "NOT met" });
+                }
             }
             println!("wrote {}", out.display());
         }
