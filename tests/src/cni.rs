@@ -273,9 +273,7 @@ impl Node {
         stdin: &str,
         cni_args: Option<&str>,
     ) -> Result<Value, Value> {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.netns.path().display()))
-            .arg(self.find_plugin(ty));
+        let mut cmd = crate::guards::in_netns(&self.netns.path(), self.find_plugin(ty));
         let default_args = pod.cni_args();
         cmd.env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", &pod.container_id)

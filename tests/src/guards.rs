@@ -21,6 +21,13 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `program`, to be run in the network namespace at `netns` (nsenter).
+pub fn in_netns(netns: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={}", netns.display())).arg(program);
+    cmd
+}
+
 /// `ip ARGS...`
 pub fn ip(args: &[&str]) -> String {
     run(Command::new("ip").args(args))

@@ -196,12 +196,7 @@ impl Topology {
     /// Runs `capture` with this topology's directories.
     pub fn capture(&self, args: &[&str]) -> Output {
         let mut cmd = match &self.node_netns {
-            Some(netns) => {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net={}", netns.display()))
-                    .arg(capture_bin());
-                c
-            }
+            Some(netns) => crate::guards::in_netns(netns, capture_bin()),
             None => Command::new(capture_bin()),
         };
         cmd.arg("--bpffs")

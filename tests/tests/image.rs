@@ -8,7 +8,7 @@ use std::{
     process::{Command, Output, Stdio},
 };
 
-use capture_tests::guards::{run, NetnsGuard};
+use capture_tests::guards::{in_netns, run, NetnsGuard};
 
 /// The image's layer unpacked into a scratch directory with the host's /proc mounted in it, as a
 /// container runtime would (iptables-legacy lists its tables there), all removed on drop.
@@ -46,12 +46,7 @@ impl Root {
     /// Runs `argv` with the image's root as `/`, in `netns` if given.
     fn run(&self, netns: Option<&NetnsGuard>, argv: &[&str], stdin: &str) -> Output {
         let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/var/run/netns/{}", ns.name))
-                    .arg("chroot");
-                c
-            }
+            Some(ns) => in_netns(&ns.path(), "chroot"),
             None => Command::new("chroot"),
         };
         cmd.arg(&self.dir)
@@ -155,9 +150,7 @@ fn both_iptables_variants_write_and_read_back_the_sidecar_rules_in_a_pod_netns()
         if variant == "legacy" {
             // A node on legacy iptables has the nat table's module loaded (its kube-proxy rules
             // live there); the image has no modprobe to load it, as a container has none.
-            run(Command::new("nsenter")
-                .arg(format!("--net=/var/run/netns/{}", pod.name))
-                .args(["iptables-legacy", "-t", "nat", "-n", "-L"]));
+            run(in_netns(&pod.path(), "iptables-legacy").args(["-t", "nat", "-n", "-L"]));
         }
         root.run_ok(
             Some(&pod),

@@ -3,11 +3,9 @@
 //! the variant, and its rules are removed with the same one. Real traffic goes through the proxy
 //! either way.
 
-use std::process::Command;
-
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
-    guards::{run, NetnsGuard},
+    guards::{in_netns, run, NetnsGuard},
     probe::Who,
     topology::Topology,
 };
@@ -16,18 +14,14 @@ use capture_tests::{
 /// node's kube-proxy rules would.
 fn node_on(variant: &str) -> NetnsGuard {
     let node = NetnsGuard::new("node");
-    run(Command::new("nsenter")
-        .arg(format!("--net={}", node.path().display()))
-        .arg(format!("iptables-{variant}"))
+    run(in_netns(&node.path(), format!("iptables-{variant}"))
         .args(["-A", "INPUT", "-p", "255", "-j", "DROP"]));
     node
 }
 
 /// What `iptables-<variant>-save -t nat` prints in the pod's netns (empty if it has no nat table).
 fn nat_table(topo: &Topology, variant: &str) -> String {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", topo.pod.netns.path().display()))
-        .arg(format!("iptables-{variant}-save"))
+    let out = in_netns(&topo.pod.netns.path(), format!("iptables-{variant}-save"))
         .args(["-t", "nat"])
         .output()
         .expect("iptables-save");
