@@ -101,84 +101,8 @@ pub fn build(opts: &Options) -> Result<String> {
     let binaries = static_binaries()?;
     let commit = Commit::head()?;
 
-    let mut layer = Layer::new();
-    for (link, target) in [
-        ("/bin", "usr/bin"),
-        ("/sbin", "usr/sbin"),
-        ("/lib", "usr/lib"),
-        ("/lib64", "usr/lib64"),
-    ] {
-        layer.symlink(link, target);
-    }
-    layer.dir("/tmp", 0o1777);
-    // iptables-legacy takes its lock in /run; the agent's socket and records live in /run/capture
-    // (a host mount in the manifest).
-    layer.dir("/run", 0o755);
-    layer.dir("/etc", 0o755);
-    for bin in &binaries {
-        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        layer.file(
-            &format!("/usr/local/bin/{name}"),
-            std::fs::read(bin)?,
-            0o755,
-        );
-    }
-    let mut elves = Vec::new();
-    for path in ELF_TOOLS {
-        copy_host_file(&mut layer, path, path)?;
-        elves.push(PathBuf::from(path));
-    }
-    for variant in ["nft", "legacy"] {
-        for name in IPTABLES_NAMES {
-            let (base, suffix) = match name.split_once('-') {
-                Some((base, op)) => (base, format!("-{op}")),
-                None => (name, String::new()),
-            };
-            layer.symlink(
-                &format!("/usr/sbin/{base}-{variant}{suffix}"),
-                &format!("xtables-{variant}-multi"),
-            );
-        }
-    }
-    for name in IPTABLES_NAMES {
-        let (base, suffix) = match name.split_once('-') {
-            Some((base, op)) => (base, format!("-{op}")),
-            None => (name, String::new()),
-        };
-        layer.symlink(&format!("/usr/sbin/{name}"), &format!("{base}-nft{suffix}"));
-    }
-    for entry in std::fs::read_dir(XTABLES_DIR)
-        .with_context(|| format!("reading {XTABLES_DIR}: install iptables"))?
-    {
-        let path = entry?.path();
-        let file = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        // The iptables and ip6tables extensions; ebtables' and arptables' are not run here.
-        if ["libxt_", "libipt_", "libip6t_"]
-            .iter()
-            .any(|p| file.starts_with(p))
-        {
-            let image_path = format!("{XTABLES_DIR}/{file}");
-            copy_host_file(&mut layer, &image_path, &path.to_string_lossy())?;
-            elves.push(path);
-        }
-    }
-    let mut libraries = BTreeSet::new();
-    for elf in &elves {
-        libraries.extend(capture_oci::shared_libraries(elf)?);
-    }
-    for lib in &libraries {
-        copy_host_file(&mut layer, &image_path(lib)?, lib)?;
-    }
-
-    let packages = package_versions(
-        elves
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .chain(libraries.iter().cloned()),
-    )?;
+    let (layer, host_files) = layer(&binaries)?;
+    let packages = package_versions(host_files.into_iter())?;
     let image = Image {
         name: name.clone(),
         config: json!({
@@ -220,6 +144,88 @@ pub fn build(opts: &Options) -> Result<String> {
         out.display()
     );
     Ok(digest.clone())
+}
+
+/// The image's layer: the static binaries, the tools and what they load, the directories and
+/// links a container expects; and the host files it took (for their packages' versions).
+fn layer(binaries: &[PathBuf]) -> Result<(Layer, Vec<String>)> {
+    let mut layer = Layer::new();
+    for (link, target) in [
+        ("/bin", "usr/bin"),
+        ("/sbin", "usr/sbin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ] {
+        layer.symlink(link, target);
+    }
+    layer.dir("/tmp", 0o1777);
+    // iptables-legacy takes its lock in /run; the agent's socket and records live in /run/capture
+    // (a host mount in the manifest).
+    layer.dir("/run", 0o755);
+    layer.dir("/etc", 0o755);
+    for bin in binaries {
+        let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        layer.file(
+            &format!("/usr/local/bin/{name}"),
+            std::fs::read(bin)?,
+            0o755,
+        );
+    }
+    let mut elves = Vec::new();
+    for path in ELF_TOOLS {
+        copy_host_file(&mut layer, path, path)?;
+        elves.push(PathBuf::from(path));
+    }
+    for name in IPTABLES_NAMES {
+        for variant in ["nft", "legacy"] {
+            layer.symlink(
+                &format!("/usr/sbin/{}", of_variant(name, variant)),
+                &format!("xtables-{variant}-multi"),
+            );
+        }
+        layer.symlink(&format!("/usr/sbin/{name}"), &of_variant(name, "nft"));
+    }
+    for entry in std::fs::read_dir(XTABLES_DIR)
+        .with_context(|| format!("reading {XTABLES_DIR}: install iptables"))?
+    {
+        let path = entry?.path();
+        let file = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        // The iptables and ip6tables extensions; ebtables' and arptables' are not run here.
+        if ["libxt_", "libipt_", "libip6t_"]
+            .iter()
+            .any(|p| file.starts_with(p))
+        {
+            let image_path = format!("{XTABLES_DIR}/{file}");
+            copy_host_file(&mut layer, &image_path, &path.to_string_lossy())?;
+            elves.push(path);
+        }
+    }
+    let mut libraries = BTreeSet::new();
+    for elf in &elves {
+        libraries.extend(capture_oci::shared_libraries(elf)?);
+    }
+    for lib in &libraries {
+        copy_host_file(&mut layer, &image_path(lib)?, lib)?;
+    }
+
+    let host_files = elves
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .chain(libraries)
+        .collect();
+    Ok((layer, host_files))
+}
+
+/// Debian's name of an iptables program in one variant: `iptables-save` in `legacy` is
+/// `iptables-legacy-save`.
+fn of_variant(name: &str, variant: &str) -> String {
+    match name.split_once('-') {
+        Some((base, op)) => format!("{base}-{variant}-{op}"),
+        None => format!("{name}-{variant}"),
+    }
 }
 
 /// Where the archive goes by default (and where the tests look for it).
