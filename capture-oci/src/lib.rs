@@ -54,12 +54,6 @@ impl Layer {
             .insert(path, Entry::Symlink(target.to_string()));
     }
 
-    /// Whether the layer has an entry at `path`.
-    #[must_use]
-    pub fn contains(&self, path: &str) -> bool {
-        self.entries.contains_key(&relative(path))
-    }
-
     fn parents(&mut self, path: &str) {
         let mut parent = Path::new(path).parent();
         while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
