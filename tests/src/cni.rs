@@ -91,6 +91,18 @@ impl Node {
         }
     }
 
+    /// The network plugin's own configuration (bridge and host-local), before anything chains
+    /// into it; its path.
+    pub fn write_network_conflist(&self) -> PathBuf {
+        let conf_dir = self.conf_dir();
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        let mut base = self.conflist();
+        base["plugins"].as_array_mut().unwrap().truncate(1);
+        let file = conf_dir.join("10-bridge.conflist");
+        std::fs::write(&file, serde_json::to_string_pretty(&base).unwrap()).unwrap();
+        file
+    }
+
     /// The conflist the runtime uses: the one `install_cni` produced, or an equivalent one that
     /// also points capture-cni at this node's own cgroup tree.
     #[must_use]
@@ -127,11 +139,7 @@ impl Node {
     /// `capture install-cni` on it as the DaemonSet does, and uses the result from then on.
     pub fn install_cni(&self) -> Value {
         let conf_dir = self.conf_dir();
-        std::fs::create_dir_all(&conf_dir).unwrap();
-        let mut base = self.conflist();
-        base["plugins"].as_array_mut().unwrap().truncate(1);
-        let file = conf_dir.join("10-bridge.conflist");
-        std::fs::write(&file, serde_json::to_string_pretty(&base).unwrap()).unwrap();
+        let file = self.write_network_conflist();
         let out = Command::new(crate::topology::capture_bin())
             .arg("--state-dir")
             .arg(&self.dirs.state)

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, path::Path};
 use serde_json::Value;
 
 /// The DaemonSet's pod template, as the tests need it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NodeAgentPod {
     pub host_network: bool,
     pub host_pid: bool,
@@ -18,7 +18,7 @@ pub struct NodeAgentPod {
     pub containers: Vec<ContainerSpec>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ContainerSpec {
     pub name: String,
     pub image: String,

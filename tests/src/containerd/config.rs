@@ -1,7 +1,9 @@
 //! What the test tells containerd and, as kubelet, the CRI: containerd's configuration, and the
 //! sandbox and container settings kubelet would send.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
 
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, Int64Value, LinuxContainerConfig,
@@ -93,4 +95,40 @@ pub fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
 /// The slice kubelet's systemd driver gives pod `uid`.
 pub fn pod_slice(uid: &str) -> String {
     format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_"))
+}
+
+/// Gives capture-cni a minute for the agent's answer in each conflist of `conf_dir` (as the CNI
+/// tests' own conflist does): under emulation (the kernel matrix) an iptables attach's first
+/// module loads alone take seconds, past the 10 s default.
+pub fn allow_slow_attaches(conf_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(conf_dir) else {
+        return;
+    };
+    for file in entries.flatten().map(|e| e.path()) {
+        let Ok(mut list) = std::fs::read_to_string(&file)
+            .map_err(|_| ())
+            .and_then(|t| serde_json::from_str::<Value>(&t).map_err(|_| ()))
+        else {
+            continue;
+        };
+        let Some(plugins) = list["plugins"].as_array_mut() else {
+            continue;
+        };
+        for plugin in plugins.iter_mut().filter(|p| p["type"] == "capture-cni") {
+            plugin["timeout_seconds"] = Value::from(60);
+        }
+        std::fs::write(&file, serde_json::to_string_pretty(&list).expect("JSON"))
+            .expect("rewriting the conflist");
+    }
+}
+
+/// Where `command` is on PATH (or the sbin directories root's PATH may lack).
+pub fn setup_tools_path(command: &str) -> PathBuf {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"])
+        .map(|dir| Path::new(dir).join(command))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no {command} on PATH; `cargo xtask setup` installs it"))
 }

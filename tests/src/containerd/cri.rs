@@ -134,6 +134,21 @@ impl Cri {
         Ok(id)
     }
 
+    /// The container's state (`ContainerState` as i32) and, once it has exited, its exit code.
+    pub fn container_state(&mut self, container: &str) -> Result<(i32, i32), Status> {
+        let req = k8s_cri::v1::ContainerStatusRequest {
+            container_id: container.to_string(),
+            verbose: false,
+        };
+        let status = self
+            .rt
+            .block_on(self.runtime.container_status(req))?
+            .into_inner()
+            .status
+            .unwrap_or_default();
+        Ok((status.state, status.exit_code))
+    }
+
     /// The ids of the containers of `pod`.
     pub fn containers_of(&mut self, pod: &str) -> Result<Vec<String>, Status> {
         let req = ListContainersRequest {

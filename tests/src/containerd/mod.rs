@@ -18,6 +18,7 @@ mod cleanup;
 mod config;
 pub mod cri;
 pub mod image;
+pub mod node_agent;
 pub mod systemd;
 
 use std::{
@@ -36,7 +37,10 @@ use tonic::Status;
 
 use self::{
     cleanup::{cgroup_v1_mounts, kill_shims_of, mounts_under, remove_cgroup_everywhere},
-    config::{container_config, containerd_config, namespaces, pod_slice},
+    config::{
+        allow_slow_attaches, container_config, containerd_config, namespaces, pod_slice,
+        setup_tools_path,
+    },
     cri::Cri,
     image::PROBE,
     systemd::SystemdNode,
@@ -98,6 +102,11 @@ pub struct Containerd {
     made: Mutex<Vec<PathBuf>>,
     /// The systemd managing the node's cgroups (the systemd driver), or None (cgroupfs).
     systemd: Option<SystemdNode>,
+    /// Test directories containerd sees at a node's paths (source, node path): it then runs in a
+    /// mount namespace of its own, and so do its shims, containers and CNI plugins.
+    binds: Vec<(PathBuf, PathBuf)>,
+    /// Node paths the binds needed that the host lacked (made for them, removed on drop).
+    bind_points: Vec<PathBuf>,
 }
 
 /// Where containerd 1.6 makes directories whatever its configuration says, deepest first: its
@@ -141,6 +150,15 @@ impl Containerd {
     }
 
     fn start_with(node: &Node, systemd: Option<SystemdNode>) -> Self {
+        Self::start_inner(node, systemd, (Vec::new(), Vec::new()))
+    }
+
+    /// `binds`: see the field, and the mount points made for them.
+    fn start_inner(
+        node: &Node,
+        systemd: Option<SystemdNode>,
+        (binds, bind_points): (Vec<(PathBuf, PathBuf)>, Vec<PathBuf>),
+    ) -> Self {
         let dir = std::env::temp_dir().join(unique("capture-containerd"));
         std::fs::create_dir_all(&dir).expect("the containerd directory");
         for plugin in REFERENCE_PLUGINS {
@@ -191,6 +209,8 @@ impl Containerd {
             cri: Mutex::new(cri),
             made: Mutex::new(Vec::new()),
             systemd,
+            binds,
+            bind_points,
         };
         runtime.child = Some(runtime.spawn());
         runtime.wait_serving();
@@ -425,11 +445,14 @@ impl Containerd {
                 .arg(systemd.pid.to_string())
                 .args(["--mount", "--cgroup", "--pid"]);
         }
-        cmd.arg(format!("--net={}", self.netns.display()))
-            .arg("containerd")
-            .arg("--config")
-            .arg(self.dir.join("config.toml"))
-            .stdin(Stdio::null())
+        cmd.arg(format!("--net={}", self.netns.display()));
+        let config = self.dir.join("config.toml");
+        if self.binds.is_empty() {
+            cmd.arg("containerd").arg("--config").arg(&config);
+        } else {
+            node_agent::with_binds(&mut cmd, &self.binds, &config);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("the log"))
             .stderr(log);
         cmd.spawn()
@@ -455,18 +478,7 @@ impl Containerd {
     fn import_images(&self) {
         let archive = self.dir.join("images.tar");
         image::write_archive(&archive).expect("writing the test images");
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
-            .args(["--namespace", "k8s.io", "images", "import"])
-            .arg(&archive)
-            .output()
-            .expect("running ctr (`cargo xtask setup` installs it with containerd)");
-        assert!(
-            out.status.success(),
-            "ctr images import: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.import_archive(&archive);
         let _ = std::fs::remove_file(&archive);
         for image in [image::PAUSE_IMAGE, image::APP_IMAGE, image::PROXY_IMAGE] {
             assert!(
@@ -474,6 +486,23 @@ impl Containerd {
                 "{image} is not there after the import"
             );
         }
+    }
+
+    /// `ctr images import` of an OCI archive into the CRI's namespace.
+    pub fn import_archive(&self, archive: &Path) {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", "k8s.io", "images", "import"])
+            .arg(archive)
+            .output()
+            .expect("running ctr (`cargo xtask setup` installs it with containerd)");
+        assert!(
+            out.status.success(),
+            "ctr images import {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Waits until the container's probe has printed `ready` to its log (every listener bound).
@@ -542,6 +571,9 @@ impl Drop for Containerd {
             let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        for dir in self.bind_points.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
         for dir in fixed_dirs_made_here() {
             let _ = std::fs::remove_dir(dir);
         }
@@ -558,40 +590,4 @@ fn netns_of(info: &std::collections::HashMap<String, String>) -> Option<PathBuf>
         .find(|n| n["type"] == "network")
         .and_then(|n| n["path"].as_str())
         .map(PathBuf::from)
-}
-
-/// Where `command` is on PATH (or the sbin directories root's PATH may lack).
-fn setup_tools_path(command: &str) -> PathBuf {
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"])
-        .map(|dir| Path::new(dir).join(command))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("no {command} on PATH; `cargo xtask setup` installs it"))
-}
-
-/// Gives capture-cni a minute for the agent's answer in each conflist of `conf_dir` (as the CNI
-/// tests' own conflist does): under emulation (the kernel matrix) an iptables attach's first
-/// module loads alone take seconds, past the 10 s default.
-fn allow_slow_attaches(conf_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(conf_dir) else {
-        return;
-    };
-    for file in entries.flatten().map(|e| e.path()) {
-        let Ok(mut list) = std::fs::read_to_string(&file)
-            .map_err(|_| ())
-            .and_then(|t| serde_json::from_str::<Value>(&t).map_err(|_| ()))
-        else {
-            continue;
-        };
-        let Some(plugins) = list["plugins"].as_array_mut() else {
-            continue;
-        };
-        for plugin in plugins.iter_mut().filter(|p| p["type"] == "capture-cni") {
-            plugin["timeout_seconds"] = Value::from(60);
-        }
-        std::fs::write(&file, serde_json::to_string_pretty(&list).expect("JSON"))
-            .expect("rewriting the conflist");
-    }
 }

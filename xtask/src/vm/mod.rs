@@ -51,6 +51,7 @@ pub const KERNEL_INDEPENDENT: &[&str] = &[
     "chaos",
     "cni_defaults",
     "containerd",
+    "daemonset",
     "deploy",
     "prometheus",
 ];
