@@ -10,8 +10,11 @@ use std::path::PathBuf;
 
 use capture_tests::{
     cni::{Node, MESHED},
-    containerd::{node_agent::http_status_in, Containerd, CriPod, PodSpec},
-    daemonset,
+    containerd::{
+        node_agent::{http_status_in, NodeAgentRun},
+        Containerd, CriPod, PodSpec,
+    },
+    daemonset, guards,
 };
 
 fn manifest() -> PathBuf {
@@ -51,21 +54,30 @@ fn point_capture_cni_at_the_test_node(node: &Node, file: &std::path::Path) -> se
     list
 }
 
-#[test]
-fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards() {
-    let node = Node::new();
+/// A test node whose containerd runs the DaemonSet's pod from the image, its agent ready: the
+/// runtime, the pod as the manifest gives it, the running pod and the chained conflist's path.
+/// None where the runtime cannot run containers here (the test skips, saying why).
+fn node_with_the_daemonset(
+    node: &Node,
+) -> Option<(Containerd, daemonset::NodeAgentPod, NodeAgentRun, PathBuf)> {
     let conflist = node.write_network_conflist();
     std::fs::create_dir_all(&node.dirs.bpffs).expect("the node's bpffs directory");
-    let runtime = Containerd::start_as_node(&node, &node.dirs.bpffs);
+    let runtime = Containerd::start_as_node(node, &node.dirs.bpffs);
     runtime.import_archive(&capture_tests::image_archive());
     // The node's address for the downward API: the node netns's own loopback, where the metrics
     // listener can bind before any pod network exists.
     let pod = daemonset::node_agent(&manifest(), "127.0.0.1");
-    let Some(agent) = runtime.run_node_agent(&pod, "capture-node-test") else {
+    let agent = runtime.run_node_agent(&pod, "capture-node-test")?;
+    wait_ready(node, &runtime, &pod);
+    Some((runtime, pod, agent, conflist))
+}
+
+#[test]
+fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards() {
+    let node = Node::new();
+    let Some((runtime, pod, agent, conflist)) = node_with_the_daemonset(&node) else {
         return;
     };
-
-    wait_ready(&node, &runtime, &pod);
     assert!(
         node.plugin_dir.join("capture-cni").is_file(),
         "install-cni copied capture-cni into the node's CNI bin directory"
@@ -148,3 +160,69 @@ fn wait_ready(node: &Node, runtime: &Containerd, pod: &daemonset::NodeAgentPod) 
         std::thread::sleep(std::time::Duration::from_secs(probe.period_seconds.min(2)));
     }
 }
+
+/// The agent in its image writes an iptables pod's rules with the node's own variant: a node
+/// whose netns holds legacy rules gets legacy rules in its pods, one on nft nft rules. (TPROXY
+/// pods are captured by iptables in the manifest's `auto` mode.)
+#[test]
+fn the_agent_in_its_image_writes_iptables_rules_in_the_nodes_variant() {
+    for (variant, other) in [("legacy", "nft"), ("nft", "legacy")] {
+        let node = Node::new();
+        let in_node = |program: String, args: &[&str]| {
+            guards::run(guards::in_netns(&node.netns.path(), program).args(args));
+        };
+        in_node(
+            format!("iptables-{variant}"),
+            &["-A", "INPUT", "-p", "255", "-j", "DROP"],
+        );
+        // A node on legacy iptables has loaded the tables' modules (kube-proxy's rules live in
+        // nat); the image has no modprobe.
+        for table in ["nat", "mangle"] {
+            in_node(format!("iptables-{variant}"), &["-t", table, "-n", "-L"]);
+        }
+        let Some((runtime, _pod, agent, conflist)) = node_with_the_daemonset(&node) else {
+            return;
+        };
+        point_capture_cni_at_the_test_node(&node, &conflist);
+        let tproxy = run(&runtime, "tproxy", TPROXY);
+        // The pod's netns as the host reaches it: through its sandbox's process (containerd
+        // mounted the netns file in its own mount namespace).
+        let status = runtime
+            .cri()
+            .pod_status(&tproxy.id)
+            .expect("PodSandboxStatus");
+        let info: serde_json::Value =
+            serde_json::from_str(status.info.get("info").expect("verbose info")).expect("JSON");
+        let netns = PathBuf::from(format!("/proc/{}/ns/net", info["pid"]));
+        let rules = |v: &str| {
+            let out = guards::in_netns(&netns, format!("iptables-{v}-save"))
+                .output()
+                .expect("iptables-save");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let agent_log = std::fs::read_to_string(
+            std::path::Path::new(&agent.config.log_directory).join("agent.log"),
+        )
+        .unwrap_or_default();
+        assert!(
+            rules(variant).contains("-A ISTIO_INBOUND"),
+            "{variant} rules in the pod:\n{}\n{other}:\n{}\nthe agent's log:\n{agent_log}",
+            rules(variant),
+            rules(other)
+        );
+        assert!(
+            !rules(other).contains("ISTIO"),
+            "no {other} rules in the pod:\n{}",
+            rules(other)
+        );
+        runtime.remove_pod(&tproxy).expect("removing the pod");
+    }
+}
+
+const TPROXY: &[(&str, &str)] = &[
+    (
+        "sidecar.istio.io/status",
+        "{\"containers\":[\"istio-proxy\"]}",
+    ),
+    ("sidecar.istio.io/interceptionMode", "TPROXY"),
+];
