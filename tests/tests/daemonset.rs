@@ -219,10 +219,4 @@ fn the_agent_in_its_image_writes_iptables_rules_in_the_nodes_variant() {
     }
 }
 
-const TPROXY: &[(&str, &str)] = &[
-    (
-        "sidecar.istio.io/status",
-        "{\"containers\":[\"istio-proxy\"]}",
-    ),
-    ("sidecar.istio.io/interceptionMode", "TPROXY"),
-];
+const TPROXY: &[(&str, &str)] = &[MESHED[0], ("sidecar.istio.io/interceptionMode", "TPROXY")];
