@@ -105,8 +105,6 @@ pub struct Containerd {
     /// Test directories containerd sees at a node's paths (source, node path): it then runs in a
     /// mount namespace of its own, and so do its shims, containers and CNI plugins.
     binds: Vec<(PathBuf, PathBuf)>,
-    /// Node paths the binds needed that the host lacked (made for them, removed on drop).
-    bind_points: Vec<PathBuf>,
 }
 
 /// Where containerd 1.6 makes directories whatever its configuration says, deepest first: its
@@ -150,14 +148,13 @@ impl Containerd {
     }
 
     fn start_with(node: &Node, systemd: Option<SystemdNode>) -> Self {
-        Self::start_inner(node, systemd, (Vec::new(), Vec::new()))
+        Self::start_inner(node, systemd, Vec::new())
     }
 
-    /// `binds`: see the field, and the mount points made for them.
     fn start_inner(
         node: &Node,
         systemd: Option<SystemdNode>,
-        (binds, bind_points): (Vec<(PathBuf, PathBuf)>, Vec<PathBuf>),
+        binds: Vec<(PathBuf, PathBuf)>,
     ) -> Self {
         let dir = std::env::temp_dir().join(unique("capture-containerd"));
         std::fs::create_dir_all(&dir).expect("the containerd directory");
@@ -210,7 +207,6 @@ impl Containerd {
             made: Mutex::new(Vec::new()),
             systemd,
             binds,
-            bind_points,
         };
         runtime.child = Some(runtime.spawn());
         runtime.wait_serving();
@@ -571,8 +567,8 @@ impl Drop for Containerd {
             let _ = nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-        for dir in self.bind_points.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
+        if !self.binds.is_empty() {
+            node_agent::release_bind_points();
         }
         for dir in fixed_dirs_made_here() {
             let _ = std::fs::remove_dir(dir);

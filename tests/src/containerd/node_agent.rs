@@ -123,15 +123,45 @@ impl Containerd {
             (node.dirs.state.clone(), PathBuf::from("/run/capture")),
             (bpffs.to_path_buf(), PathBuf::from("/sys/fs/bpf")),
         ];
-        // The mount points this host lacks, outermost first (the drop removes them innermost
-        // first, and only while empty).
-        let mut made = Vec::new();
+        let mut points = BIND_POINTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (_, target) in &binds {
             let missing: Vec<&Path> = target.ancestors().take_while(|p| !p.exists()).collect();
-            made.extend(missing.into_iter().rev().map(Path::to_path_buf));
+            points
+                .made
+                .extend(missing.into_iter().rev().map(Path::to_path_buf));
             std::fs::create_dir_all(target).expect("a mount point");
         }
-        Self::start_inner(node, None, (binds, made))
+        points.users += 1;
+        drop(points);
+        Self::start_inner(node, None, binds)
+    }
+}
+
+/// The mount points the host lacked for the node runtimes' binds, outermost first, and how many
+/// such runtimes run. Only the last to stop removes them: removing a directory another mount
+/// namespace has a mount on detaches that mount there (tests run side by side).
+struct BindPoints {
+    made: Vec<PathBuf>,
+    users: usize,
+}
+
+static BIND_POINTS: std::sync::Mutex<BindPoints> = std::sync::Mutex::new(BindPoints {
+    made: Vec::new(),
+    users: 0,
+});
+
+/// A node runtime stopped: the last one removes the mount points made for them all.
+pub(super) fn release_bind_points() {
+    let mut points = BIND_POINTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    points.users = points.users.saturating_sub(1);
+    if points.users == 0 {
+        for dir in std::mem::take(&mut points.made).iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
