@@ -31,7 +31,7 @@ impl AnyBackend {
     pub fn for_attach(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::open(paths)?)),
-            Mode::Iptables => Self::Iptables(IptablesBackend::for_node()),
+            Mode::Iptables => Self::Iptables(IptablesBackend),
         })
     }
 
@@ -39,7 +39,7 @@ impl AnyBackend {
     pub fn existing(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::adopt(paths)?)),
-            Mode::Iptables => Self::Iptables(IptablesBackend::for_node()),
+            Mode::Iptables => Self::Iptables(IptablesBackend),
         })
     }
 
@@ -62,7 +62,7 @@ impl AnyBackend {
     pub fn iptables_flavour(&self) -> Option<crate::iptables::flavour::Flavour> {
         match self {
             Self::Ebpf(_) => None,
-            Self::Iptables(b) => Some(b.flavour),
+            Self::Iptables(_) => Some(crate::iptables::flavour::node().flavour),
         }
     }
 

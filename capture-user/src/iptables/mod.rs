@@ -14,27 +14,16 @@ use crate::{
     record::PodRecord,
 };
 
-/// Istio's rules, written into the pod's netns with the node's iptables variant.
-pub struct IptablesBackend {
-    /// What new pods' rules are written with; a captured pod's record says what its were.
-    pub flavour: flavour::Flavour,
-}
-
-impl IptablesBackend {
-    /// The backend with the variant this node uses (`flavour::node`).
-    #[must_use]
-    pub fn for_node() -> Self {
-        Self {
-            flavour: flavour::node().flavour,
-        }
-    }
-}
+/// Istio's rules, written into the pod's netns with the node's iptables variant
+/// (`flavour::node`, decided at the first attach); a captured pod's record says which variant
+/// wrote its rules, and they are removed and checked with that one.
+pub struct IptablesBackend;
 
 impl Backend for IptablesBackend {
     type Error = apply::IptablesError;
 
     fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), Self::Error> {
-        apply::apply(pod.netns_path, cfg, self.flavour)
+        apply::apply(pod.netns_path, cfg, flavour::node().flavour)
     }
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), Self::Error> {
