@@ -28,6 +28,17 @@ pub fn in_netns(netns: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
     cmd
 }
 
+/// What `iptables-<variant>-save ARGS` prints in the netns at `netns`; empty where that variant
+/// holds no tables there.
+pub fn saved_rules(netns: &Path, variant: &str, args: &[&str]) -> String {
+    let mut cmd = in_netns(netns, format!("iptables-{variant}-save"));
+    let out = cmd
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `ip ARGS...`
 pub fn ip(args: &[&str]) -> String {
     run(Command::new("ip").args(args))

@@ -57,16 +57,10 @@ pub fn image_archive() -> PathBuf {
     if let Some(p) = std::env::var_os("CAPTURE_IMAGE_ARCHIVE") {
         return p.into();
     }
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/image/capture-<version>.oci.tar
-    let archive = exe
-        .ancestors()
-        .nth(3)
-        .expect("target directory")
-        .join(format!(
-            "image/capture-{}.oci.tar",
-            env!("CARGO_PKG_VERSION")
-        ));
+    let archive = target_and_profile().0.join(format!(
+        "image/capture-{}.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ));
     assert!(
         archive.is_file(),
         "{} is not built; run `cargo xtask test` or `cargo xtask image`, or set CAPTURE_IMAGE_ARCHIVE",
@@ -88,23 +82,27 @@ pub fn previous_release_capture_bin() -> PathBuf {
     other_build("previous", "CAPTURE_PREVIOUS_BIN")
 }
 
-fn other_build(dir: &str, env: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(env) {
-        return p.into();
-    }
+/// The target directory and the profile of the running test (`target/<profile>/deps/<test>`).
+fn target_and_profile() -> (PathBuf, std::ffi::OsString) {
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/<dir>/<profile>/capture
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("profile directory");
-    let profile = profile_dir.file_name().expect("profile name");
-    let bin = profile_dir
+    let profile = profile_dir.file_name().expect("profile name").to_owned();
+    let target = profile_dir
         .parent()
         .expect("target directory")
-        .join(dir)
-        .join(profile)
-        .join("capture");
+        .to_path_buf();
+    (target, profile)
+}
+
+fn other_build(dir: &str, env: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return p.into();
+    }
+    let (target, profile) = target_and_profile();
+    let bin = target.join(dir).join(profile).join("capture");
     assert!(
         bin.is_file(),
         "{} is not built; run `cargo xtask test` (it builds it) or set {env}",

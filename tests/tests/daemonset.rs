@@ -194,12 +194,7 @@ fn the_agent_in_its_image_writes_iptables_rules_in_the_nodes_variant() {
         let info: serde_json::Value =
             serde_json::from_str(status.info.get("info").expect("verbose info")).expect("JSON");
         let netns = PathBuf::from(format!("/proc/{}/ns/net", info["pid"]));
-        let rules = |v: &str| {
-            let out = guards::in_netns(&netns, format!("iptables-{v}-save"))
-                .output()
-                .expect("iptables-save");
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
+        let rules = |v: &str| guards::saved_rules(&netns, v, &[]);
         let agent_log = std::fs::read_to_string(
             std::path::Path::new(&agent.config.log_directory).join("agent.log"),
         )

@@ -5,7 +5,7 @@
 
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
-    guards::{in_netns, run, NetnsGuard},
+    guards::{in_netns, run, saved_rules, NetnsGuard},
     probe::Who,
     topology::Topology,
 };
@@ -19,13 +19,9 @@ fn node_on(variant: &str) -> NetnsGuard {
     node
 }
 
-/// What `iptables-<variant>-save -t nat` prints in the pod's netns (empty if it has no nat table).
+/// The pod's nat table as `variant` sees it.
 fn nat_table(topo: &Topology, variant: &str) -> String {
-    let out = in_netns(&topo.pod.netns.path(), format!("iptables-{variant}-save"))
-        .args(["-t", "nat"])
-        .output()
-        .expect("iptables-save");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    saved_rules(&topo.pod.netns.path(), variant, &["-t", "nat"])
 }
 
 fn doctor_variant(topo: &Topology) -> (String, String) {
