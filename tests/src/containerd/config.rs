@@ -70,7 +70,9 @@ pub fn namespaces() -> NamespaceOption {
     }
 }
 
-pub fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
+/// A container as kubelet names it to the runtime: metadata, image, log file and the container
+/// name label; the caller adds what it runs and how.
+pub fn named_container(name: &str, image: &str) -> ContainerConfig {
     ContainerConfig {
         metadata: Some(ContainerMetadata {
             name: name.to_string(),
@@ -79,6 +81,12 @@ pub fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
         image: Some(cri::image_spec(image)),
         log_path: format!("{name}.log"),
         labels: [("io.kubernetes.container.name".to_string(), name.to_string())].into(),
+        ..Default::default()
+    }
+}
+
+pub fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
+    ContainerConfig {
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
                 run_as_user: Some(Int64Value { value: user }),
@@ -88,7 +96,7 @@ pub fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
             }),
             ..Default::default()
         }),
-        ..Default::default()
+        ..named_container(name, image)
     }
 }
 

@@ -3,18 +3,18 @@
 //! init containers run to completion in order, then its containers; each with the manifest's
 //! command line, environment, security context and hostPath mounts.
 
-use k8s_cri::v1::{
-    Capability, ContainerConfig, ContainerMetadata, Int64Value, KeyValue, LinuxContainerConfig,
-    LinuxContainerSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption,
-    PodSandboxConfig,
-};
-
 use std::{
     path::{Path, PathBuf},
     process::Command,
 };
 
-use super::{cri, Containerd, PodSpec};
+use k8s_cri::v1::{
+    Capability, ContainerConfig, Int64Value, KeyValue, LinuxContainerConfig,
+    LinuxContainerSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption,
+    PodSandboxConfig,
+};
+
+use super::{config::named_container, Containerd, PodSpec};
 use crate::{
     cni::Node,
     daemonset::{ContainerSpec, NodeAgentPod},
@@ -234,11 +234,6 @@ pub fn container(pod: &NodeAgentPod, c: &ContainerSpec) -> ContainerConfig {
         _ => MountPropagation::PropagationPrivate,
     } as i32;
     ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: c.name.clone(),
-            attempt: 0,
-        }),
-        image: Some(cri::image_spec(&c.image)),
         // kubelet passes the expanded command and args; one list is the same to the runtime.
         command: c.argv.clone(),
         envs: c
@@ -260,8 +255,6 @@ pub fn container(pod: &NodeAgentPod, c: &ContainerSpec) -> ContainerConfig {
                 ..Default::default()
             })
             .collect(),
-        log_path: format!("{}.log", c.name),
-        labels: [("io.kubernetes.container.name".to_string(), c.name.clone())].into(),
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
                 privileged: c.privileged,
@@ -277,7 +270,7 @@ pub fn container(pod: &NodeAgentPod, c: &ContainerSpec) -> ContainerConfig {
             }),
             ..Default::default()
         }),
-        ..Default::default()
+        ..named_container(&c.name, &c.image)
     }
 }
 
