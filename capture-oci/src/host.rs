@@ -7,14 +7,12 @@ use std::{io, path::Path, process::Command};
 pub fn shared_libraries(binary: &Path) -> io::Result<Vec<String>> {
     let out = Command::new("ldd").arg(binary).output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    // ldd fails on a static binary, saying so.
-    if !out.status.success() || stdout.contains("not a dynamic executable") {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if stdout.contains("not a dynamic executable")
-            || stderr.contains("not a dynamic executable")
-        {
-            return Ok(Vec::new());
-        }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // ldd fails on a static binary, saying so (on stdout or stderr, by version).
+    if format!("{stdout}{stderr}").contains("not a dynamic executable") {
+        return Ok(Vec::new());
+    }
+    if !out.status.success() {
         return Err(io::Error::other(format!(
             "ldd {}: {}",
             binary.display(),
