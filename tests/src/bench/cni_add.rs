@@ -3,14 +3,14 @@
 
 use std::{process::Command, time::Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     cni::{CgroupDriver, Node, Pod, MESHED},
     topology::cgroup_programs,
 };
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CniAdd {
     /// The agent's capture mode.
     pub mode: String,

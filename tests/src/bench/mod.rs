@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use self::{
     bed::Bed,
@@ -23,7 +23,7 @@ use self::{
 };
 use crate::topology::Topology;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// No capture: the client dials the proxy directly (the limit).
@@ -49,7 +49,7 @@ impl Mode {
 }
 
 /// The network settings of the pods under test.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Settings {
     /// The kernel's defaults, as nodes run them (`tcp_tw_reuse=2`: TIME_WAIT ports are reused
@@ -67,7 +67,7 @@ impl Settings {
     ];
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Proxy {
     /// A minimal echo listener: the cost of capture itself.
@@ -76,7 +76,7 @@ pub enum Proxy {
     Forward,
 }
 
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Cell {
     pub workload: Workload,
     pub concurrency: usize,
@@ -106,7 +106,7 @@ impl Cell {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Sample {
     pub round: usize,
     pub mode: Mode,
@@ -115,7 +115,7 @@ pub struct Sample {
     pub cpu_us_per_op: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CellResult {
     pub cell: Cell,
     pub label: String,
@@ -125,7 +125,7 @@ pub struct CellResult {
 }
 
 /// What connection churn leaves in a pod's netns.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Aftermath {
     /// Sockets in TIME_WAIT (each holds its 4-tuple, and its local port unless reused).
     pub time_wait: u64,
@@ -134,13 +134,13 @@ pub struct Aftermath {
 }
 
 /// What this kernel's acceleration checks found, accepted for the ebpf+accel measurement.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AccelNote {
     pub differences: Vec<String>,
     pub cases: usize,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct AttachScale {
     pub mode: String,
     pub pods: usize,
@@ -151,14 +151,14 @@ pub struct AttachScale {
 }
 
 /// In-kernel cost of one capture program in the profiling pass (kernel.bpf_stats_enabled).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProgramCost {
     pub program: String,
     pub runs: u64,
     pub ns_per_run: f64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Results {
     pub kernel: String,
     pub cpus: usize,

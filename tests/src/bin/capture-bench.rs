@@ -30,6 +30,14 @@ enum Cmd {
         #[arg(long)]
         rounds: Option<usize>,
     },
+    /// Write benchmarks.md and benchmarks.svg again from a run's results.json, with this build's
+    /// report (no measurement).
+    Report {
+        /// A results.json written by `run`.
+        results: PathBuf,
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
     /// One process of the benchmark, entered into a pod.
     Role {
         #[arg(long)]
@@ -95,14 +103,23 @@ fn main() {
                     for mode in bench::Mode::ALL {
                         let s = bench::report::summarize(cell, mode);
                         if s.rate > 0.0 {
+                            let per_round = bench::report::paired(cell, mode, bench::Mode::None)
+                                .filter(|_| mode != bench::Mode::None)
+                                .map_or(String::new(), |p| {
+                                    format!(
+                                        "; per round {:.2}x ({:.2}..{:.2}, {} rounds)",
+                                        p.median, p.min, p.max, p.rounds
+                                    )
+                                });
                             println!(
-                                "{}: {} median {:.0}/s ({:.0}..{:.0}), {:.2}x none",
+                                "{}: {} median {:.0}/s ({:.0}..{:.0}), {:.2}x none{per_round}; CPU {:.1} µs/op",
                                 cell.label,
                                 mode.name(),
                                 s.rate,
                                 s.rate_min,
                                 s.rate_max,
-                                s.rate / none
+                                s.rate / none,
+                                s.cpu
                             );
                         }
                     }
@@ -112,6 +129,18 @@ fn main() {
                     println!("[{}] {what}", if ok { "met" } else { "NOT met" });
                 }
             }
+            println!("wrote {}", out.display());
+        }
+        Cmd::Report { results, out } => {
+            let text = std::fs::read_to_string(&results)
+                .unwrap_or_else(|e| panic!("read {}: {e}", results.display()));
+            let results: bench::Results = serde_json::from_str(&text).unwrap_or_else(|e| {
+                panic!(
+                    "{} is not a results.json of this build's format: {e}",
+                    results.display()
+                )
+            });
+            bench::report::write(&results, &out);
             println!("wrote {}", out.display());
         }
         Cmd::Role {
