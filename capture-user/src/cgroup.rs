@@ -1,8 +1,13 @@
 //! cgroup v2 directories: verify the pod's, and find where cgroup2 is mounted.
 
 use std::{
+    ffi::CString,
     fs::{self, File},
     io,
+    os::{
+        fd::{AsRawFd as _, OwnedFd},
+        unix::{ffi::OsStringExt as _, fs::MetadataExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -80,6 +85,89 @@ impl ScratchCgroup {
         ));
         fs::create_dir(&path)?;
         Ok(Self { path })
+    }
+}
+
+/// Moves a forked child into a cgroup that the caller's cgroup namespace may not reach.
+///
+/// On a hierarchy mounted with `nsdelegate` (systemd's default), the kernel lets a process move
+/// another only between cgroups its cgroup namespace can see, and it judges that by the namespace
+/// of whoever opened `cgroup.procs` (since Linux 5.16, and in the stable kernels the fix went
+/// back to). An agent in a container with a cgroup namespace of its own (containerd's default on
+/// cgroup v2, privileged or not) sees only its container's cgroup, so moving a child into a
+/// scratch cgroup at the root fails with ENOENT. The child therefore enters the node's cgroup
+/// namespace (pid 1's, which is the node's init with `hostPID`) before it opens the file.
+pub struct CgroupJoin {
+    procs: CString,
+    node_cgroupns: Option<OwnedFd>,
+}
+
+impl CgroupJoin {
+    /// Prepares the move into `cgroup` (before the fork: the child makes only raw system calls).
+    pub fn new(cgroup: &Path) -> io::Result<Self> {
+        let procs = CString::new(cgroup.join("cgroup.procs").into_os_string().into_vec())
+            .map_err(io::Error::other)?;
+        let inode = |p: &str| fs::metadata(p).map(|m| m.ino());
+        let node_cgroupns = match (inode("/proc/self/ns/cgroup"), inode("/proc/1/ns/cgroup")) {
+            (Ok(own), Ok(node)) if own != node => Some(File::open("/proc/1/ns/cgroup")?.into()),
+            _ => None,
+        };
+        Ok(Self {
+            procs,
+            node_cgroupns,
+        })
+    }
+
+    /// Whether the child enters another cgroup namespace (pid 1's) to move.
+    #[must_use]
+    pub fn enters_node_cgroupns(&self) -> bool {
+        self.node_cgroupns.is_some()
+    }
+
+    /// In the forked child: moves the calling process into the cgroup. `Err` holds the errno.
+    /// Only raw system calls, which are async-signal-safe.
+    pub fn join_from_child(&self) -> Result<(), i32> {
+        // SAFETY: raw system calls on a descriptor and a C string this struct owns.
+        unsafe {
+            let errno = || *libc::__errno_location();
+            if let Some(ns) = &self.node_cgroupns {
+                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) != 0 {
+                    return Err(errno());
+                }
+            }
+            let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(errno());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+            let err = errno();
+            libc::close(fd);
+            if written {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        }
+    }
+
+    /// Why a child's move failed with `errno`, and what to do about it.
+    #[must_use]
+    pub fn explain(&self, errno: i32) -> String {
+        let err = io::Error::from_raw_os_error(errno);
+        let hint = if errno == libc::ENOENT && !self.enters_node_cgroupns() {
+            "; a process in a cgroup namespace of its own may not move processes to cgroups \
+             outside it where cgroup2 is mounted with nsdelegate, and pid 1 here is in the same \
+             namespace: run the agent in the node's PID namespace (hostPID, as \
+             deploy/capture.yaml does) or with the node's cgroup namespace"
+        } else {
+            ""
+        };
+        format!(
+            "joining the cgroup {}: {err}{hint}",
+            self.procs
+                .to_string_lossy()
+                .trim_end_matches("/cgroup.procs")
+        )
     }
 }
 

@@ -50,6 +50,58 @@ fn the_bpf_netns_cookie_reporter_agrees_with_the_kernel() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// The reporter from a cgroup namespace of its own, as the agent runs in a DaemonSet pod under
+/// containerd on cgroup v2: where cgroup2 is mounted with `nsdelegate` (systemd's default, and
+/// the kernel matrix's guests), such a process may not move its child into the scratch cgroup at
+/// the root unless the child first enters the node's cgroup namespace.
+#[test]
+fn the_reporter_answers_from_a_cgroup_namespace_of_its_own() {
+    capture_tests::require_root();
+    let pod = NetnsGuard::new("capture-cookie");
+    let expected = Netns::open(&pod.path())
+        .and_then(|n| n.cookie())
+        .expect("the netns's cookie");
+    let nsdelegate = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("cgroup2") && l.contains("nsdelegate"));
+    eprintln!("cgroup2 mounted with nsdelegate: {nsdelegate}");
+    // A container's cgroup, not the root: a namespace rooted at the root sees every cgroup.
+    // The shell joins it, then unshare starts the namespace there and execs the probe in the
+    // same process, whose pid names the scratch cgroup.
+    let container = capture_tests::guards::CgroupGuard::new("capture-agent-container");
+    let join_then_exec = format!(
+        "echo $$ > {} && exec \"$@\"",
+        container.path.join("cgroup.procs").display()
+    );
+    let child = std::process::Command::new("bash")
+        .args(["-c", &join_then_exec, "join"])
+        .args(["unshare", "--cgroup"])
+        .arg(capture_tests::probe::probe_bin())
+        .args(["netns-cookie", "--of"])
+        .arg(pod.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running unshare");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("the probe's output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the reporter failed: {stderr}");
+    let reported: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert_eq!(reported, expected, "{stderr}");
+    let left = std::fs::read_dir(capture_user::cgroup::cgroup2_mount().expect("cgroup v2"))
+        .expect("the cgroup v2 root")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("capture-netns-cookie-{pid}-")))
+        .count();
+    assert_eq!(left, 0, "the probe's scratch cgroup is gone");
+}
+
 /// A kernel without a hook only some pods need (here the DNS hooks, refused on purpose, since
 /// every kernel in the matrix has them): in auto mode those pods fall back to iptables and say
 /// which hook was missing, and their traffic is still captured; the other pods keep ebpf.

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    fs::{File, OpenOptions},
+    fs::File,
     io,
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::Path,
@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::{cases::Observation, FailedCase, Verdict};
 use crate::{
     backend::PodTarget,
-    cgroup::ScratchCgroup,
+    cgroup::{CgroupJoin, ScratchCgroup},
     config::{CaptureConfig, PodSpec},
     ebpf::EbpfBackend,
     paths::Paths,
@@ -111,11 +111,11 @@ fn run_cases(
     netns: &File,
     cgroup: &Path,
 ) -> Result<BTreeMap<String, Result<Observation, String>>, CheckError> {
-    let procs = OpenOptions::new()
-        .write(true)
-        .open(cgroup.join("cgroup.procs"))
-        .map_err(io_err("opening the scratch cgroup"))?;
-    let (procs_fd, netns_fd) = (procs.as_raw_fd(), netns.as_raw_fd());
+    let join = std::sync::Arc::new(
+        CgroupJoin::new(cgroup).map_err(io_err("preparing to join the scratch cgroup"))?,
+    );
+    let join_in_child = std::sync::Arc::clone(&join);
+    let netns_fd = netns.as_raw_fd();
     let mut cmd = Command::new(std::env::current_exe().map_err(io_err("finding this binary"))?);
     cmd.args(["accel-cases", "--destination", DESTINATION])
         .stdin(Stdio::null())
@@ -126,16 +126,27 @@ fn run_cases(
     unsafe {
         cmd.pre_exec(move || {
             // Dies with the checker: an agent killed mid-check leaves no cases running.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
-                || libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1
-                || libc::setns(netns_fd, libc::CLONE_NEWNET) != 0
-            {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            join_in_child
+                .join_from_child()
+                .map_err(io::Error::from_raw_os_error)?;
+            if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(io_err("starting the cases"))?;
+    // The child's steps and exec fail alike here; a move refused by the cgroup namespace looks
+    // like ENOENT, so that error also says what the move needs.
+    let child = cmd.spawn().map_err(|e| CheckError::Io {
+        what: "starting the cases (joining the scratch cgroup and netns, then exec)",
+        source: match e.raw_os_error() {
+            Some(errno) if errno == libc::ENOENT => io::Error::other(join.explain(errno)),
+            _ => e,
+        },
+    })?;
     let out = wait_with_timeout(child, Duration::from_secs(600))?;
     if !out.status.success() {
         return Err(CheckError::Cases(format!(

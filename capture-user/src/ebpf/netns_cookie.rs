@@ -2,11 +2,7 @@
 //! program can ask for it: a cgroup/sock_create program (allowed to since Linux 5.7) on a scratch
 //! cgroup, and a child process that joins that cgroup, enters the netns and creates one socket.
 
-use std::{
-    fs::{File, OpenOptions},
-    io,
-    os::fd::AsRawFd as _,
-};
+use std::{fs::File, io, os::fd::AsRawFd as _};
 
 use aya::{
     maps::HashMap,
@@ -14,7 +10,7 @@ use aya::{
     EbpfLoader,
 };
 
-use crate::cgroup::ScratchCgroup;
+use crate::cgroup::{CgroupJoin, ScratchCgroup};
 
 /// The reporter program, built by build.rs from capture-ebpf's `netns-cookie` binary.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns-cookie.bpf.o"));
@@ -46,10 +42,7 @@ pub fn netns_cookie(netns: &File) -> io::Result<u64> {
     program
         .attach(File::open(&scratch.path)?, CgroupAttachMode::Single)
         .map_err(|e| other("attaching the netns-cookie reporter", e))?;
-    let procs = OpenOptions::new()
-        .write(true)
-        .open(scratch.path.join("cgroup.procs"))?;
-    create_socket_in(&procs, netns)?;
+    create_socket_in(&CgroupJoin::new(&scratch.path)?, netns)?;
     let cookies: HashMap<_, u32, u64> = HashMap::try_from(
         ebpf.map("NETNS_COOKIES")
             .ok_or_else(|| io::Error::other("the reporter object has no map"))?,
@@ -61,18 +54,21 @@ pub fn netns_cookie(netns: &File) -> io::Result<u64> {
         .map_err(|e| other("the reporter saw no socket", e))
 }
 
-/// Forks a child that moves into the cgroup behind `procs`, enters `netns`, creates an IPv4
-/// socket and exits; returns once it has been reaped.
-fn create_socket_in(procs: &File, netns: &File) -> io::Result<()> {
-    let (procs_fd, netns_fd) = (procs.as_raw_fd(), netns.as_raw_fd());
+/// The child's exit code for a failed cgroup move is this plus the errno.
+const JOIN_FAILED: i32 = 16;
+
+/// Forks a child that moves into the scratch cgroup, enters `netns`, creates an IPv4 socket and
+/// exits; returns once it has been reaped.
+fn create_socket_in(join: &CgroupJoin, netns: &File) -> io::Result<()> {
+    let netns_fd = netns.as_raw_fd();
     // SAFETY: between fork and _exit the child makes only raw system calls, which are
     // async-signal-safe, on fds the parent keeps open.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: as above.
         unsafe {
-            let code = if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
-                1
+            let code = if let Err(errno) = join.join_from_child() {
+                JOIN_FAILED + errno.clamp(0, 200)
             } else if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
                 2
             } else if libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) < 0 {
@@ -99,9 +95,10 @@ fn create_socket_in(procs: &File, netns: &File) -> io::Result<()> {
     }
     match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
         (true, 0) => Ok(()),
-        (true, 1) => Err(io::Error::other(
-            "the child could not join the scratch cgroup",
-        )),
+        (true, code) if code >= JOIN_FAILED => Err(io::Error::other(format!(
+            "the child could not move: {}",
+            join.explain(code - JOIN_FAILED)
+        ))),
         (true, 2) => Err(io::Error::other("the child could not enter the netns")),
         (true, _) => Err(io::Error::other("the child could not create a socket")),
         _ => Err(io::Error::other("the child was killed")),

@@ -115,6 +115,12 @@ enum Cmd {
     },
     /// Hold a new user namespace and a netns it owns until stdin ends (print `ready` once in).
     UsernsHolder,
+    /// Print the cookie of the netns at `of` as capture's BPF reporter learns it (the way before
+    /// Linux 5.14), from whichever namespaces this process runs in.
+    NetnsCookie {
+        #[arg(long)]
+        of: PathBuf,
+    },
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
@@ -512,6 +518,14 @@ fn main() {
             let _ = std::io::stdin().read_to_end(&mut Vec::new());
         }
         Cmd::Sockopts => println!("{}", capture_tests::sockopt_survey::survey()),
+        Cmd::NetnsCookie { of } => {
+            let netns = std::fs::File::open(of)
+                .unwrap_or_else(|e| die(format!("opening {}: {e}", of.display())));
+            match capture_user::ebpf::netns_cookie::netns_cookie(&netns) {
+                Ok(cookie) => println!("{cookie}"),
+                Err(e) => die(format!("the netns-cookie reporter: {e}")),
+            }
+        }
         Cmd::Pause => {
             drop_privileges(&args);
             let Err(e) = capture_tests::pause::pause();

@@ -22,7 +22,8 @@ export PATH=__PATH__ HOME=/tmp
 mount -t tmpfs run /run || say "cannot mount /run"
 mkdir -p /run/lock
 mount -t bpf bpf /sys/fs/bpf || say "cannot mount bpffs"
-mount -t cgroup2 cgroup2 /sys/fs/cgroup || say "cannot mount cgroup2"
+# nsdelegate, as systemd mounts it on nodes: a cgroup namespace is then a delegation boundary.
+mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup || say "cannot mount cgroup2"
 mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 # containerd 1.6's CNI library caches each network's result under /var/lib/cni, which its
 # configuration cannot move; the host's root is read-only here.
