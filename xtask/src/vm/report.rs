@@ -97,10 +97,16 @@ pub const CAPABILITIES: &[Capability] = &[
     },
     Capability {
         name: "netns cookie without SO_NETNS_COOKIE (BPF reporter)",
-        tests: &[(
-            "kernel_compat",
-            "the_bpf_netns_cookie_reporter_agrees_with_the_kernel",
-        )],
+        tests: &[
+            (
+                "kernel_compat",
+                "the_bpf_netns_cookie_reporter_agrees_with_the_kernel",
+            ),
+            (
+                "kernel_compat",
+                "the_reporter_answers_from_a_cgroup_namespace_of_its_own",
+            ),
+        ],
         except: &[],
     },
     Capability {
