@@ -95,8 +95,8 @@ impl ScratchCgroup {
 /// of whoever opened `cgroup.procs` (since Linux 5.16, and in the stable kernels the fix went
 /// back to). An agent in a container with a cgroup namespace of its own (containerd's default on
 /// cgroup v2, privileged or not) sees only its container's cgroup, so moving a child into a
-/// scratch cgroup at the root fails with ENOENT. The child therefore enters the node's cgroup
-/// namespace (pid 1's, which is the node's init with `hostPID`) before it opens the file.
+/// scratch cgroup at the root fails with ENOENT. The child then enters the node's cgroup
+/// namespace (pid 1's, which is the node's init with `hostPID`) and opens the file again there.
 pub struct CgroupJoin {
     procs: CString,
     node_cgroupns: Option<OwnedFd>,
@@ -118,34 +118,41 @@ impl CgroupJoin {
         })
     }
 
-    /// Whether the child enters another cgroup namespace (pid 1's) to move.
+    /// Whether the child can try again from another cgroup namespace (pid 1's).
     #[must_use]
-    pub fn enters_node_cgroupns(&self) -> bool {
+    pub fn can_enter_node_cgroupns(&self) -> bool {
         self.node_cgroupns.is_some()
     }
 
-    /// In the forked child: moves the calling process into the cgroup. `Err` holds the errno.
-    /// Only raw system calls, which are async-signal-safe.
+    /// In the forked child: moves the calling process into the cgroup, from its own cgroup
+    /// namespace first and, refused there, from pid 1's. `Err` holds the errno. Only raw system
+    /// calls, which are async-signal-safe.
     pub fn join_from_child(&self) -> Result<(), i32> {
         // SAFETY: raw system calls on a descriptor and a C string this struct owns.
         unsafe {
             let errno = || *libc::__errno_location();
-            if let Some(ns) = &self.node_cgroupns {
-                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) != 0 {
+            let join = || {
+                let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
                     return Err(errno());
                 }
-            }
-            let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(errno());
-            }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-            let err = errno();
-            libc::close(fd);
-            if written {
-                Ok(())
-            } else {
-                Err(err)
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                let err = errno();
+                libc::close(fd);
+                if written {
+                    Ok(())
+                } else {
+                    Err(err)
+                }
+            };
+            match (join(), &self.node_cgroupns) {
+                (Err(libc::ENOENT), Some(ns)) => {
+                    if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWCGROUP) != 0 {
+                        return Err(errno());
+                    }
+                    join()
+                }
+                (joined, _) => joined,
             }
         }
     }
@@ -154,7 +161,7 @@ impl CgroupJoin {
     #[must_use]
     pub fn explain(&self, errno: i32) -> String {
         let err = io::Error::from_raw_os_error(errno);
-        let hint = if errno == libc::ENOENT && !self.enters_node_cgroupns() {
+        let hint = if errno == libc::ENOENT && !self.can_enter_node_cgroupns() {
             "; a process in a cgroup namespace of its own may not move processes to cgroups \
              outside it where cgroup2 is mounted with nsdelegate, and pid 1 here is in the same \
              namespace: run the agent in the node's PID namespace (hostPID, as \
