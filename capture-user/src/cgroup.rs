@@ -209,3 +209,25 @@ impl Drop for ScratchCgroup {
         let _ = fs::remove_dir(&self.path);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_move_names_the_cgroup_and_what_the_agent_needs() {
+        let join = CgroupJoin {
+            procs: CString::new("/sys/fs/cgroup/capture-probe-1-0/cgroup.procs").unwrap(),
+            node_cgroupns: None,
+        };
+        let refused = join.explain(libc::ENOENT);
+        assert!(
+            refused.starts_with("joining the cgroup /sys/fs/cgroup/capture-probe-1-0: ")
+                && refused.contains("nsdelegate")
+                && refused.contains("hostPID"),
+            "{refused}"
+        );
+        let other = join.explain(libc::EACCES);
+        assert!(!other.contains("hostPID"), "{other}");
+    }
+}
