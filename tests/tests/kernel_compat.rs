@@ -50,10 +50,56 @@ fn the_bpf_netns_cookie_reporter_agrees_with_the_kernel() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// Whether the cgroup2 hierarchy has `nsdelegate`.
+fn nsdelegate() -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("cgroup2") && l.contains("nsdelegate"))
+}
+
+/// `nsdelegate` on the cgroup2 hierarchy while it lives, in a kernel-matrix guest only: the flag
+/// is the whole hierarchy's, which a test may change on a disposable machine and not on a host.
+struct NsdelegateInGuest {
+    mount: Option<std::path::PathBuf>,
+}
+
+impl NsdelegateInGuest {
+    fn enable() -> Self {
+        if nsdelegate() || std::env::var_os("CAPTURE_VM_GUEST").is_none() {
+            return Self { mount: None };
+        }
+        let mount = capture_user::cgroup::cgroup2_mount().expect("cgroup v2");
+        let status = std::process::Command::new("mount")
+            .args(["-o", "remount,nsdelegate"])
+            .arg(&mount)
+            .status()
+            .expect("mount");
+        assert!(
+            status.success() && nsdelegate(),
+            "remounting cgroup2 with nsdelegate"
+        );
+        Self { mount: Some(mount) }
+    }
+}
+
+impl Drop for NsdelegateInGuest {
+    fn drop(&mut self) {
+        if let Some(mount) = &self.mount {
+            // A cgroup2 remount without the option clears it.
+            let _ = std::process::Command::new("mount")
+                .args(["-o", "remount"])
+                .arg(mount)
+                .status();
+        }
+    }
+}
+
 /// The reporter from a cgroup namespace of its own, as the agent runs in a DaemonSet pod under
-/// containerd on cgroup v2: where cgroup2 is mounted with `nsdelegate` (systemd's default, and
-/// the kernel matrix's guests), such a process may not move its child into the scratch cgroup at
-/// the root unless the child first enters the node's cgroup namespace.
+/// containerd on cgroup v2: where cgroup2 is mounted with `nsdelegate` (systemd's default), such
+/// a process may not move its child into the scratch cgroup at the root unless the child enters
+/// the node's cgroup namespace. The kernel matrix's guests turn `nsdelegate` on for this test;
+/// a host without it runs the same steps, which cannot be refused there.
 #[test]
 fn the_reporter_answers_from_a_cgroup_namespace_of_its_own() {
     capture_tests::require_root();
@@ -61,11 +107,8 @@ fn the_reporter_answers_from_a_cgroup_namespace_of_its_own() {
     let expected = Netns::open(&pod.path())
         .and_then(|n| n.cookie())
         .expect("the netns's cookie");
-    let nsdelegate = std::fs::read_to_string("/proc/self/mounts")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split_whitespace().nth(2) == Some("cgroup2") && l.contains("nsdelegate"));
-    eprintln!("cgroup2 mounted with nsdelegate: {nsdelegate}");
+    let _nsdelegate = NsdelegateInGuest::enable();
+    eprintln!("cgroup2 mounted with nsdelegate: {}", nsdelegate());
     // A container's cgroup, not the root: a namespace rooted at the root sees every cgroup.
     // The shell joins it, then unshare starts the namespace there and execs the probe in the
     // same process, whose pid names the scratch cgroup.
