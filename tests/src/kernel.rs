@@ -25,6 +25,10 @@ pub enum Feature {
     /// message's socket and attaches to a sockhash. Known from the node record (the agent's
     /// load tells).
     SkMsgAcceleration,
+    /// The node paths a DaemonSet's hostPath volumes name (/opt/cni/bin, /etc/cni/net.d, ...)
+    /// exist or can be made: not on the kernel matrix's guests, whose root is the host's, read
+    /// only. A gap of that harness, not of capture or nodes.
+    WritableNodePaths,
 }
 
 impl Feature {
@@ -35,6 +39,7 @@ impl Feature {
             Self::UnifiedCgroupControllers => "unified_cgroup_controllers",
             Self::RuncClonedBinary => "runc_cloned_binary",
             Self::SkMsgAcceleration => "sk_msg_acceleration",
+            Self::WritableNodePaths => "writable_node_paths",
         }
     }
 }
@@ -55,6 +60,9 @@ pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
             .ok()
             .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())
             .is_some_and(|c| c.split_whitespace().any(|c| c == "cpu")),
+        Feature::WritableNodePaths => crate::containerd::node_agent::NODE_MOUNT_POINTS
+            .iter()
+            .all(|p| can_be_made(std::path::Path::new(p))),
         // Known only from a failure or a node's load: see record_skip.
         Feature::RuncClonedBinary | Feature::SkMsgAcceleration => true,
     };
@@ -62,6 +70,16 @@ pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
         record_skip(feature, reason);
     }
     present
+}
+
+/// Whether `path` exists, or its nearest existing ancestor is on a writable filesystem.
+fn can_be_made(path: &std::path::Path) -> bool {
+    let Some(existing) = path.ancestors().find(|p| p.exists()) else {
+        return false;
+    };
+    existing == path
+        || nix::sys::statvfs::statvfs(existing)
+            .is_ok_and(|s| !s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 /// Records that the running test skips for `feature`, which it found missing, with `reason`.

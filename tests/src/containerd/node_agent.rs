@@ -117,12 +117,16 @@ impl Containerd {
     #[must_use]
     pub fn start_as_node(node: &Node, bpffs: &Path) -> Self {
         std::fs::create_dir_all(&node.dirs.state).expect("the node's state directory");
-        let binds = vec![
-            (node.plugin_dir.clone(), PathBuf::from("/opt/cni/bin")),
-            (node.conf_dir(), PathBuf::from("/etc/cni/net.d")),
-            (node.dirs.state.clone(), PathBuf::from("/run/capture")),
-            (bpffs.to_path_buf(), PathBuf::from("/sys/fs/bpf")),
+        let sources = [
+            node.plugin_dir.clone(),
+            node.conf_dir(),
+            node.dirs.state.clone(),
+            bpffs.to_path_buf(),
         ];
+        let binds: Vec<(PathBuf, PathBuf)> = sources
+            .into_iter()
+            .zip(NODE_MOUNT_POINTS.map(PathBuf::from))
+            .collect();
         let mut points = BIND_POINTS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -138,6 +142,15 @@ impl Containerd {
         Self::start_inner(node, None, binds)
     }
 }
+
+/// Where a node has what the DaemonSet's hostPath volumes name: the CNI bin and configuration
+/// directories, capture's state directory, bpffs.
+pub const NODE_MOUNT_POINTS: [&str; 4] = [
+    "/opt/cni/bin",
+    "/etc/cni/net.d",
+    "/run/capture",
+    "/sys/fs/bpf",
+];
 
 /// The mount points the host lacked for the node runtimes' binds, outermost first, and how many
 /// such runtimes run. Only the last to stop removes them: removing a directory another mount
