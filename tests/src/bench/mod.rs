@@ -9,6 +9,7 @@ mod bed;
 pub mod cni_add;
 pub mod report;
 pub mod roles;
+mod stats;
 
 use std::{
     path::PathBuf,

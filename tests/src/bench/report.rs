@@ -3,104 +3,12 @@
 
 use std::{fmt::Write as _, path::Path};
 
-use super::{roles::Workload, CellResult, Mode, Results, Settings};
-
-/// The value at quantile `q` (nearest rank) of `v`.
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Per-mode medians of one cell.
-#[derive(Clone, Copy, Default)]
-pub struct Summary {
-    pub rate: f64,
-    pub rate_min: f64,
-    pub rate_max: f64,
-    pub p50: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub cpu: f64,
-}
-
-#[must_use]
-pub fn summarize(cell: &CellResult, mode: Mode) -> Summary {
-    let s: Vec<_> = cell.samples.iter().filter(|s| s.mode == mode).collect();
-    let rates: Vec<f64> = s.iter().map(|x| sample_rate(cell, x)).collect();
-    Summary {
-        rate: median(rates.clone()),
-        rate_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
-        rate_max: rates.iter().copied().fold(0.0, f64::max),
-        p50: median(s.iter().map(|x| x.load.p50_us).collect()),
-        p99: median(s.iter().map(|x| x.load.p99_us).collect()),
-        p999: median(s.iter().map(|x| x.load.p999_us).collect()),
-        cpu: median(s.iter().map(|x| x.cpu_us_per_op).collect()),
-    }
-}
-
-/// A mode's rate against the baseline's within each round, where the two ran seconds apart:
-/// median, min and max of those per-round ratios. The machine's load drifts over minutes, which
-/// moves whole rounds; a ratio taken within a round cancels that drift, where the ratio of two
-/// medians taken over all rounds does not. `None` when no round has both modes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Paired {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    pub rounds: usize,
-}
-
-#[must_use]
-pub fn paired(cell: &CellResult, mode: Mode, baseline: Mode) -> Option<Paired> {
-    let rate_in = |round: usize, m: Mode| {
-        cell.samples
-            .iter()
-            .find(|s| s.round == round && s.mode == m && s.load.seconds > 0.0)
-            .map(|s| sample_rate(cell, s))
-    };
-    let mut rounds: Vec<usize> = cell.samples.iter().map(|s| s.round).collect();
-    rounds.sort_unstable();
-    rounds.dedup();
-    let ratios: Vec<f64> = rounds
-        .into_iter()
-        .filter_map(|r| match (rate_in(r, mode), rate_in(r, baseline)) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
-        })
-        .collect();
-    (!ratios.is_empty()).then(|| Paired {
-        median: median(ratios.clone()),
-        min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
-        max: ratios.iter().copied().fold(0.0, f64::max),
-        rounds: ratios.len(),
-    })
-}
-
-fn sample_rate(cell: &CellResult, x: &super::Sample) -> f64 {
-    let per_s = if cell.cell.workload == Workload::Stream {
-        x.load.bytes as f64 / 1e6
-    } else {
-        x.load.ops as f64
-    };
-    per_s / x.load.seconds
-}
+pub use super::stats::{paired, summarize, Paired, Summary};
+use super::{
+    roles::Workload,
+    stats::{median, percentile},
+    CellResult, Mode, Results, Settings,
+};
 
 fn unit(cell: &CellResult) -> &'static str {
     if cell.cell.workload == Workload::Stream {
