@@ -12,8 +12,13 @@ use capture_tests::{
 use capture_user::{ebpf::netns_cookie::netns_cookie, netns::Netns};
 
 fn scratch_cgroups_left(purpose: &str) -> Vec<String> {
+    scratch_cgroups_left_by(purpose, std::process::id())
+}
+
+/// The scratch cgroups of `purpose` that process `pid` made and left.
+fn scratch_cgroups_left_by(purpose: &str, pid: u32) -> Vec<String> {
     let root = capture_user::cgroup::cgroup2_mount().expect("cgroup v2 is mounted");
-    let prefix = format!("capture-{purpose}-{}-", std::process::id());
+    let prefix = format!("capture-{purpose}-{pid}-");
     std::fs::read_dir(root)
         .expect("the cgroup v2 root")
         .flatten()
@@ -136,13 +141,11 @@ fn the_reporter_answers_from_a_cgroup_namespace_of_its_own() {
         .parse()
         .unwrap_or_else(|e| panic!("{e}: {stderr}"));
     assert_eq!(reported, expected, "{stderr}");
-    let left = std::fs::read_dir(capture_user::cgroup::cgroup2_mount().expect("cgroup v2"))
-        .expect("the cgroup v2 root")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("capture-netns-cookie-{pid}-")))
-        .count();
-    assert_eq!(left, 0, "the probe's scratch cgroup is gone");
+    let left = scratch_cgroups_left_by("netns-cookie", pid);
+    assert!(
+        left.is_empty(),
+        "the probe's scratch cgroup is gone: {left:?}"
+    );
 }
 
 /// A kernel without a hook only some pods need (here the DNS hooks, refused on purpose, since
