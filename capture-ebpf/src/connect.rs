@@ -25,6 +25,7 @@ use capture_common::{
 
 use crate::{
     counters::{bump_node, bump_pod},
+    creator,
     maps::{MapLists, POD_CONFIGS},
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
@@ -73,8 +74,9 @@ fn sock(sa: &bpf_sock_addr) -> *mut bpf_sock {
     unsafe { sa.__bindgen_anon_1.sk }
 }
 
-/// The socket's owner as iptables' `-m owner` sees it: its creator's uid and primary gid,
-/// recorded by `sock_create`; for a socket created before capture was attached, the caller's.
+/// The socket's owner as iptables' `-m owner` sees it, where it is not read from the socket
+/// itself (`creator`): its creator's uid and primary gid, recorded by `sock_create`; for a socket
+/// created before capture was attached, the caller's.
 #[inline(always)]
 fn owner(state: &SockState) -> (u32, u32) {
     if state.flags & SOCK_CREATOR_KNOWN != 0 {
@@ -130,6 +132,19 @@ fn admitted(sa: &bpf_sock_addr, call: Call) -> Option<bool> {
     }
 }
 
+/// The socket's storage, created if it has none; a socket the kernel cannot give any is
+/// refused, since its original destination could not be kept.
+#[inline(always)]
+fn storage_of(
+    netns_cookie: u64,
+    sk: *mut bpf_sock,
+) -> Result<&'static mut SockState, ConnectError> {
+    storage::get_or_create(sk.cast()).ok_or_else(|| {
+        bump_pod(netns_cookie, PodCounter::Errors);
+        ConnectError::NoSocketStorage
+    })
+}
+
 /// Decides one connect or datagram and records the original destination; `Ok(None)` lets it
 /// through unchanged.
 #[inline(always)]
@@ -144,11 +159,18 @@ fn decide(
     // SAFETY: the entry is a plain value, read while the program runs.
     let cfg: &PodConfig =
         unsafe { POD_CONFIGS.get(netns_cookie) }.ok_or(ConnectError::UnknownPod)?;
-    let Some(state) = storage::get_or_create(sk.cast()) else {
-        bump_pod(netns_cookie, PodCounter::Errors);
-        return Err(ConnectError::NoSocketStorage);
+    // A TCP socket's owner is read from the socket where the kernel allows it; only a socket
+    // that is redirected then needs storage (for its original destination).
+    let file_owner = if !conn.udp && creator::from_file() {
+        creator::tcp_owner(sk.cast())
+    } else {
+        None
     };
-    (conn.uid, conn.gid) = owner(state);
+    let mut state = None;
+    (conn.uid, conn.gid) = match file_owner {
+        Some(ids) => ids,
+        None => owner(state.insert(storage_of(netns_cookie, sk)?)),
+    };
 
     let verdict = decide_outbound(cfg, &MapLists { netns_cookie }, &conn);
     bump_pod(netns_cookie, counter_for(verdict));
@@ -159,10 +181,16 @@ fn decide(
         Verdict::Pass(_) => {
             // A socket may connect again after a failed attempt; forget an earlier rewrite.
             if call == Call::Connect {
-                state.flags &= !SOCK_REDIRECTED;
+                if let Some(state) = state.or_else(|| storage::get(sk.cast())) {
+                    state.flags &= !SOCK_REDIRECTED;
+                }
             }
             return Ok(None);
         }
+    };
+    let state = match state {
+        Some(state) => state,
+        None => storage_of(netns_cookie, sk)?,
     };
     state.orig = OriginalDst {
         addr: conn.dst,

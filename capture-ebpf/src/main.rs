@@ -10,6 +10,7 @@
 mod accel;
 mod connect;
 mod counters;
+mod creator;
 mod lookup;
 mod maps;
 mod peer;

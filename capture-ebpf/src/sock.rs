@@ -1,4 +1,5 @@
-//! `cgroup/sock_create`: remember who created each TCP and UDP socket, and in which netns.
+//! `cgroup/sock_create`: remember who created each UDP socket, and in which netns; TCP sockets
+//! too where the programs cannot read a socket's owner from the socket itself (`creator`).
 //!
 //! iptables' owner match judges a socket by its creator's credentials, not by whoever calls
 //! `connect()` later (spec E.12, T83); only this hook runs in the creator's context.
@@ -12,7 +13,7 @@ use capture_common::{
     config::NodeError, state::SOCK_CREATOR_KNOWN, AF_INET, AF_INET6, SOCK_DGRAM, SOCK_STREAM,
 };
 
-use crate::{counters::bump_node, storage};
+use crate::{counters::bump_node, creator, storage};
 
 /// Fails open: a socket without a recorded creator is judged by its caller's credentials at
 /// `connect()`, which matches iptables except for sockets handed between users.
@@ -25,6 +26,11 @@ pub fn on_sock_create(ctx: &SockContext) {
     if (sk.type_ != SOCK_STREAM && sk.type_ != SOCK_DGRAM)
         || (family != AF_INET && family != AF_INET6)
     {
+        return;
+    }
+    // A TCP socket's owner is read from the socket itself when it connects, where the kernel
+    // allows that; recording it here would cost every socket an allocation.
+    if sk.type_ == SOCK_STREAM && creator::from_file() {
         return;
     }
     let Some(state) = storage::get_or_create(ctx.sock.cast()) else {

@@ -39,6 +39,7 @@ use capture_common::{
 use crate::{
     accel,
     counters::{bump_node, bump_pod},
+    creator,
     maps::{HANDOFF, INBOUND_LISTENERS, POD_CONFIGS},
     storage,
 };
@@ -184,7 +185,7 @@ fn app_handoff_key(netns_cookie: u64, t: &Tuple) -> HandoffKey {
 #[inline(always)]
 fn accel_join(
     ctx: &SockOpsContext,
-    side: impl FnOnce(&PodConfig, Option<&SockState>) -> Side,
+    side: impl FnOnce(&PodConfig, Option<&SockState>, *mut core::ffi::c_void) -> Side,
 ) -> Option<()> {
     let sk = sock(ctx)?;
     let state = storage::get(sk);
@@ -203,18 +204,21 @@ fn accel_join(
         local_port: t.local_port,
         remote_port: t.remote_port,
     };
-    accel::join(ctx.ops, sk, cfg, &conn, side(cfg, state.as_deref()));
+    accel::join(ctx.ops, sk, cfg, &conn, side(cfg, state.as_deref(), sk));
     Some(())
 }
 
 /// The connecting side: capture sent it to the proxy, or the proxy made it.
 #[inline(always)]
-fn connecting_side(cfg: &PodConfig, state: Option<&SockState>) -> Side {
+fn connecting_side(cfg: &PodConfig, state: Option<&SockState>, sk: *mut core::ffi::c_void) -> Side {
+    let owner = match state {
+        Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => Some((s.creator_uid, s.creator_gid)),
+        _ if creator::from_file() => creator::tcp_owner(sk),
+        _ => None,
+    };
     Side::Connecting {
         redirected: state.is_some_and(|s| s.flags & SOCK_REDIRECTED != 0),
-        by_proxy: state.is_some_and(|s| {
-            s.flags & SOCK_CREATOR_KNOWN != 0 && is_proxy(cfg, s.creator_uid, s.creator_gid)
-        }),
+        by_proxy: owner.is_some_and(|(uid, gid)| is_proxy(cfg, uid, gid)),
     }
 }
 
@@ -345,7 +349,7 @@ pub fn on_sock_ops(ctx: &SockOpsContext) {
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
             let _ = on_passive_established(ctx);
-            let _ = accel_join(ctx, |_, _| Side::Accepted);
+            let _ = accel_join(ctx, |_, _, _| Side::Accepted);
         }
         BPF_SOCK_OPS_TCP_LISTEN_CB => {
             let _ = on_listen(ctx);

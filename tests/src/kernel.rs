@@ -13,6 +13,9 @@ use capture_user::ebpf::loader::{kernel_features, KernelFeatures};
 pub enum Feature {
     /// sock_ops may ask for the netns cookie (Linux 5.15+).
     SockOpsNetnsCookie,
+    /// The programs read a TCP socket's owner from its file's credentials (needs the netns
+    /// cookie in sock_ops, and a verifier that lets sock_addr programs walk the structs).
+    OwnerFromFile,
     /// The cpu controller is on cgroup v2 (not bound to a v1 hierarchy, as on a hybrid host):
     /// runc's systemd driver in unified mode sets every container's cpu.weight. Not a kernel
     /// feature but the node's set-up; the kernel matrix's guests mount cgroup v2 alone.
@@ -36,6 +39,7 @@ impl Feature {
     pub fn name(self) -> &'static str {
         match self {
             Self::SockOpsNetnsCookie => "sock_ops_netns_cookie",
+            Self::OwnerFromFile => "owner_from_file",
             Self::UnifiedCgroupControllers => "unified_cgroup_controllers",
             Self::RuncClonedBinary => "runc_cloned_binary",
             Self::SkMsgAcceleration => "sk_msg_acceleration",
@@ -56,6 +60,7 @@ fn features() -> KernelFeatures {
 pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
     let present = match feature {
         Feature::SockOpsNetnsCookie => features().sock_ops_netns_cookie,
+        Feature::OwnerFromFile => features().owner_from_file,
         Feature::UnifiedCgroupControllers => capture_user::cgroup::cgroup2_mount()
             .ok()
             .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())

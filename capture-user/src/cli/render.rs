@@ -32,6 +32,16 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
                  registered, so inbound connections to it are refused"
             }
         );
+        let _ = writeln!(
+            out,
+            "  [info] {:<34} {}",
+            "TCP owner read from the socket",
+            if features.owner_from_file {
+                "yes"
+            } else {
+                "no: recorded in socket storage at creation (an allocation per socket; a                  socket created before capture attached is judged by its caller)"
+            }
+        );
     }
     let pick = crate::probe::choose(ModeChoice::Auto, probe);
     let _ = writeln!(

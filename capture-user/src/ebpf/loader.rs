@@ -8,7 +8,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 
-use super::hooks::{Hook, HOOKS};
+use super::{
+    btf_offsets::OwnerOffsets,
+    hooks::{Hook, HOOKS},
+};
 
 /// The kernel programs, built by build.rs from capture-ebpf.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
@@ -93,6 +96,19 @@ fn refused_for_testing(_hook: &Hook) -> Option<String> {
     None
 }
 
+/// `CAPTURE_RECORD_OWNERS=1` has capture record TCP sockets' owners at creation, as on a kernel
+/// that refuses the owner walk (the matrix's kernels at 5.15 or newer all take it); only builds
+/// with the `test-hooks` feature read it.
+#[cfg(feature = "test-hooks")]
+fn owners_recorded_for_testing() -> bool {
+    std::env::var_os("CAPTURE_RECORD_OWNERS").is_some_and(|v| v == "1")
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn owners_recorded_for_testing() -> bool {
+    false
+}
+
 /// Loads one hook's program, with the refusal summarised in one line.
 pub(super) fn load_hook(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
     if let Some(reason) = refused_for_testing(hook) {
@@ -110,6 +126,11 @@ pub struct KernelFeatures {
     /// sock_ops may ask for the netns cookie (Linux 5.15+). Without it, a listener the proxy
     /// opened before capture was attached is not registered for inbound capture.
     pub sock_ops_netns_cookie: bool,
+    /// The programs read a TCP socket's owner from the socket (its file's credentials, through
+    /// the kernel's BTF) instead of recording it in socket-local storage when it is created.
+    /// Needs `sock_ops_netns_cookie` (nothing else records the socket's netns then) and a
+    /// verifier that lets sock_addr and sock_ops programs walk those structs.
+    pub owner_from_file: bool,
 }
 
 /// The object's `.rodata` switches take their values from here (the loader borrows them).
@@ -130,48 +151,110 @@ pub(super) fn object_maps() -> Result<std::collections::HashMap<String, aya_obj:
 /// pinned there is created and pinned there.
 pub(super) type MapPins = [(&'static str, PathBuf)];
 
-fn parse_object(features: KernelFeatures, map_pins: &MapPins) -> Result<Ebpf, LoadError> {
-    if OBJECT.is_empty() {
-        return Err(LoadError::NoObject);
-    }
-    let sock_ops_netns_cookie = if features.sock_ops_netns_cookie {
+fn switch(on: bool) -> &'static u8 {
+    if on {
         &ON
     } else {
         &OFF
-    };
+    }
+}
+
+fn parse_object(
+    features: KernelFeatures,
+    owner: &OwnerOffsets,
+    map_pins: &MapPins,
+) -> Result<Ebpf, LoadError> {
+    if OBJECT.is_empty() {
+        return Err(LoadError::NoObject);
+    }
     let mut loader = EbpfLoader::new();
-    loader.override_global("SOCK_OPS_NETNS_COOKIE", sock_ops_netns_cookie, true);
+    loader.override_global(
+        "SOCK_OPS_NETNS_COOKIE",
+        switch(features.sock_ops_netns_cookie),
+        true,
+    );
+    loader.override_global("OWNER_FROM_FILE", switch(features.owner_from_file), true);
+    for (name, offset) in [
+        ("OWNER_OFFSET_SOCK_SK_SOCKET", &owner.sock_sk_socket),
+        ("OWNER_OFFSET_SOCKET_FILE", &owner.socket_file),
+        ("OWNER_OFFSET_FILE_F_CRED", &owner.file_f_cred),
+        ("OWNER_OFFSET_CRED_FSUID", &owner.cred_fsuid),
+        ("OWNER_OFFSET_CRED_FSGID", &owner.cred_fsgid),
+    ] {
+        loader.override_global(name, offset, true);
+    }
     for (name, path) in map_pins {
         loader.map_pin_path(name, Path::new(path));
     }
     loader.load(OBJECT).map_err(LoadError::Parse)
 }
 
-/// How the object must be adapted to this kernel (loads sock_ops once or twice, nothing else).
+/// How the object must be adapted to this kernel (loads sock_ops and connect4 up to three
+/// times, nothing else).
 pub fn kernel_features() -> Result<KernelFeatures, LoadError> {
     adapted_object(&[]).map(|(_, features)| features)
 }
 
-/// The object, with sock_ops already loaded: as built where the kernel takes it, else without
-/// the calls it refuses.
-pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures), LoadError> {
-    let mut features = KernelFeatures {
-        sock_ops_netns_cookie: true,
-    };
-    let mut ebpf = parse_object(features, map_pins)?;
-    let hook = HOOKS
-        .iter()
-        .find(|h| h.program == "capture_sock_ops")
-        .expect("sock_ops is a hook");
-    let program = ebpf
-        .program_mut(hook.program)
-        .ok_or(LoadError::MissingProgram(hook.program))?;
-    if let Err(e) = load_program(hook, program) {
-        tracing::debug!("sock_ops with the netns cookie call: {}", summarize(&e));
-        features.sock_ops_netns_cookie = false;
-        ebpf = parse_object(features, map_pins)?;
+/// The programs whose loading decides the features: every switch is read by one of them.
+const DECIDING_PROGRAMS: [&str; 2] = ["capture_sock_ops", "capture_connect4"];
+
+/// Loads the programs that decide the features; the first refusal, summarised.
+fn load_deciding(ebpf: &mut Ebpf) -> Result<(), String> {
+    for name in DECIDING_PROGRAMS {
+        let hook = HOOKS
+            .iter()
+            .find(|h| h.program == name)
+            .expect("the deciding programs are hooks");
+        let program = ebpf
+            .program_mut(hook.program)
+            .ok_or_else(|| LoadError::MissingProgram(hook.program).to_string())?;
+        load_program(hook, program).map_err(|e| format!("{name}: {}", summarize(&e)))?;
     }
-    Ok((ebpf, features))
+    Ok(())
+}
+
+/// The object, with the deciding programs already loaded: with every switch on where the kernel
+/// takes it, else without what it refuses, down to no switch on.
+pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures), LoadError> {
+    let owner = if owners_recorded_for_testing() {
+        Err("CAPTURE_RECORD_OWNERS=1".to_string())
+    } else {
+        OwnerOffsets::of_running_kernel()
+    };
+    if let Err(e) = &owner {
+        tracing::debug!("owners are recorded at socket creation: {e}");
+    }
+    let candidates = [
+        KernelFeatures {
+            sock_ops_netns_cookie: true,
+            owner_from_file: owner.is_ok(),
+        },
+        KernelFeatures {
+            sock_ops_netns_cookie: true,
+            owner_from_file: false,
+        },
+        KernelFeatures {
+            sock_ops_netns_cookie: false,
+            owner_from_file: false,
+        },
+    ];
+    let offsets = owner.unwrap_or_default();
+    let mut last = None;
+    for features in candidates {
+        if last.as_ref().is_some_and(|(_, tried)| *tried == features) {
+            continue;
+        }
+        let mut ebpf = parse_object(features, &offsets, map_pins)?;
+        match load_deciding(&mut ebpf) {
+            Ok(()) => return Ok((ebpf, features)),
+            Err(e) => {
+                tracing::debug!("{features:?} refused: {e}");
+                last = Some((ebpf, features));
+            }
+        }
+    }
+    // Nothing loaded even without any switch: the hooks' own loading reports why.
+    Ok(last.expect("at least one candidate was tried"))
 }
 
 /// Loads a program unless it is loaded already.

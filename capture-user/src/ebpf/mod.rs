@@ -2,6 +2,7 @@
 
 pub mod accel;
 mod adopt;
+pub mod btf_offsets;
 pub mod foreign;
 pub mod hook_probe;
 pub mod hooks;
