@@ -81,6 +81,18 @@ pub struct HandoffKey {
 }
 const _: () = assert!(size_of::<HandoffKey>() == 48);
 
+/// One of a pod's loopback addresses (`LOOPBACK_DESTS`: -> the original destination it stands
+/// for; see `loopback`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LoopbackKey {
+    pub netns_cookie: u64,
+    /// Network order.
+    pub addr: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<LoopbackKey>() == 16);
+
 /// A pod address (`INBOUND_PODS`: pod IP -> netns cookie). sk_lookup programs cannot learn their
 /// netns, so inbound capture finds the pod by the destination address.
 #[repr(C)]

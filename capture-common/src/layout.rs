@@ -7,7 +7,7 @@
 
 use crate::{
     config::{AccelCounters, PodConfig, PodCounters},
-    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
+    keys::{CidrKey, HandoffKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey},
     state::{OriginalDst, SockState},
 };
 
@@ -98,8 +98,13 @@ pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOT
 /// `ACCEL_PEERS`'s capacity: accelerated sockets on the node, two per connection.
 pub const MAX_ACCEL_SOCKETS: u32 = 131_072;
 
+/// `LOOPBACK_DESTS`'s capacity: the loopback addresses of every pod's destinations (a pod holds
+/// at most `loopback::LOOPBACK_SLOTS`, so 16 pods at that quota fill it; past it, connections to
+/// new destinations take the stateful path).
+pub const MAX_LOOPBACK_DESTS: u32 = 131_072;
+
 /// This build's maps, in the order user space pins them.
-pub const MAP_LAYOUTS: [MapLayout; 11] = [
+pub const MAP_LAYOUTS: [MapLayout; 12] = [
     MapLayout {
         name: "POD_CONFIGS",
         version: POD_CONFIGS_VERSION,
@@ -152,6 +157,11 @@ pub const MAP_LAYOUTS: [MapLayout; 11] = [
     },
     MapLayout {
         name: "ACCEL_PEERS",
+        version: 1,
+        carry: Carry::Live,
+    },
+    MapLayout {
+        name: "LOOPBACK_DESTS",
         version: 1,
         carry: Carry::Live,
     },
@@ -223,6 +233,7 @@ pub fn sizes_of(name: &str) -> Option<(usize, usize)> {
         "SOCKET_STATES" => (size_of::<i32>(), size_of::<SockState>()),
         "ACCEL_COUNTERS" => (size_of::<u64>(), size_of::<AccelCounters>()),
         "ACCEL_PEERS" => (size_of::<HandoffKey>(), size_of::<u32>()),
+        "LOOPBACK_DESTS" => (size_of::<LoopbackKey>(), size_of::<OriginalDst>()),
         _ => return None,
     })
 }
@@ -233,7 +244,7 @@ mod tests {
 
     /// Each version's sizes. A map whose types change size must get a new version (and a row
     /// here); a change of meaning at the same size must bump the version too.
-    const KNOWN: [(&str, u32, usize, usize); 13] = [
+    const KNOWN: [(&str, u32, usize, usize); 14] = [
         ("POD_CONFIGS", 1, 8, 120),
         ("POD_CONFIGS", 2, 8, 128),
         ("POD_COUNTERS", 1, 8, 80),
@@ -247,6 +258,7 @@ mod tests {
         ("SOCKET_STATES", 1, 4, 48),
         ("ACCEL_COUNTERS", 1, 8, 24),
         ("ACCEL_PEERS", 1, 48, 4),
+        ("LOOPBACK_DESTS", 1, 16, 20),
     ];
 
     #[test]

@@ -12,6 +12,7 @@ pub mod config;
 pub mod decision;
 pub mod keys;
 pub mod layout;
+pub mod loopback;
 pub mod state;
 
 /// `AF_INET`, as the kernel and `sockaddr` spell it.
@@ -43,6 +44,7 @@ mod user {
     unsafe impl aya::Pod for keys::HandoffKey {}
     unsafe impl aya::Pod for keys::PodAddrKey {}
     unsafe impl aya::Pod for keys::ListenerKey {}
+    unsafe impl aya::Pod for keys::LoopbackKey {}
     unsafe impl aya::Pod for state::OriginalDst {}
     unsafe impl aya::Pod for state::SockState {}
 }

@@ -6,16 +6,16 @@
 //! no socket storage to remember the original destination) is refused, never passed uncaptured.
 
 use aya_ebpf::{
-    bindings::{bpf_sock, bpf_sock_addr, bpf_sock_tuple, sockaddr, BPF_F_CURRENT_NETNS},
-    helpers::generated::{
-        bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie, bpf_sk_lookup_tcp, bpf_sk_release,
-    },
+    bindings::{bpf_sock, bpf_sock_addr, sockaddr},
+    helpers::generated::{bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie},
     programs::SockAddrContext,
     EbpfContext as _,
 };
 use capture_common::{
     addr::{unmap, v4_mapped},
-    config::{NodeError, PodConfig, PodCounter, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
+    config::{
+        NodeError, PodConfig, PodCounter, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
+    },
     decision::{
         decide_outbound, spread_loopback4, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6,
     },
@@ -25,7 +25,7 @@ use capture_common::{
 
 use crate::{
     counters::{bump_node, bump_pod},
-    creator,
+    creator, loopback,
     maps::{MapLists, POD_CONFIGS},
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
@@ -56,6 +56,9 @@ struct Redirect {
     /// The original destination (IPv4 in word 0) and port.
     orig: [u32; 4],
     orig_port: u16,
+    /// The stateless redirect's loopback address for the destination (`loopback`): the socket
+    /// keeps no state, the address says where it was going.
+    stateless: Option<u32>,
 }
 
 #[inline(always)]
@@ -153,6 +156,7 @@ fn decide(
     sk: *mut bpf_sock,
     mut conn: Connect,
     call: Call,
+    stateless_hook: bool,
 ) -> Result<Option<Redirect>, ConnectError> {
     // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
@@ -188,6 +192,47 @@ fn decide(
             return Ok(None);
         }
     };
+
+    // Only TCP sockets are bound: a UDP socket bound without a port would not be given one.
+    // A loopback destination keeps its loopback source, as routing would pick it.
+    let dst_is_loopback = if conn.ipv6 {
+        conn.dst == LOOPBACK6
+    } else {
+        u32::from_be(conn.dst[0]) >> 24 == 127
+    };
+    let unbound = conn.src == [0; 4];
+    let bind_to = if !conn.udp && unbound && !dst_is_loopback {
+        pod_address(cfg, conn.ipv6)
+    } else {
+        None
+    };
+    let stateless = stateless_hook
+        && file_owner.is_some()
+        && verdict == Verdict::Outbound
+        && call == Call::Connect
+        && !conn.udp
+        && !conn.ipv6
+        && loopback::enabled()
+        && !cfg.has(FLAG_ACCELERATE);
+    if stateless {
+        if let Some(addr) =
+            loopback::address_for(ctx, netns_cookie, conn.dst[0], conn.dst_port, port)
+        {
+            // An earlier attempt of this socket may have taken the stateful path.
+            if let Some(state) = state.or_else(|| storage::get(sk.cast())) {
+                state.flags &= !SOCK_REDIRECTED;
+            }
+            return Ok(Some(Redirect {
+                port,
+                bind_to,
+                spreadable: false,
+                orig: conn.dst,
+                orig_port: conn.dst_port,
+                stateless: Some(addr),
+            }));
+        }
+    }
+
     let state = match state {
         Some(state) => state,
         None => storage_of(netns_cookie, sk)?,
@@ -205,25 +250,13 @@ fn decide(
         SOCK_DNS_SENT
     };
 
-    // Only TCP sockets are bound: a UDP socket bound without a port would not be given one.
-    // A loopback destination keeps its loopback source, as routing would pick it.
-    let dst_is_loopback = if conn.ipv6 {
-        conn.dst == LOOPBACK6
-    } else {
-        u32::from_be(conn.dst[0]) >> 24 == 127
-    };
-    let unbound = conn.src == [0; 4];
-    let bind_to = if !conn.udp && unbound && !dst_is_loopback {
-        pod_address(cfg, conn.ipv6)
-    } else {
-        None
-    };
     Ok(Some(Redirect {
         port,
         bind_to,
         spreadable: call == Call::Connect && !conn.udp && !conn.ipv6,
         orig: conn.dst,
         orig_port: conn.dst_port,
+        stateless: None,
     }))
 }
 
@@ -236,29 +269,11 @@ fn loopback_target(ctx: &SockAddrContext, redirect: &Redirect) -> u32 {
         return LOCALHOST4;
     }
     let candidate = spread_loopback4(redirect.orig[0], redirect.orig_port);
-    // bpf_sock_tuple.ipv4: saddr, daddr, sport, dport (network order); built with volatile stores
-    // for the same reason as bind_source's sockaddr.
-    let mut buf = core::mem::MaybeUninit::<[u32; 3]>::uninit();
-    let p = buf.as_mut_ptr().cast::<u32>();
-    // SAFETY: three stores inside the 12-byte buffer; the lookup reads exactly those bytes, and a
-    // socket it returns is released before the program goes on.
-    unsafe {
-        core::ptr::write_volatile(p, 0);
-        core::ptr::write_volatile(p.add(1), candidate);
-        core::ptr::write_volatile(p.add(2), u32::from(redirect.port.to_be()) << 16);
-        let sk = bpf_sk_lookup_tcp(
-            ctx.as_ptr(),
-            p.cast::<bpf_sock_tuple>(),
-            12,
-            BPF_F_CURRENT_NETNS as u64,
-            0,
-        );
-        if sk.is_null() {
-            return LOCALHOST4;
-        }
-        bpf_sk_release(sk.cast());
+    if loopback::listener_takes(ctx, candidate, redirect.port) {
+        candidate
+    } else {
+        LOCALHOST4
     }
-    candidate
 }
 
 /// Binds the socket's source address (the port is left to `connect()`). A failure only costs the
@@ -313,13 +328,16 @@ pub fn try_outbound4(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
         gid: 0,
         udp,
     };
-    let Some(redirect) = decide(ctx, sk, conn, call)? else {
+    let Some(redirect) = decide(ctx, sk, conn, call, true)? else {
         return Ok(());
     };
     if let Some(addr) = redirect.bind_to {
         bind_source(ctx, false, addr);
     }
-    let to = loopback_target(ctx, &redirect);
+    let to = match redirect.stateless {
+        Some(addr) => addr,
+        None => loopback_target(ctx, &redirect),
+    };
     let sa = sock_addr(ctx);
     sa.user_ip4 = to;
     sa.user_port = u32::from(redirect.port.to_be());
@@ -374,7 +392,8 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
             udp,
         }
     };
-    let Some(redirect) = decide(ctx, sk, conn, call)? else {
+    // The stateless redirect is IPv4's only: a v4-mapped connection keeps the stateful path.
+    let Some(redirect) = decide(ctx, sk, conn, call, false)? else {
         return Ok(());
     };
     let (to, bind) = if mapped.is_some() {

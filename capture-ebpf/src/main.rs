@@ -12,6 +12,7 @@ mod connect;
 mod counters;
 mod creator;
 mod lookup;
+mod loopback;
 mod maps;
 mod peer;
 mod sock;

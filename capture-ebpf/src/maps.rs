@@ -9,7 +9,9 @@ use aya_ebpf::{
 use capture_common::{
     config::{AccelCounters, ListKind, PodConfig, PodCounters, NODE_ERROR_KINDS},
     decision::PodLists,
-    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS},
+    keys::{
+        CidrKey, HandoffKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS,
+    },
     layout,
     state::{OriginalDst, SockState},
 };
@@ -93,6 +95,17 @@ pub static ACCEL_PEERS: SockHash<HandoffKey, { layout::MAX_ACCEL_SOCKETS as usiz
 
 #[btf_map]
 pub static ACCEL_COUNTERS: PerCpuHashMap<u64, AccelCounters, MAX_PODS> = PerCpuHashMap::new();
+
+/// Each pod's loopback address per original destination (see `capture_common::loopback`):
+/// written by the first connect to a destination, kept while the pod lives. Allocated as used,
+/// since most pods use a sliver of their quota.
+#[btf_map]
+pub static LOOPBACK_DESTS: HashMap<
+    LoopbackKey,
+    OriginalDst,
+    { layout::MAX_LOOPBACK_DESTS as usize },
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
 
 /// The pod's lists, read through the maps for one netns.
 pub struct MapLists {

@@ -1,29 +1,57 @@
 //! `cgroup/getpeername4/6` and `cgroup/recvmsg4/6`: the app's redirected socket reports the
-//! destination it asked for, and DNS replies from the DNS proxy come from the nameserver the app
+//! destination it asked for (from its storage, or from its loopback address for the stateless
+//! redirect), and DNS replies from the DNS proxy come from the nameserver the app
 //! asked, as they do under iptables (NAT rewrites packets, not the socket).
 
-use aya_ebpf::programs::SockAddrContext;
+use aya_ebpf::{
+    helpers::generated::bpf_get_netns_cookie, programs::SockAddrContext, EbpfContext as _,
+};
 use capture_common::{
     addr::v4_mapped,
     decision::{LOCALHOST4, LOOPBACK6},
-    state::{SOCK_DNS_SENT, SOCK_REDIRECTED},
+    loopback::in_range,
+    state::{OriginalDst, SOCK_DNS_SENT, SOCK_REDIRECTED},
     AF_INET,
 };
 
-use crate::storage;
+use crate::{loopback, maps::POD_CONFIGS, storage};
 
 /// The redirected original destination of the context's socket, if any.
 #[inline(always)]
-fn redirected_orig(ctx: &SockAddrContext) -> Option<capture_common::state::OriginalDst> {
+fn redirected_orig(ctx: &SockAddrContext) -> Option<OriginalDst> {
     // SAFETY: the context and its socket pointer are valid for the whole program run.
     let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
     let state = storage::get(sk.cast())?;
     (state.flags & SOCK_REDIRECTED != 0).then_some(state.orig)
 }
 
+/// The original destination of an app's socket the stateless redirect sent to the proxy: its
+/// peer is one of the pod's loopback addresses on the pod's outbound port.
+#[inline(always)]
+fn stateless_orig(ctx: &SockAddrContext, peer: u32, port: u16) -> Option<OriginalDst> {
+    if !loopback::enabled() || !in_range(peer) {
+        return None;
+    }
+    // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    if port != cfg.outbound_port {
+        return None;
+    }
+    loopback::destination_of(netns_cookie, peer)
+}
+
 #[inline(always)]
 pub fn on_getpeername4(ctx: &SockAddrContext) {
-    let Some(orig) = redirected_orig(ctx) else {
+    // SAFETY: as above.
+    let (peer, port) = unsafe {
+        (
+            (*ctx.sock_addr).user_ip4,
+            u16::from_be((*ctx.sock_addr).user_port as u16),
+        )
+    };
+    let Some(orig) = redirected_orig(ctx).or_else(|| stateless_orig(ctx, peer, port)) else {
         return;
     };
     if orig.family != AF_INET {
@@ -57,11 +85,7 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
 /// The original destination of a redirected UDP socket, if the datagram (from `src`:`port`, as
 /// the context reports it) came from where capture sent the socket's queries.
 #[inline(always)]
-fn dns_reply_origin(
-    ctx: &SockAddrContext,
-    from_proxy: bool,
-    port: u16,
-) -> Option<capture_common::state::OriginalDst> {
+fn dns_reply_origin(ctx: &SockAddrContext, from_proxy: bool, port: u16) -> Option<OriginalDst> {
     // SAFETY: the context and its socket pointer are valid for the whole program run.
     let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
     let state = storage::get(sk.cast())?;

@@ -10,6 +10,9 @@
 //! destination, needs more of those than the map has room for. Should a proxy's socket still
 //! find no entry, it is marked lost and SO_ORIGINAL_DST is refused for it: the proxy can then
 //! forward the connection nowhere, and `handoff_failed` counts it.
+//!
+//! Connections of the stateless redirect (`loopback`) need none of this: their address is their
+//! original destination.
 
 use aya_ebpf::{
     bindings::{
@@ -29,6 +32,7 @@ use capture_common::{
     },
     decision::LOOPBACK6,
     keys::{HandoffKey, ListenerKey, LISTENER_SLOTS},
+    loopback::in_range,
     state::{
         SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_HANDOFF_LOST,
         SOCK_INBOUND_LISTENER, SOCK_NETNS_KNOWN, SOCK_REDIRECTED,
@@ -39,7 +43,7 @@ use capture_common::{
 use crate::{
     accel,
     counters::{bump_node, bump_pod},
-    creator,
+    creator, loopback,
     maps::{HANDOFF, INBOUND_LISTENERS, POD_CONFIGS},
     storage,
 };
@@ -287,8 +291,16 @@ fn looks_redirected(cfg: &PodConfig, t: &Tuple) -> bool {
 fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     let sk = sock(ctx)?;
     let state = storage::get(sk);
-    let netns_cookie = netns_of(ctx, state.as_deref());
     let t = tuple(ctx)?;
+    let inbound = state
+        .as_deref()
+        .is_some_and(|s| s.flags & SOCK_INBOUND_LISTENER != 0);
+    // A connection of the stateless redirect: its address says where it was going, so there is
+    // nothing to take (the range is the stateless redirect's alone).
+    if !inbound && t.family == AF_INET && loopback::enabled() && in_range(t.local[0]) {
+        return None;
+    }
+    let netns_cookie = netns_of(ctx, state.as_deref());
     let key = HandoffKey {
         netns_cookie,
         local_addr: t.local,
@@ -316,9 +328,6 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
         let _ = HANDOFF.remove(key);
         return Some(());
     }
-    let inbound = state
-        .as_deref()
-        .is_some_and(|s| s.flags & SOCK_INBOUND_LISTENER != 0);
     if !inbound {
         // SAFETY: a plain value read once.
         let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;

@@ -1,18 +1,26 @@
 //! `cgroup/getsockopt`: answer `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST` for redirected
-//! connections. Every other option, and every socket without a recorded destination, keeps exactly
+//! connections, from the socket's storage or, for the stateless redirect, from the connection's
+//! loopback address. Every other option, and every socket without a recorded destination, keeps exactly
 //! the kernel's answer: the program sets `optlen` to 0, which tells the kernel to leave the
 //! caller's buffer and length as its own getsockopt wrote them. Left alone instead, an answer
 //! longer than a page (the program's view of the buffer stops at one) fails with EFAULT before
 //! Linux 6.5, and the rest are copied back from the program's copy for nothing. The one refusal:
 //! SO_ORIGINAL_DST on a proxy socket whose hand-off was lost (see sockops.rs) fails with EPERM.
 
-use aya_ebpf::programs::SockoptContext;
+use aya_ebpf::{
+    bindings::bpf_sock, helpers::generated::bpf_get_netns_cookie, programs::SockoptContext,
+    EbpfContext as _,
+};
 use capture_common::{
+    addr::unmap,
+    loopback::in_range,
     state::{OriginalDst, SOCK_ACCEPTED_REDIRECTED, SOCK_HANDOFF_LOST, SOCK_REDIRECTED},
     AF_INET, AF_INET6, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST,
 };
 
 use crate::{
+    loopback,
+    maps::POD_CONFIGS,
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
 };
@@ -56,16 +64,89 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
     if sk.is_null() {
         return None;
     }
-    let state = storage::get(sk.cast())?;
-    if state.flags & (SOCK_REDIRECTED | SOCK_ACCEPTED_REDIRECTED) == 0 {
-        return None;
-    }
+    let orig = match storage::get(sk.cast()) {
+        Some(state) if state.flags & (SOCK_REDIRECTED | SOCK_ACCEPTED_REDIRECTED) != 0 => {
+            state.orig
+        }
+        _ if loopback::enabled() => stateless_orig(ctx, sk)?,
+        _ => return None,
+    };
     let family_matches = match so.level {
-        SOL_IP => state.orig.family == AF_INET,
-        SOL_IPV6 => state.orig.family == AF_INET6,
+        SOL_IP => orig.family == AF_INET,
+        SOL_IPV6 => orig.family == AF_INET6,
         _ => false,
     };
-    family_matches.then_some(state.orig)
+    family_matches.then_some(orig)
+}
+
+/// One field of the context's socket, read with a load of its own.
+///
+/// # Safety
+/// `p` is the address of a field of a non-null `bpf_sock` the program was given.
+#[inline(always)]
+unsafe fn field<T: Copy>(p: *const T) -> T {
+    // SAFETY: see the function's contract.
+    unsafe { core::ptr::read_volatile(p) }
+}
+
+/// The original destination of a connection the stateless redirect sent to the proxy: read from
+/// the proxy's side's local address, or the app's side's remote one, when it is one of the pod's
+/// loopback addresses on its outbound port. An IPv6 socket (a dual-stack listener's) holds the
+/// addresses v4-mapped.
+#[inline(always)]
+fn stateless_orig(ctx: &SockoptContext, sk: *mut bpf_sock) -> Option<OriginalDst> {
+    // Every field is read, each with a volatile load of its own, before anything branches on
+    // the family: loads chosen by a branch are merged by the compiler into one load at a
+    // computed offset, and the verifier refuses arithmetic on a socket pointer.
+    // SAFETY: `sk` was checked for null; only field addresses are formed, each read through
+    // `field`, and every one is readable in sockopt programs.
+    let (family, local_port, remote_port, local4, remote4, local6, remote6) = unsafe {
+        (
+            field(&raw const (*sk).family) as u16,
+            field(&raw const (*sk).src_port) as u16,
+            u16::from_be(field(&raw const (*sk).dst_port)),
+            field(&raw const (*sk).src_ip4),
+            field(&raw const (*sk).dst_ip4),
+            [
+                field(&raw const (*sk).src_ip6[0]),
+                field(&raw const (*sk).src_ip6[1]),
+                field(&raw const (*sk).src_ip6[2]),
+                field(&raw const (*sk).src_ip6[3]),
+            ],
+            [
+                field(&raw const (*sk).dst_ip6[0]),
+                field(&raw const (*sk).dst_ip6[1]),
+                field(&raw const (*sk).dst_ip6[2]),
+                field(&raw const (*sk).dst_ip6[3]),
+            ],
+        )
+    };
+    let (local, remote) = match family {
+        AF_INET => (local4, remote4),
+        AF_INET6 => (unmap(&local6).unwrap_or(0), unmap(&remote6).unwrap_or(0)),
+        _ => return None,
+    };
+    let addr = if in_range(local) {
+        local
+    } else if in_range(remote) {
+        remote
+    } else {
+        return None;
+    };
+    // SAFETY: sockopt programs may ask for their netns cookie (5.8+); the switch is on only
+    // where they can.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    let port = if addr == local {
+        local_port
+    } else {
+        remote_port
+    };
+    if port != cfg.outbound_port {
+        return None;
+    }
+    loopback::destination_of(netns_cookie, addr)
 }
 
 /// Copies `value` into the option buffer and reports success, if the caller's buffer holds it;

@@ -80,6 +80,15 @@ impl AnyBackend {
         }
     }
 
+    /// How many destinations the pod has loopback addresses for (ebpf pods, where the node's
+    /// programs have the stateless redirect).
+    pub fn loopback_destinations(&self, record: &PodRecord) -> Option<usize> {
+        match self {
+            Self::Ebpf(b) => b.loopback_destinations(record.netns_cookie),
+            Self::Iptables(_) => None,
+        }
+    }
+
     pub fn program_build(&self, record: &PodRecord) -> Option<String> {
         match self {
             Self::Ebpf(b) => Backend::program_build(b.as_ref(), record),

@@ -381,14 +381,17 @@ pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus
 }
 
 fn status_of(paths: &Paths, backends: &mut ExistingBackends<'_>, record: PodRecord) -> PodStatus {
-    let (missing, counters, program_build) = match backends.get(record.mode) {
+    let (missing, counters, program_build, loopback_destinations) = match backends.get(record.mode)
+    {
         Ok(b) => (
             b.missing(&record),
             b.counters(&record),
             b.program_build(&record),
+            b.loopback_destinations(&record),
         ),
         Err(why) => (
             vec![format!("the node's {} backend ({why})", record.mode)],
+            None,
             None,
             None,
         ),
@@ -412,6 +415,7 @@ fn status_of(paths: &Paths, backends: &mut ExistingBackends<'_>, record: PodReco
         missing,
         counters,
         program_build,
+        loopback_destinations,
         acceleration,
         record,
     }
@@ -429,6 +433,10 @@ pub struct PodStatus {
     pub counters: Option<PodCounters>,
     /// Which build's kernel programs capture the pod (ebpf pods).
     pub program_build: Option<String>,
+    /// Destinations the pod has a loopback address for (ebpf pods with the stateless redirect):
+    /// at most `LOOPBACK_SLOTS`; connections to others take the stateful path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loopback_destinations: Option<usize>,
     /// For pods that ask for the app-to-proxy acceleration: whether they have it, and why not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acceleration: Option<crate::accel::PodAcceleration>,

@@ -16,6 +16,9 @@ pub enum Feature {
     /// The programs read a TCP socket's owner from its file's credentials (needs the netns
     /// cookie in sock_ops, and a verifier that lets sock_addr programs walk the structs).
     OwnerFromFile,
+    /// IPv4 TCP redirects go to a loopback address per destination, with no per-connection
+    /// state (needs `OwnerFromFile`).
+    StatelessRedirect,
     /// The cpu controller is on cgroup v2 (not bound to a v1 hierarchy, as on a hybrid host):
     /// runc's systemd driver in unified mode sets every container's cpu.weight. Not a kernel
     /// feature but the node's set-up; the kernel matrix's guests mount cgroup v2 alone.
@@ -40,6 +43,7 @@ impl Feature {
         match self {
             Self::SockOpsNetnsCookie => "sock_ops_netns_cookie",
             Self::OwnerFromFile => "owner_from_file",
+            Self::StatelessRedirect => "stateless_redirect",
             Self::UnifiedCgroupControllers => "unified_cgroup_controllers",
             Self::RuncClonedBinary => "runc_cloned_binary",
             Self::SkMsgAcceleration => "sk_msg_acceleration",
@@ -48,7 +52,9 @@ impl Feature {
     }
 }
 
-fn features() -> KernelFeatures {
+/// How the kernel programs were adapted to this kernel (loaded once per test binary).
+#[must_use]
+pub fn features() -> KernelFeatures {
     static FEATURES: OnceLock<KernelFeatures> = OnceLock::new();
     *FEATURES.get_or_init(|| {
         kernel_features().unwrap_or_else(|e| panic!("the kernel programs load on this kernel: {e}"))
@@ -61,6 +67,7 @@ pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
     let present = match feature {
         Feature::SockOpsNetnsCookie => features().sock_ops_netns_cookie,
         Feature::OwnerFromFile => features().owner_from_file,
+        Feature::StatelessRedirect => features().stateless_redirect,
         Feature::UnifiedCgroupControllers => capture_user::cgroup::cgroup2_mount()
             .ok()
             .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())

@@ -503,7 +503,7 @@ pub fn node_pin_dir(bpffs: &std::path::Path) -> PathBuf {
 }
 
 /// The node's maps that hold entries of pods: none may keep any once every pod is gone.
-pub const POD_MAPS: [&str; 8] = [
+pub const POD_MAPS: [&str; 9] = [
     "POD_CONFIGS",
     "POD_COUNTERS",
     "PORT_LISTS",
@@ -512,6 +512,7 @@ pub const POD_MAPS: [&str; 8] = [
     "INBOUND_LISTENERS",
     "HANDOFF",
     "ACCEL_COUNTERS",
+    "LOOPBACK_DESTS",
 ];
 
 /// The number of entries in one of a node's pinned maps.

@@ -52,6 +52,7 @@ fn add_captures_pods_and_del_leaves_nothing() {
         "INBOUND_PODS",
         "INBOUND_LISTENERS",
         "HANDOFF",
+        "LOOPBACK_DESTS",
     ] {
         assert_eq!(
             pinned_map_len(&node.dirs.bpffs, map),

@@ -65,6 +65,7 @@ fn detach_restores_direct_traffic_and_leaves_nothing() {
         "PORT_LISTS",
         "CIDR_LISTS",
         "HANDOFF",
+        "LOOPBACK_DESTS",
     ] {
         assert_eq!(
             pinned_map_len(&topo.dirs.bpffs, map),

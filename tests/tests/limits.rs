@@ -151,13 +151,18 @@ fn thirty_thousand_concurrent_connections() {
 }
 
 /// The spread goes only where the proxy's listener takes it: a proxy bound to 127.0.0.1 alone
-/// gets every connection at 127.0.0.1, a wildcard one at the destination's own loopback address.
+/// gets every connection at 127.0.0.1, a wildcard one at the destination's own loopback address
+/// (the stateless redirect's where the kernel serves it, else the stateful path's).
 #[test]
 fn connections_spread_only_to_addresses_the_proxy_listens_on() {
-    for (listen, want_local_prefix) in [
-        ("127.0.0.1:15001", "127.0.0.1:"),
-        ("0.0.0.0:15001", "127.1."),
-    ] {
+    let spread = if capture_tests::kernel::features().stateless_redirect {
+        "127.2."
+    } else {
+        "127.1."
+    };
+    for (listen, want_local_prefix) in
+        [("127.0.0.1:15001", "127.0.0.1:"), ("0.0.0.0:15001", spread)]
+    {
         let topo = Topology::new();
         topo.attach(&["--mode", "ebpf"]);
         let _proxy = ChildGuard::spawn_ready(
@@ -266,7 +271,10 @@ struct WaitingHandshakes {
 }
 
 fn waiting_handshakes(count: usize, conntrack: bool) -> WaitingHandshakes {
-    let topo = Topology::new();
+    let mut topo = Topology::new();
+    // The hand-off is the stateful path's: the stateless redirect needs none.
+    topo.capture_env
+        .push(("CAPTURE_STATEFUL_REDIRECT", "1".to_string()));
     topo.attach(&["--mode", "ebpf"]);
     let netns = topo.pod.netns.path();
     if conntrack {

@@ -49,6 +49,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
         in_force: true,
         missing: Vec::new(),
         program_build: (mode == Mode::Ebpf).then(|| "0.1.0+0123456789ab".into()),
+        loopback_destinations: (mode == Mode::Ebpf).then_some(3),
         acceleration: None,
         counters,
     }
@@ -156,6 +157,7 @@ fn pod_series_are_read_at_each_scrape() {
         format!("capture_pod_in_force{{{legacy}}} 1"),
         format!("capture_pod_fallback{{{legacy},cause=\"tproxy\"}} 1"),
         format!("capture_pod_fallback{{{older},cause=\"unknown\"}} 1"),
+        format!("capture_pod_loopback_destinations{{{web}}} 3"),
         "# TYPE capture_pod_connections_total counter".to_string(),
         format!("capture_pod_connections_total{{{web},decision=\"redirected_outbound\"}} 5"),
         format!("capture_pod_connections_total{{{web},decision=\"error\"}} 1"),

@@ -109,6 +109,20 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         &builds,
     )?;
 
+    let loopback: Vec<_> = pods
+        .iter()
+        .filter_map(|(labels, p)| {
+            let n = i64::try_from(p.loopback_destinations?).ok()?;
+            Some((&labels[..], ConstGauge::new(n)))
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_loopback_destinations",
+        "Destinations the pod has a loopback address of the stateless redirect for (ebpf pods);          at 8192, connections to new destinations take the stateful path.",
+        &loopback,
+    )?;
+
     let node_build: Vec<_> = node
         .node_build
         .iter()

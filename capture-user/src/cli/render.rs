@@ -42,6 +42,16 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
                 "no: recorded in socket storage at creation (an allocation per socket; a                  socket created before capture attached is judged by its caller)"
             }
         );
+        let _ = writeln!(
+            out,
+            "  [info] {:<34} {}",
+            "stateless IPv4 redirect",
+            if features.stateless_redirect {
+                "yes: a loopback address per destination, no per-connection state"
+            } else {
+                "no: every redirect keeps its destination in socket storage and a hand-off"
+            }
+        );
     }
     let pick = crate::probe::choose(ModeChoice::Auto, probe);
     let _ = writeln!(

@@ -6,10 +6,13 @@
 
 use std::collections::BTreeSet;
 
-use capture_common::layout::{
-    MAX_ACCEL_SOCKETS, MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES,
-    MAX_INBOUND_LISTENERS, MAX_PODS, MAX_PORT_ENTRIES, POD_CIDR_QUOTA, POD_INBOUND_ADDRESS_QUOTA,
-    POD_PORT_QUOTA,
+use capture_common::{
+    layout::{
+        MAX_ACCEL_SOCKETS, MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES,
+        MAX_INBOUND_LISTENERS, MAX_LOOPBACK_DESTS, MAX_PODS, MAX_PORT_ENTRIES, POD_CIDR_QUOTA,
+        POD_INBOUND_ADDRESS_QUOTA, POD_PORT_QUOTA,
+    },
+    loopback::LOOPBACK_SLOTS,
 };
 use serde::Serialize;
 
@@ -150,6 +153,13 @@ pub fn node_limits(paths: &Paths) -> Vec<NodeLimit> {
             "handshakes in flight between an app and its proxy",
             MAX_HANDOFFS,
             None,
+        ),
+        row(
+            "LOOPBACK_DESTS",
+            "loopback addresses of the pods' destinations (stateless redirect; when a pod has no \
+             address free, its connections to new destinations take the stateful path)",
+            MAX_LOOPBACK_DESTS,
+            Some(LOOPBACK_SLOTS),
         ),
         row(
             "ACCEL_PEERS",

@@ -109,6 +109,19 @@ fn owners_recorded_for_testing() -> bool {
     false
 }
 
+/// `CAPTURE_STATEFUL_REDIRECT=1` has capture send every redirect down the stateful path (the
+/// hand-off and socket storage), as on a kernel that refuses the stateless one; only builds with
+/// the `test-hooks` feature read it.
+#[cfg(feature = "test-hooks")]
+fn stateless_refused_for_testing() -> bool {
+    std::env::var_os("CAPTURE_STATEFUL_REDIRECT").is_some_and(|v| v == "1")
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn stateless_refused_for_testing() -> bool {
+    false
+}
+
 /// Loads one hook's program, with the refusal summarised in one line.
 pub(super) fn load_hook(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
     if let Some(reason) = refused_for_testing(hook) {
@@ -131,6 +144,11 @@ pub struct KernelFeatures {
     /// Needs `sock_ops_netns_cookie` (nothing else records the socket's netns then) and a
     /// verifier that lets sock_addr and sock_ops programs walk those structs.
     pub owner_from_file: bool,
+    /// IPv4 TCP redirects go to a loopback address per original destination that says where
+    /// they were going, with no per-connection state (`capture_common::loopback`). Needs
+    /// `owner_from_file` (else every socket has storage anyway) and the netns cookie in the
+    /// getsockopt program.
+    pub stateless_redirect: bool,
 }
 
 /// The object's `.rodata` switches take their values from here (the loader borrows them).
@@ -174,6 +192,11 @@ fn parse_object(
         true,
     );
     loader.override_global("OWNER_FROM_FILE", switch(features.owner_from_file), true);
+    loader.override_global(
+        "STATELESS_REDIRECT",
+        switch(features.stateless_redirect),
+        true,
+    );
     for (name, offset) in [
         ("OWNER_OFFSET_SOCK_SK_SOCKET", &owner.sock_sk_socket),
         ("OWNER_OFFSET_SOCKET_FILE", &owner.socket_file),
@@ -189,14 +212,19 @@ fn parse_object(
     loader.load(OBJECT).map_err(LoadError::Parse)
 }
 
-/// How the object must be adapted to this kernel (loads sock_ops and connect4 up to three
-/// times, nothing else).
+/// How the object must be adapted to this kernel (loads the deciding programs up to four times,
+/// nothing else).
 pub fn kernel_features() -> Result<KernelFeatures, LoadError> {
     adapted_object(&[]).map(|(_, features)| features)
 }
 
 /// The programs whose loading decides the features: every switch is read by one of them.
-const DECIDING_PROGRAMS: [&str; 2] = ["capture_sock_ops", "capture_connect4"];
+const DECIDING_PROGRAMS: [&str; 4] = [
+    "capture_sock_ops",
+    "capture_connect4",
+    "capture_getsockopt",
+    "capture_getpeername4",
+];
 
 /// Loads the programs that decide the features; the first refusal, summarised.
 fn load_deciding(ebpf: &mut Ebpf) -> Result<(), String> {
@@ -228,14 +256,22 @@ pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures
         KernelFeatures {
             sock_ops_netns_cookie: true,
             owner_from_file: owner.is_ok(),
+            stateless_redirect: owner.is_ok() && !stateless_refused_for_testing(),
+        },
+        KernelFeatures {
+            sock_ops_netns_cookie: true,
+            owner_from_file: owner.is_ok(),
+            stateless_redirect: false,
         },
         KernelFeatures {
             sock_ops_netns_cookie: true,
             owner_from_file: false,
+            stateless_redirect: false,
         },
         KernelFeatures {
             sock_ops_netns_cookie: false,
             owner_from_file: false,
+            stateless_redirect: false,
         },
     ];
     let offsets = owner.unwrap_or_default();

@@ -201,6 +201,12 @@ impl EbpfBackend {
         pod_maps::accel_counters(&self.node.maps, netns_cookie)
     }
 
+    /// How many destinations the pod has loopback addresses for (the stateless redirect).
+    #[must_use]
+    pub fn loopback_destinations(&self, netns_cookie: u64) -> Option<usize> {
+        pod_maps::loopback_destinations(&self.node.maps, netns_cookie)
+    }
+
     /// Stops capturing one pod: links go first (rewriting stops), then the map entries.
     pub fn detach(&mut self, netns_cookie: u64) {
         self.purge(netns_cookie);

@@ -12,7 +12,7 @@ use std::{
 use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SkStorage, SockHash};
 use capture_common::{
     config::{AccelCounters, PodConfig, PodCounters},
-    keys::{CidrKey, HandoffKey, ListenerKey, PodAddrKey, PortKey},
+    keys::{CidrKey, HandoffKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey},
     layout::{MAP_LAYOUTS, UNRECORDED_MAPS, UNRECORDED_VERSION},
     state::{OriginalDst, SockState},
 };
@@ -42,6 +42,8 @@ pub struct Maps {
     pub socket_states: SkStorage<MapData, SockState>,
     /// Absent on a node whose programs come from a build without acceleration.
     pub accel_counters: Option<PerCpuHashMap<MapData, u64, AccelCounters>>,
+    /// Absent on a node whose programs come from a build without the stateless redirect.
+    pub loopback_dests: Option<HashMap<MapData, LoopbackKey, OriginalDst>>,
 }
 
 /// The node's programs (as fds, ready to attach) and maps.
@@ -180,6 +182,7 @@ pub(super) fn open_maps(dir: &Path) -> Result<Maps, LoadError> {
         handoff: open_map(dir, "HANDOFF")?,
         socket_states: open_map(dir, "SOCKET_STATES")?,
         accel_counters: open_map(dir, "ACCEL_COUNTERS").ok(),
+        loopback_dests: open_map(dir, "LOOPBACK_DESTS").ok(),
     })
 }
 

@@ -13,8 +13,10 @@ use capture_common::{
         MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL, OWNER_GROUPS_EXCLUDE,
         OWNER_GROUPS_INCLUDE,
     },
-    keys::{CidrKey, ListenerKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS},
-    AF_INET, AF_INET6,
+    keys::{
+        CidrKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS,
+    },
+    loopback, AF_INET, AF_INET6,
 };
 use ipnet::IpNet;
 
@@ -311,6 +313,7 @@ pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
     if let Some(accel) = maps.accel_counters.as_mut() {
         let _ = accel.remove(&netns_cookie);
     }
+    remove_loopback_dests(maps, netns_cookie);
 }
 
 /// Every listener slot of the pod, both families.
@@ -379,6 +382,35 @@ pub fn remove(maps: &mut Maps, netns_cookie: u64) {
     if let Some(accel) = maps.accel_counters.as_mut() {
         let _ = accel.remove(&netns_cookie);
     }
+    remove_loopback_dests(maps, netns_cookie);
+}
+
+/// The pod's loopback addresses (the stateless redirect): by the pod's range rather than a walk
+/// of the node's whole table.
+fn remove_loopback_dests(maps: &mut Maps, netns_cookie: u64) {
+    if let Some(dests) = maps.loopback_dests.as_mut() {
+        for addr in loopback::all() {
+            let _ = dests.remove(&LoopbackKey {
+                netns_cookie,
+                addr,
+                _pad: 0,
+            });
+        }
+    }
+}
+
+/// How many destinations the pod has loopback addresses for (the stateless redirect); `None`
+/// where the node's programs have no such table.
+#[must_use]
+pub fn loopback_destinations(maps: &Maps, netns_cookie: u64) -> Option<usize> {
+    let dests = maps.loopback_dests.as_ref()?;
+    Some(
+        dests
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.netns_cookie == netns_cookie)
+            .count(),
+    )
 }
 
 /// The pod's counters summed over CPUs.

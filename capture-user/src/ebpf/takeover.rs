@@ -269,7 +269,9 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
             adopt_pod_listeners(&mut maps, pod, seen);
         }
     }
-    migrate::copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
+    for live in ["HANDOFF", "LOOPBACK_DESTS"] {
+        migrate::copy_live(&plans, &to.maps_dir(paths), live)?;
+    }
 
     for pod in &pods {
         if stays.contains(&pod.netns_cookie) {
@@ -287,7 +289,9 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
             adopt_pod_listeners(&mut maps, pod, seen);
         }
     }
-    migrate::copy_live(&plans, &to.maps_dir(paths), "HANDOFF")?;
+    for live in ["HANDOFF", "LOOPBACK_DESTS"] {
+        migrate::copy_live(&plans, &to.maps_dir(paths), live)?;
+    }
     migrate::add_counters(&plans, &to.maps_dir(paths))?;
 
     to.save(paths)?;

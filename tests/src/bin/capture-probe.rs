@@ -61,6 +61,10 @@ enum Cmd {
         /// processes of the same uid).
         #[arg(long)]
         reuseport: bool,
+        /// IPv6 listeners take IPv4 connections too (IPV6_V6ONLY off), as a proxy that listens
+        /// on `[::]` alone does.
+        #[arg(long)]
+        dual_stack: bool,
     },
     /// Run a program inside the pod, as the given identity.
     Exec {
@@ -227,6 +231,7 @@ fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
 thread_local! {
     static TRANSPARENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static REUSEPORT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static DUAL_STACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::OwnedFd {
@@ -250,7 +255,8 @@ fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::Owned
         setsockopt(&fd, sockopt::ReusePort, &true).unwrap_or_else(|e| die(e));
     }
     if addr.is_ipv6() {
-        setsockopt(&fd, sockopt::Ipv6V6Only, &true).unwrap_or_else(|e| die(e));
+        let v6_only = !DUAL_STACK.with(std::cell::Cell::get);
+        setsockopt(&fd, sockopt::Ipv6V6Only, &v6_only).unwrap_or_else(|e| die(e));
     }
     bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))
         .unwrap_or_else(|e| die(format!("bind {addr}: {e}")));
@@ -264,9 +270,18 @@ fn bind_tcp(addr: SocketAddr) -> TcpListener {
     TcpListener::from(fd)
 }
 
-fn serve(tcp: &[String], udp: &[String], transparent: bool, reuseport: bool) -> ! {
-    TRANSPARENT.with(|t| t.set(transparent));
-    REUSEPORT.with(|r| r.set(reuseport));
+/// How `serve` opens its listeners.
+#[derive(Clone, Copy)]
+struct ServeOptions {
+    transparent: bool,
+    reuseport: bool,
+    dual_stack: bool,
+}
+
+fn serve(tcp: &[String], udp: &[String], options: ServeOptions) -> ! {
+    TRANSPARENT.with(|t| t.set(options.transparent));
+    REUSEPORT.with(|r| r.set(options.reuseport));
+    DUAL_STACK.with(|d| d.set(options.dual_stack));
     let mut threads = Vec::new();
     for spec in tcp {
         let (name, addr) = parse_named(spec);
@@ -471,9 +486,18 @@ fn main() {
             udp,
             transparent,
             reuseport,
+            dual_stack,
         } => {
             drop_privileges(&args);
-            serve(tcp, udp, *transparent, *reuseport)
+            serve(
+                tcp,
+                udp,
+                ServeOptions {
+                    transparent: *transparent,
+                    reuseport: *reuseport,
+                    dual_stack: *dual_stack,
+                },
+            )
         }
         Cmd::Flood {
             to,

@@ -7,11 +7,13 @@ use super::model::{KernelResult, Outcome, TestResult};
 
 /// Kernel features tests may skip for, and the first kernel that has each: skipping on that kernel
 /// or newer is a failure. A feature missing here is a failure too (add it with its version).
-const FEATURES: [(&str, (u32, u32)); 4] = [
+const FEATURES: [(&str, (u32, u32)); 5] = [
     // bpf_get_netns_cookie() callable from sock_ops programs.
     ("sock_ops_netns_cookie", (5, 15)),
     // A TCP socket's owner read from its file's credentials (needs the one above).
     ("owner_from_file", (5, 15)),
+    // The stateless IPv4 redirect (needs the one above).
+    ("stateless_redirect", (5, 15)),
     // The SO_NETNS_COOKIE socket option.
     ("so_netns_cookie", (5, 14)),
     // The acceleration's sk_msg program (socket-local storage read through an sk_msg's socket):

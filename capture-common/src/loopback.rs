@@ -1,0 +1,91 @@
+//! The stateless redirect of IPv4 TCP connections: a pod gives each original destination a
+//! loopback address of its own, in `127.2.0.0/19`, kept in `LOOPBACK_DESTS` from the first
+//! connection to it until the pod goes. A connection redirected there carries its original
+//! destination in its own address, so SO_ORIGINAL_DST and getpeername read it from the address,
+//! and neither the app's socket nor the proxy's needs any state.
+//!
+//! A destination's address is found by probing: a few candidates picked by hashing it, the first
+//! one free or already its own taken. The range is apart from the stateful path's
+//! (`decision::spread_loopback4`, `127.1.0.0/16`), so an address in it always means this table.
+
+use crate::addr::ip4;
+
+/// The first address of the range (host order).
+const RANGE_START: u32 = u32::from_be(ip4(127, 2, 0, 0));
+/// The range's size: the most destinations one pod can have addresses for (its quota). Beyond,
+/// or when no probe finds a free address, connections take the stateful path.
+pub const LOOPBACK_SLOTS: u32 = 8192;
+/// Candidates tried per destination.
+pub const LOOPBACK_PROBES: u32 = 8;
+
+/// Candidate `probe` for `dst:port` (`dst` in network order, `port` in host order); network
+/// order, always in the range.
+#[must_use]
+pub const fn candidate(dst: u32, port: u16, probe: u32) -> u32 {
+    let mut h = dst ^ (port as u32).wrapping_mul(0x9E37_79B1);
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 15;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^= h >> 16;
+    // Probes step by an odd stride, which visits every slot of the power-of-two range.
+    let slot = (h.wrapping_add(probe.wrapping_mul((h >> 13) | 1))) % LOOPBACK_SLOTS;
+    (RANGE_START + slot).to_be()
+}
+
+/// Is `addr` (network order) in the range?
+#[must_use]
+pub const fn in_range(addr: u32) -> bool {
+    u32::from_be(addr).wrapping_sub(RANGE_START) < LOOPBACK_SLOTS
+}
+
+/// Every address of the range, in network order (user space removes a pod's entries by them).
+pub fn all() -> impl Iterator<Item = u32> {
+    (0..LOOPBACK_SLOTS).map(|slot| (RANGE_START + slot).to_be())
+}
+
+const _: () = assert!(LOOPBACK_SLOTS.is_power_of_two());
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn candidates_stay_in_the_range_and_differ_per_probe() {
+        for dst in [ip4(10, 0, 0, 5), ip4(192, 168, 1, 1), 0, u32::MAX] {
+            for port in [80u16, 443, 0, u16::MAX] {
+                let probes: BTreeSet<u32> = (0..LOOPBACK_PROBES)
+                    .map(|p| candidate(dst, port, p))
+                    .collect();
+                assert!(probes.iter().all(|&a| in_range(a)), "{dst:#x}:{port}");
+                assert_eq!(probes.len(), LOOPBACK_PROBES as usize, "{dst:#x}:{port}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_range_is_127_2_0_0_slash_19_and_apart_from_the_stateful_spread() {
+        assert!(in_range(ip4(127, 2, 0, 0)));
+        assert!(in_range(ip4(127, 2, 31, 255)));
+        assert!(!in_range(ip4(127, 2, 32, 0)));
+        assert!(!in_range(ip4(127, 1, 255, 255)));
+        assert!(!in_range(ip4(127, 0, 0, 1)));
+        assert_eq!(all().count(), LOOPBACK_SLOTS as usize);
+        for port in 0..2000u16 {
+            let spread = crate::decision::spread_loopback4(ip4(10, 0, 0, 5), port);
+            assert!(!in_range(spread));
+        }
+    }
+
+    #[test]
+    fn destinations_spread_over_the_range() {
+        // 4096 destinations (half the quota): first candidates land on many distinct slots, so
+        // few need a second probe.
+        let firsts: BTreeSet<u32> = (0..4096u32)
+            .map(|i| candidate(ip4(10, 0, (i >> 8) as u8, i as u8), 80, 0))
+            .collect();
+        assert!(firsts.len() > 3000, "{} distinct", firsts.len());
+    }
+}

@@ -1,0 +1,133 @@
+//! The stateless redirect (`capture_common::loopback`): the table of a pod's loopback address per
+//! original destination, and the listener check that decides whether a loopback address other
+//! than 127.0.0.1 reaches the proxy at all.
+//!
+//! Off (a `.rodata` switch the loader sets) on kernels where the programs cannot read a socket's
+//! owner from the socket: there every socket has storage anyway, and the stateful path serves.
+
+use aya_ebpf::{
+    bindings::{bpf_sock_tuple, BPF_F_CURRENT_NETNS, BPF_NOEXIST},
+    helpers::generated::{bpf_sk_lookup_tcp, bpf_sk_release},
+    EbpfContext,
+};
+use capture_common::{
+    keys::LoopbackKey,
+    loopback::{candidate, in_range, LOOPBACK_PROBES},
+    state::OriginalDst,
+    AF_INET,
+};
+
+use crate::maps::LOOPBACK_DESTS;
+
+#[no_mangle]
+static STATELESS_REDIRECT: u8 = 0;
+
+/// Does the stateless redirect serve on this kernel?
+#[inline(always)]
+pub fn enabled() -> bool {
+    // SAFETY: a read of a constant the loader may have rewritten; volatile so that the compiler
+    // keeps the read rather than folding in the default.
+    unsafe { core::ptr::read_volatile(&raw const STATELESS_REDIRECT) != 0 }
+}
+
+/// Does a TCP listener in the caller's netns take connections to `addr:port` (network order,
+/// host order)? The proxy's wildcard listener takes every local address; one bound to 127.0.0.1
+/// alone does not take the others.
+#[inline(always)]
+pub fn listener_takes<C: EbpfContext>(ctx: &C, addr: u32, port: u16) -> bool {
+    // bpf_sock_tuple.ipv4: saddr, daddr, sport, dport (network order); built with volatile stores
+    // (a struct or zeroed array would become a memset call, which BPF does not have).
+    let mut buf = core::mem::MaybeUninit::<[u32; 3]>::uninit();
+    let p = buf.as_mut_ptr().cast::<u32>();
+    // SAFETY: three stores inside the 12-byte buffer; the lookup reads exactly those bytes, and a
+    // socket it returns is released before the function returns.
+    unsafe {
+        core::ptr::write_volatile(p, 0);
+        core::ptr::write_volatile(p.add(1), addr);
+        core::ptr::write_volatile(p.add(2), u32::from(port.to_be()) << 16);
+        let sk = bpf_sk_lookup_tcp(
+            ctx.as_ptr(),
+            p.cast::<bpf_sock_tuple>(),
+            12,
+            BPF_F_CURRENT_NETNS as u64,
+            0,
+        );
+        if sk.is_null() {
+            return false;
+        }
+        bpf_sk_release(sk.cast());
+    }
+    true
+}
+
+#[inline(always)]
+fn is_destination(value: &OriginalDst, dst: u32, port: u16) -> bool {
+    value.family == AF_INET && value.addr[0] == dst && value.port == port
+}
+
+/// The pod's loopback address for `dst:port` (network order, host order), given one if it has
+/// none yet and the proxy's listener on `proxy_port` takes it. `None` sends the connection down
+/// the stateful path: no address free among the probes, the node's table full, or no listener
+/// that takes it.
+#[inline(always)]
+pub fn address_for<C: EbpfContext>(
+    ctx: &C,
+    netns_cookie: u64,
+    dst: u32,
+    port: u16,
+    proxy_port: u16,
+) -> Option<u32> {
+    let orig = OriginalDst {
+        addr: [dst, 0, 0, 0],
+        port,
+        family: AF_INET,
+    };
+    for probe in 0..LOOPBACK_PROBES {
+        let addr = candidate(dst, port, probe);
+        let key = LoopbackKey {
+            netns_cookie,
+            addr,
+            _pad: 0,
+        };
+        // SAFETY: a plain value, read once.
+        if let Some(value) = unsafe { LOOPBACK_DESTS.get(key) } {
+            if is_destination(value, dst, port) {
+                return Some(addr);
+            }
+            continue;
+        }
+        // Checked once per destination, when its address is given: entries are never
+        // rewritten, so a proxy that starts listening on 127.0.0.1 alone later is a proxy
+        // replaced under a running pod, which capture does not follow.
+        if !listener_takes(ctx, addr, proxy_port) {
+            return None;
+        }
+        if LOOPBACK_DESTS
+            .insert(key, orig, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
+            return Some(addr);
+        }
+        // Another CPU gave this address away meanwhile, perhaps to this destination.
+        // SAFETY: as above.
+        if unsafe { LOOPBACK_DESTS.get(key) }.is_some_and(|v| is_destination(v, dst, port)) {
+            return Some(addr);
+        }
+    }
+    None
+}
+
+/// The original destination the pod's loopback address `addr` (network order) stands for.
+#[inline(always)]
+pub fn destination_of(netns_cookie: u64, addr: u32) -> Option<OriginalDst> {
+    if !in_range(addr) {
+        return None;
+    }
+    let key = LoopbackKey {
+        netns_cookie,
+        addr,
+        _pad: 0,
+    };
+    // SAFETY: a plain value, copied out.
+    unsafe { LOOPBACK_DESTS.get(key) }.copied()
+}

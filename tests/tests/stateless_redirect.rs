@@ -1,0 +1,152 @@
+//! The stateless redirect: an IPv4 TCP connection is sent to a loopback address of its own
+//! destination (`127.2.0.0/19`, one per destination and pod, kept while the pod lives), so that
+//! the proxy's SO_ORIGINAL_DST and the app's getpeername are read from the connection's address
+//! and no socket keeps any state. Where the kernel cannot serve it (or it is switched off, as
+//! here with `CAPTURE_STATEFUL_REDIRECT=1`), the stateful path answers the same.
+
+use std::collections::BTreeMap;
+
+use capture_tests::{
+    guards::ChildGuard,
+    kernel::{has_or_skip, Feature},
+    probe::{ip_of, probe_in, Who},
+    topology::{pinned_map_len, Topology},
+};
+
+const DESTINATIONS: [&str; 3] = ["10.0.0.5:80", "10.0.0.5:443", "10.0.0.6:80"];
+
+/// Two connections to each destination; the proxy's local address of each, by destination.
+fn connect_twice_to_each(topo: &Topology) -> BTreeMap<&'static str, Vec<String>> {
+    let mut locals: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for _ in 0..2 {
+        for to in DESTINATIONS {
+            let got = topo.tcp(&Who::app(), to);
+            assert!(got.ok(), "{to}: {:?}", got.error());
+            got.assert_served_by("outbound", "0.0.0.0:15001");
+            assert_eq!(got.orig().as_deref(), Some(to), "SO_ORIGINAL_DST");
+            assert_eq!(
+                got.client_peer().as_deref(),
+                Some(to),
+                "the app's getpeername"
+            );
+            locals.entry(to).or_default().push(ip_of(
+                &got.server_local().expect("the proxy's local address"),
+            ));
+        }
+    }
+    locals
+}
+
+fn loopback_destinations(topo: &Topology) -> Option<u64> {
+    let status = topo.status();
+    let netns = topo.pod.netns.path().display().to_string();
+    let pods = status["pods"].as_array().expect("pods");
+    let pod = pods
+        .iter()
+        .find(|p| p["netns"] == netns.as_str())
+        .expect("the pod is in the status");
+    pod["loopback_destinations"].as_u64()
+}
+
+/// Each destination has one address of its own, in the range, the same for every connection to
+/// it; the proxy and the app get the original destination from it; status counts the pod's
+/// destinations, and they leave the node's table with the pod.
+#[test]
+fn each_destination_has_an_address_of_its_own_that_answers_for_it() {
+    if !has_or_skip(
+        Feature::StatelessRedirect,
+        "every redirect takes the stateful path here",
+    ) {
+        return;
+    }
+    let mut topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    topo.start_all();
+    let locals = connect_twice_to_each(&topo);
+    let mut seen = Vec::new();
+    for (to, addrs) in &locals {
+        assert!(
+            addrs.iter().all(|a| a.starts_with("127.2.")),
+            "{to}: accepted on {addrs:?}, want 127.2.0.0/19"
+        );
+        assert!(addrs.windows(2).all(|w| w[0] == w[1]), "{to}: {addrs:?}");
+        seen.push(addrs[0].clone());
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        DESTINATIONS.len(),
+        "one address per destination: {locals:?}"
+    );
+    assert_eq!(
+        loopback_destinations(&topo),
+        Some(DESTINATIONS.len() as u64)
+    );
+
+    // A second pod's entries stay when the first goes; the first's go with it.
+    let mut other = Topology::numbered(topo.dirs.shared(), 1);
+    other.attach(&["--mode", "ebpf"]);
+    other.start_all();
+    let got = other.tcp(&Who::app(), "10.0.0.5:80");
+    assert_eq!(got.orig().as_deref(), Some("10.0.0.5:80"));
+    assert_eq!(pinned_map_len(&topo.dirs.bpffs, "LOOPBACK_DESTS"), 4);
+    let out = topo.detach();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pinned_map_len(&topo.dirs.bpffs, "LOOPBACK_DESTS"), 1);
+    assert_eq!(loopback_destinations(&other), Some(1));
+}
+
+/// A proxy with a dual-stack IPv6 listener alone: the stateless address reaches it too, and the
+/// accepted socket (IPv6, the addresses v4-mapped) answers SO_ORIGINAL_DST for the IPv4
+/// destination.
+#[test]
+fn a_dual_stack_listener_gets_the_address_v4_mapped_and_answers() {
+    if !has_or_skip(
+        Feature::StatelessRedirect,
+        "every redirect takes the stateful path here",
+    ) {
+        return;
+    }
+    let topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    let _proxy = ChildGuard::spawn_ready(
+        probe_in(
+            &topo.pod.netns.path(),
+            Some(&topo.pod.cgroup.path),
+            Some(&Who::proxy()),
+        )
+        .args(["serve", "--dual-stack", "--tcp", "outbound=[::]:15001"]),
+    );
+    for to in DESTINATIONS {
+        let got = topo.tcp(&Who::app(), to);
+        got.assert_served_by("outbound", "[::]:15001");
+        assert_eq!(got.orig().as_deref(), Some(to));
+        assert_eq!(got.client_peer().as_deref(), Some(to));
+        let local = got.server_local().unwrap_or_default();
+        assert!(local.contains("127.2."), "accepted on {local}");
+    }
+}
+
+/// Switched off, every redirect takes the stateful path (the hand-off and socket storage) and
+/// answers the same; the pod has no loopback addresses of the table.
+#[test]
+fn the_stateful_path_answers_the_same_when_the_stateless_one_is_off() {
+    let mut topo = Topology::new();
+    topo.capture_env
+        .push(("CAPTURE_STATEFUL_REDIRECT", "1".to_string()));
+    topo.attach(&["--mode", "ebpf"]);
+    topo.start_all();
+    let locals = connect_twice_to_each(&topo);
+    for (to, addrs) in &locals {
+        assert!(
+            addrs.iter().all(|a| !a.starts_with("127.2.")),
+            "{to}: accepted on {addrs:?}, outside the stateless range"
+        );
+    }
+    assert_eq!(loopback_destinations(&topo).unwrap_or(0), 0);
+}
