@@ -112,6 +112,11 @@ pub fn on_sk_lookup(ctx: &SkLookupContext) -> u32 {
             _ => return SK_PASS,
         }
     };
+    // A connection to a loopback address (every redirected one, to the proxy) is never for a
+    // pod address: spare it the lookup.
+    if (ipv6 && same(&dst, &LOOPBACK6)) || (!ipv6 && is_loopback4(dst[0])) {
+        return SK_PASS;
+    }
     // SAFETY: plain values read once.
     let Some(&netns_cookie) = (unsafe { INBOUND_PODS.get(PodAddrKey { family, addr: dst }) })
     else {
