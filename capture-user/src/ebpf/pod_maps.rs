@@ -385,17 +385,37 @@ pub fn remove(maps: &mut Maps, netns_cookie: u64) {
     remove_loopback_dests(maps, netns_cookie);
 }
 
-/// The pod's loopback addresses (the stateless redirect): by the pod's range rather than a walk
-/// of the node's whole table.
+/// The pod's loopback addresses (the stateless redirect). A walk of the node's table finds them
+/// while it holds fewer entries than a pod's range; past that, trying each address of the range
+/// is cheaper. Either way a detach costs at most two ranges' worth of map calls, however full the
+/// node is.
 fn remove_loopback_dests(maps: &mut Maps, netns_cookie: u64) {
-    if let Some(dests) = maps.loopback_dests.as_mut() {
-        for addr in loopback::all() {
-            let _ = dests.remove(&LoopbackKey {
-                netns_cookie,
-                addr,
-                _pad: 0,
-            });
+    let Some(dests) = maps.loopback_dests.as_mut() else {
+        return;
+    };
+    let mut walked = 0usize;
+    let mut found = Vec::new();
+    for key in dests.keys() {
+        walked += 1;
+        if walked > loopback::LOOPBACK_SLOTS as usize {
+            break;
         }
+        match key {
+            Ok(k) if k.netns_cookie == netns_cookie => found.push(k.addr),
+            _ => {}
+        }
+    }
+    let addrs: Vec<u32> = if walked > loopback::LOOPBACK_SLOTS as usize {
+        loopback::all().collect()
+    } else {
+        found
+    };
+    for addr in addrs {
+        let _ = dests.remove(&LoopbackKey {
+            netns_cookie,
+            addr,
+            _pad: 0,
+        });
     }
 }
 
