@@ -320,6 +320,15 @@ impl Topology {
         self.serve(cmd, &l);
     }
 
+    /// A proxy of the pod's own (uid 1337, in its netns and cgroup) running `capture-probe serve`
+    /// with `args`; it stops when the guard drops.
+    #[must_use]
+    pub fn spawn_proxy_serving(&self, args: &[&str]) -> ChildGuard {
+        let mut cmd = self.probe_in_pod(&Who::proxy());
+        cmd.arg("serve").args(args);
+        ChildGuard::spawn_ready(&mut cmd)
+    }
+
     /// One worker's listener of the sidecar (uid 1337) on `port`, v4 and v6, with SO_REUSEPORT as
     /// Envoy opens them, answering as `name`; it closes when the guard drops.
     #[must_use]

@@ -165,14 +165,7 @@ fn connections_spread_only_to_addresses_the_proxy_listens_on() {
     {
         let topo = Topology::new();
         topo.attach(&["--mode", "ebpf"]);
-        let _proxy = ChildGuard::spawn_ready(
-            probe_in(
-                &topo.pod.netns.path(),
-                Some(&topo.pod.cgroup.path),
-                Some(&Who::proxy()),
-            )
-            .args(["serve", "--tcp", &format!("outbound={listen}")]),
-        );
+        let _proxy = topo.spawn_proxy_serving(&["--tcp", &format!("outbound={listen}")]);
         for to in ["10.0.0.5:80", "10.0.0.6:443"] {
             let got = topo.tcp(&Who::app(), to);
             got.assert_served_by("outbound", listen);

@@ -7,9 +7,8 @@
 use std::collections::BTreeMap;
 
 use capture_tests::{
-    guards::ChildGuard,
     kernel::{has_or_skip, Feature},
-    probe::{ip_of, probe_in, Who},
+    probe::{ip_of, Who},
     topology::{pinned_map_len, Topology},
 };
 
@@ -114,14 +113,7 @@ fn a_dual_stack_listener_gets_the_address_v4_mapped_and_answers() {
     }
     let topo = Topology::new();
     topo.attach(&["--mode", "ebpf"]);
-    let _proxy = ChildGuard::spawn_ready(
-        probe_in(
-            &topo.pod.netns.path(),
-            Some(&topo.pod.cgroup.path),
-            Some(&Who::proxy()),
-        )
-        .args(["serve", "--dual-stack", "--tcp", "outbound=[::]:15001"]),
-    );
+    let _proxy = topo.spawn_proxy_serving(&["--dual-stack", "--tcp", "outbound=[::]:15001"]);
     for to in DESTINATIONS {
         let got = topo.tcp(&Who::app(), to);
         got.assert_served_by("outbound", "[::]:15001");
