@@ -8,6 +8,7 @@ pub mod flood;
 pub mod guards;
 pub mod kernel;
 pub mod pause;
+pub mod pinned_maps;
 pub mod probe;
 pub mod prometheus;
 pub mod promtool;

@@ -61,8 +61,7 @@ enum Cmd {
         /// processes of the same uid).
         #[arg(long)]
         reuseport: bool,
-        /// IPv6 listeners take IPv4 connections too (IPV6_V6ONLY off), as a proxy that listens
-        /// on `[::]` alone does.
+        /// IPv6 listeners take IPv4 connections too (IPV6_V6ONLY off), as a proxy on `[::]` alone.
         #[arg(long)]
         dual_stack: bool,
     },
@@ -206,7 +205,6 @@ fn parse_named(spec: &str) -> (String, SocketAddr) {
     )
 }
 
-/// A bound socket; IPv6 ones are v6-only so that `0.0.0.0` and `[::]` can share a port.
 /// IP_TRANSPARENT (IPV6_TRANSPARENT for IPv6 sockets).
 fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
     let on: libc::c_int = 1;
@@ -228,12 +226,20 @@ fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
     check(rc, "IP_TRANSPARENT");
 }
 
-thread_local! {
-    static TRANSPARENT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static REUSEPORT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static DUAL_STACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+/// How `serve` opens its listeners.
+#[derive(Clone, Copy, Default)]
+struct ServeOptions {
+    transparent: bool,
+    reuseport: bool,
+    dual_stack: bool,
 }
 
+thread_local! {
+    static SERVE_OPTIONS: std::cell::Cell<ServeOptions> = std::cell::Cell::default();
+}
+
+/// A bound socket; IPv6 ones are v6-only (so that `0.0.0.0` and `[::]` can share a port) unless
+/// `serve --dual-stack` asked otherwise.
 fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::OwnedFd {
     use nix::sys::socket::{
         bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockaddrStorage,
@@ -248,15 +254,15 @@ fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::Owned
     // The remote owns its addresses through local routes, not interface addresses; IPv6 binds
     // such an address only with freebind.
     setsockopt(&fd, sockopt::IpFreebind, &true).unwrap_or_else(|e| die(e));
-    if TRANSPARENT.with(std::cell::Cell::get) {
+    let options = SERVE_OPTIONS.with(std::cell::Cell::get);
+    if options.transparent {
         set_transparent(&fd, addr.is_ipv6());
     }
-    if REUSEPORT.with(std::cell::Cell::get) {
+    if options.reuseport {
         setsockopt(&fd, sockopt::ReusePort, &true).unwrap_or_else(|e| die(e));
     }
     if addr.is_ipv6() {
-        let v6_only = !DUAL_STACK.with(std::cell::Cell::get);
-        setsockopt(&fd, sockopt::Ipv6V6Only, &v6_only).unwrap_or_else(|e| die(e));
+        setsockopt(&fd, sockopt::Ipv6V6Only, &!options.dual_stack).unwrap_or_else(|e| die(e));
     }
     bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))
         .unwrap_or_else(|e| die(format!("bind {addr}: {e}")));
@@ -270,18 +276,8 @@ fn bind_tcp(addr: SocketAddr) -> TcpListener {
     TcpListener::from(fd)
 }
 
-/// How `serve` opens its listeners.
-#[derive(Clone, Copy)]
-struct ServeOptions {
-    transparent: bool,
-    reuseport: bool,
-    dual_stack: bool,
-}
-
 fn serve(tcp: &[String], udp: &[String], options: ServeOptions) -> ! {
-    TRANSPARENT.with(|t| t.set(options.transparent));
-    REUSEPORT.with(|r| r.set(options.reuseport));
-    DUAL_STACK.with(|d| d.set(options.dual_stack));
+    SERVE_OPTIONS.with(|o| o.set(options));
     let mut threads = Vec::new();
     for spec in tcp {
         let (name, addr) = parse_named(spec);
