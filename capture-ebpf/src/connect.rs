@@ -148,6 +148,15 @@ fn storage_of(
     })
 }
 
+/// A socket may connect again after a failed attempt: an earlier stateful rewrite no longer
+/// answers for it (`state` is its storage if the caller holds it already).
+#[inline(always)]
+fn forget_redirect(state: Option<&mut SockState>, sk: *mut bpf_sock) {
+    if let Some(state) = state.or_else(|| storage::get(sk.cast())) {
+        state.flags &= !SOCK_REDIRECTED;
+    }
+}
+
 /// Decides one connect or datagram and records the original destination; `Ok(None)` lets it
 /// through unchanged.
 #[inline(always)]
@@ -183,11 +192,8 @@ fn decide(
         Verdict::Inbound => cfg.inbound_port,
         Verdict::Dns => cfg.dns_port,
         Verdict::Pass(_) => {
-            // A socket may connect again after a failed attempt; forget an earlier rewrite.
             if call == Call::Connect {
-                if let Some(state) = state.or_else(|| storage::get(sk.cast())) {
-                    state.flags &= !SOCK_REDIRECTED;
-                }
+                forget_redirect(state, sk);
             }
             return Ok(None);
         }
@@ -218,10 +224,7 @@ fn decide(
         if let Some(addr) =
             loopback::address_for(ctx, netns_cookie, conn.dst[0], conn.dst_port, port)
         {
-            // An earlier attempt of this socket may have taken the stateful path.
-            if let Some(state) = state.or_else(|| storage::get(sk.cast())) {
-                state.flags &= !SOCK_REDIRECTED;
-            }
+            forget_redirect(state, sk);
             return Ok(Some(Redirect {
                 port,
                 bind_to,

@@ -12,6 +12,8 @@
 
 use aya_ebpf::{cty::c_void, helpers::generated::bpf_skc_to_tcp_sock};
 
+use crate::rodata::constant;
+
 #[no_mangle]
 static OWNER_FROM_FILE: u8 = 0;
 #[no_mangle]
@@ -24,14 +26,6 @@ static OWNER_OFFSET_FILE_F_CRED: u32 = 0;
 static OWNER_OFFSET_CRED_FSUID: u32 = 0;
 #[no_mangle]
 static OWNER_OFFSET_CRED_FSGID: u32 = 0;
-
-/// A `.rodata` value as the loader wrote it: read volatile, so that the compiler keeps the read
-/// rather than folding in the default.
-#[inline(always)]
-fn constant<T: Copy>(value: &'static T) -> T {
-    // SAFETY: a read of a static.
-    unsafe { core::ptr::read_volatile(value) }
-}
 
 /// Are TCP sockets judged by their file's credentials (and not recorded at creation)?
 #[inline(always)]

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{
     bindings::{bpf_sock_tuple, BPF_F_CURRENT_NETNS, BPF_NOEXIST},
-    helpers::generated::{bpf_sk_lookup_tcp, bpf_sk_release},
+    helpers::generated::{bpf_get_netns_cookie, bpf_sk_lookup_tcp, bpf_sk_release},
     EbpfContext,
 };
 use capture_common::{
@@ -17,7 +17,10 @@ use capture_common::{
     AF_INET,
 };
 
-use crate::maps::LOOPBACK_DESTS;
+use crate::{
+    maps::{LOOPBACK_DESTS, POD_CONFIGS},
+    rodata::constant,
+};
 
 #[no_mangle]
 static STATELESS_REDIRECT: u8 = 0;
@@ -25,9 +28,7 @@ static STATELESS_REDIRECT: u8 = 0;
 /// Does the stateless redirect serve on this kernel?
 #[inline(always)]
 pub fn enabled() -> bool {
-    // SAFETY: a read of a constant the loader may have rewritten; volatile so that the compiler
-    // keeps the read rather than folding in the default.
-    unsafe { core::ptr::read_volatile(&raw const STATELESS_REDIRECT) != 0 }
+    constant(&STATELESS_REDIRECT) != 0
 }
 
 /// Does a TCP listener in the caller's netns take connections to `addr:port` (network order,
@@ -117,10 +118,20 @@ pub fn address_for<C: EbpfContext>(
     None
 }
 
-/// The original destination the pod's loopback address `addr` (network order) stands for.
+/// The original destination of a connection the stateless redirect sent to the proxy, seen from
+/// either end: `addr:port` (network order, host order) is the proxy's end of it, one of the
+/// caller's pod's loopback addresses on the pod's outbound port.
 #[inline(always)]
-pub fn destination_of(netns_cookie: u64, addr: u32) -> Option<OriginalDst> {
-    if !in_range(addr) {
+pub fn destination_at<C: EbpfContext>(ctx: &C, addr: u32, port: u16) -> Option<OriginalDst> {
+    if !enabled() || !in_range(addr) {
+        return None;
+    }
+    // SAFETY: sock_addr (5.7+) and sockopt (5.8+) programs may ask for their netns cookie; the
+    // switch is on only where both can.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    if port != cfg.outbound_port {
         return None;
     }
     let key = LoopbackKey {

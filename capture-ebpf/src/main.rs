@@ -15,6 +15,7 @@ mod lookup;
 mod loopback;
 mod maps;
 mod peer;
+mod rodata;
 mod sock;
 mod sockaddr;
 mod sockops;

@@ -3,18 +3,15 @@
 //! redirect), and DNS replies from the DNS proxy come from the nameserver the app
 //! asked, as they do under iptables (NAT rewrites packets, not the socket).
 
-use aya_ebpf::{
-    helpers::generated::bpf_get_netns_cookie, programs::SockAddrContext, EbpfContext as _,
-};
+use aya_ebpf::programs::SockAddrContext;
 use capture_common::{
     addr::v4_mapped,
     decision::{LOCALHOST4, LOOPBACK6},
-    loopback::in_range,
     state::{OriginalDst, SOCK_DNS_SENT, SOCK_REDIRECTED},
     AF_INET,
 };
 
-use crate::{loopback, maps::POD_CONFIGS, storage};
+use crate::{loopback, storage};
 
 /// The redirected original destination of the context's socket, if any.
 #[inline(always)]
@@ -23,23 +20,6 @@ fn redirected_orig(ctx: &SockAddrContext) -> Option<OriginalDst> {
     let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
     let state = storage::get(sk.cast())?;
     (state.flags & SOCK_REDIRECTED != 0).then_some(state.orig)
-}
-
-/// The original destination of an app's socket the stateless redirect sent to the proxy: its
-/// peer is one of the pod's loopback addresses on the pod's outbound port.
-#[inline(always)]
-fn stateless_orig(ctx: &SockAddrContext, peer: u32, port: u16) -> Option<OriginalDst> {
-    if !loopback::enabled() || !in_range(peer) {
-        return None;
-    }
-    // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    // SAFETY: a plain value read once.
-    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
-    if port != cfg.outbound_port {
-        return None;
-    }
-    loopback::destination_of(netns_cookie, peer)
 }
 
 #[inline(always)]
@@ -51,7 +31,9 @@ pub fn on_getpeername4(ctx: &SockAddrContext) {
             u16::from_be((*ctx.sock_addr).user_port as u16),
         )
     };
-    let Some(orig) = redirected_orig(ctx).or_else(|| stateless_orig(ctx, peer, port)) else {
+    // The app's socket of a stateless redirect: its peer is the proxy's end.
+    let Some(orig) = redirected_orig(ctx).or_else(|| loopback::destination_at(ctx, peer, port))
+    else {
         return;
     };
     if orig.family != AF_INET {

@@ -45,6 +45,7 @@ use crate::{
     counters::{bump_node, bump_pod},
     creator, loopback,
     maps::{HANDOFF, INBOUND_LISTENERS, POD_CONFIGS},
+    rodata::constant,
     storage,
 };
 
@@ -109,9 +110,7 @@ static SOCK_OPS_NETNS_COOKIE: u8 = 1;
 fn netns_of(ctx: &SockOpsContext, state: Option<&SockState>) -> u64 {
     match state {
         Some(s) if s.flags & (SOCK_CREATOR_KNOWN | SOCK_NETNS_KNOWN) != 0 => s.netns_cookie,
-        // SAFETY: a read of a constant the loader may have rewritten; volatile so that the
-        // compiler keeps the read rather than folding in the default.
-        _ if unsafe { core::ptr::read_volatile(&raw const SOCK_OPS_NETNS_COOKIE) } != 0 => {
+        _ if constant(&SOCK_OPS_NETNS_COOKIE) != 0 => {
             // SAFETY: a plain helper call on the program's context.
             unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
         }

@@ -1,16 +1,13 @@
 //! `cgroup/getsockopt`: answer `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST` for redirected
 //! connections, from the socket's storage or, for the stateless redirect, from the connection's
-//! loopback address. Every other option, and every socket without a recorded destination, keeps exactly
-//! the kernel's answer: the program sets `optlen` to 0, which tells the kernel to leave the
+//! loopback address. Every other option, and every socket without a recorded destination, keeps
+//! exactly the kernel's answer: the program sets `optlen` to 0, which tells the kernel to leave the
 //! caller's buffer and length as its own getsockopt wrote them. Left alone instead, an answer
 //! longer than a page (the program's view of the buffer stops at one) fails with EFAULT before
 //! Linux 6.5, and the rest are copied back from the program's copy for nothing. The one refusal:
 //! SO_ORIGINAL_DST on a proxy socket whose hand-off was lost (see sockops.rs) fails with EPERM.
 
-use aya_ebpf::{
-    bindings::bpf_sock, helpers::generated::bpf_get_netns_cookie, programs::SockoptContext,
-    EbpfContext as _,
-};
+use aya_ebpf::{bindings::bpf_sock, programs::SockoptContext};
 use capture_common::{
     addr::unmap,
     loopback::in_range,
@@ -20,7 +17,6 @@ use capture_common::{
 
 use crate::{
     loopback,
-    maps::POD_CONFIGS,
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
 };
@@ -68,8 +64,7 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
         Some(state) if state.flags & (SOCK_REDIRECTED | SOCK_ACCEPTED_REDIRECTED) != 0 => {
             state.orig
         }
-        _ if loopback::enabled() => stateless_orig(ctx, sk)?,
-        _ => return None,
+        _ => stateless_orig(ctx, sk)?,
     };
     let family_matches = match so.level {
         SOL_IP => orig.family == AF_INET,
@@ -126,27 +121,13 @@ fn stateless_orig(ctx: &SockoptContext, sk: *mut bpf_sock) -> Option<OriginalDst
         AF_INET6 => (unmap(&local6).unwrap_or(0), unmap(&remote6).unwrap_or(0)),
         _ => return None,
     };
-    let addr = if in_range(local) {
-        local
-    } else if in_range(remote) {
-        remote
+    // The proxy's end is the local one on the proxy's socket, the remote one on the app's.
+    let (addr, port) = if in_range(local) {
+        (local, local_port)
     } else {
-        return None;
+        (remote, remote_port)
     };
-    // SAFETY: sockopt programs may ask for their netns cookie (5.8+); the switch is on only
-    // where they can.
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    // SAFETY: a plain value read once.
-    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
-    let port = if addr == local {
-        local_port
-    } else {
-        remote_port
-    };
-    if port != cfg.outbound_port {
-        return None;
-    }
-    loopback::destination_of(netns_cookie, addr)
+    loopback::destination_at(ctx, addr, port)
 }
 
 /// Copies `value` into the option buffer and reports success, if the caller's buffer holds it;

@@ -119,7 +119,11 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
     family(
         encoder,
         "capture_pod_loopback_destinations",
-        "Destinations the pod has a loopback address of the stateless redirect for (ebpf pods);          at 8192, connections to new destinations take the stateful path.",
+        &format!(
+            "Destinations the pod has a loopback address of the stateless redirect for (ebpf \
+             pods); at {}, connections to new destinations take the stateful path.",
+            capture_common::loopback::LOOPBACK_SLOTS
+        ),
         &loopback,
     )?;
 

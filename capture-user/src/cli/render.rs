@@ -39,7 +39,8 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
             if features.owner_from_file {
                 "yes"
             } else {
-                "no: recorded in socket storage at creation (an allocation per socket; a                  socket created before capture attached is judged by its caller)"
+                "no: recorded in socket storage at creation (an allocation per socket; a \
+                 socket created before capture attached is judged by its caller)"
             }
         );
         let _ = writeln!(

@@ -96,29 +96,17 @@ fn refused_for_testing(_hook: &Hook) -> Option<String> {
     None
 }
 
-/// `CAPTURE_RECORD_OWNERS=1` has capture record TCP sockets' owners at creation, as on a kernel
-/// that refuses the owner walk (the matrix's kernels at 5.15 or newer all take it); only builds
-/// with the `test-hooks` feature read it.
+/// Whether `$var` is `1`, which switches a feature off as a kernel that refuses it would, so that
+/// the tests reach the fallback on kernels that have it: `CAPTURE_RECORD_OWNERS` (owners recorded
+/// at creation instead of read from the socket) and `CAPTURE_STATEFUL_REDIRECT` (every redirect
+/// down the stateful path). Only builds with the `test-hooks` feature read them.
 #[cfg(feature = "test-hooks")]
-fn owners_recorded_for_testing() -> bool {
-    std::env::var_os("CAPTURE_RECORD_OWNERS").is_some_and(|v| v == "1")
+fn switched_off_for_testing(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| v == "1")
 }
 
 #[cfg(not(feature = "test-hooks"))]
-fn owners_recorded_for_testing() -> bool {
-    false
-}
-
-/// `CAPTURE_STATEFUL_REDIRECT=1` has capture send every redirect down the stateful path (the
-/// hand-off and socket storage), as on a kernel that refuses the stateless one; only builds with
-/// the `test-hooks` feature read it.
-#[cfg(feature = "test-hooks")]
-fn stateless_refused_for_testing() -> bool {
-    std::env::var_os("CAPTURE_STATEFUL_REDIRECT").is_some_and(|v| v == "1")
-}
-
-#[cfg(not(feature = "test-hooks"))]
-fn stateless_refused_for_testing() -> bool {
+fn switched_off_for_testing(_var: &str) -> bool {
     false
 }
 
@@ -244,7 +232,7 @@ fn load_deciding(ebpf: &mut Ebpf) -> Result<(), String> {
 /// The object, with the deciding programs already loaded: with every switch on where the kernel
 /// takes it, else without what it refuses, down to no switch on.
 pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures), LoadError> {
-    let owner = if owners_recorded_for_testing() {
+    let owner = if switched_off_for_testing("CAPTURE_RECORD_OWNERS") {
         Err("CAPTURE_RECORD_OWNERS=1".to_string())
     } else {
         OwnerOffsets::of_running_kernel()
@@ -256,7 +244,8 @@ pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures
         KernelFeatures {
             sock_ops_netns_cookie: true,
             owner_from_file: owner.is_ok(),
-            stateless_redirect: owner.is_ok() && !stateless_refused_for_testing(),
+            stateless_redirect: owner.is_ok()
+                && !switched_off_for_testing("CAPTURE_STATEFUL_REDIRECT"),
         },
         KernelFeatures {
             sock_ops_netns_cookie: true,
