@@ -96,9 +96,9 @@ enum Task {
         /// cached under target/vm), `host` runs natively.
         #[arg(long, value_delimiter = ',', default_value = "5.10,6.1,6.12,host")]
         kernels: Vec<String>,
-        /// Time limit per kernel: one that panics or hangs fails with its log after this long,
-        /// and the run goes on with the next. 5.10 under emulation needs about 50 minutes on a
-        /// loaded 2-core machine.
+        /// Time limit per VM: one that panics or hangs fails with its log after this long, and
+        /// the run goes on with the next. 5.10 under emulation needs about 40 minutes for the
+        /// whole suite, in two VMs of about 20 each when they have a core each.
         #[arg(long, default_value_t = 5400)]
         timeout_secs: u64,
         /// Only these test binaries (the names of tests/tests/*.rs), for a quick run.
@@ -112,9 +112,13 @@ enum Task {
         /// or --scope kernel).
         #[arg(long)]
         report: Option<std::path::PathBuf>,
-        /// VMs running at once (each emulates on one host thread).
-        #[arg(long, default_value_t = 3)]
-        jobs: usize,
+        /// VMs running at once (each emulates on one host thread); by default one per core.
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// VMs per kernel, each running its share of the test binaries, so that the cores stay
+        /// busy until the slowest kernel is done.
+        #[arg(long, default_value_t = 2)]
+        shards: usize,
         /// `all` runs the whole suite; `kernel` leaves out the binaries whose subject is user
         /// space (chaos, containerd, bad_input, ...), which `cargo xtask test` runs on the host.
         #[arg(long, value_enum, default_value = "all")]
@@ -308,6 +312,7 @@ fn run_task(task: Task) -> Result<()> {
             filter,
             report,
             jobs,
+            shards,
             scope,
         } => {
             require_root("cargo xtask vm")?;
@@ -328,7 +333,10 @@ fn run_task(task: Task) -> Result<()> {
                     .map(str::to_string)
                     .collect(),
                 report,
-                jobs,
+                jobs: jobs.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+                }),
+                shards,
                 scope,
             })
         }

@@ -18,7 +18,7 @@ use super::{
 
 /// Runs `binaries` in `tests_dir` until done or `deadline`. Returns whether it timed out.
 pub fn run(
-    binaries: &[TestBinary],
+    binaries: &[&TestBinary],
     filter: &[String],
     tests_dir: &Path,
     deadline: Instant,
@@ -38,7 +38,7 @@ pub fn run(
 }
 
 fn run_binaries(
-    binaries: &[TestBinary],
+    binaries: &[&TestBinary],
     filter: &[String],
     tests_dir: &Path,
     skips: &Path,

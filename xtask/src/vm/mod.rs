@@ -1,11 +1,12 @@
 //! `cargo xtask vm`: the privileged end-to-end suite on several kernels.
 //!
 //! Each Debian kernel boots in qemu with the host's root shared read-only, so the test binaries
-//! built here run unchanged inside; `host` runs them natively. Every kernel's console goes to
-//! target/vm/logs/<kernel>.log and its parsed results to target/vm/results/<kernel>.json. Each
-//! kernel runs under its own time limit. qemu emulates with one host thread per VM (multi-threaded
-//! TCG races the guest kernel's live code patching and panics it now and then), so the VMs run
-//! side by side (`--jobs`); the host's own run comes last, alone.
+//! built here run unchanged inside; `host` runs them natively. qemu emulates with one host thread
+//! per VM (multi-threaded TCG races the guest kernel's live code patching and panics it now and
+//! then), so each kernel's test binaries are split over several VMs (`--shards`, shards.rs) and
+//! the VMs run side by side, one per core (`--jobs`); the host's own run comes last, alone. Each
+//! VM's console goes to target/vm/logs/<kernel>.<shard>.log and runs under its own time limit; a
+//! kernel's parsed results, merged, go to target/vm/results/<kernel>.json.
 
 mod console;
 mod features;
@@ -17,6 +18,7 @@ mod model;
 mod qemu;
 mod report;
 mod results;
+mod shards;
 mod stage2;
 #[cfg(test)]
 mod tests;
@@ -32,6 +34,7 @@ use anyhow::{bail, Context as _, Result};
 
 use self::{
     console::Console,
+    kernels::Kernel,
     model::{KernelResult, TestBinary},
 };
 
@@ -76,6 +79,8 @@ pub struct Options {
     pub report: Option<PathBuf>,
     /// VMs booted at the same time.
     pub jobs: usize,
+    /// VMs per kernel, each running its share of the test binaries.
+    pub shards: usize,
     pub scope: Scope,
 }
 
@@ -105,47 +110,94 @@ pub fn run(opts: Options) -> Result<()> {
     }
     let binaries = test_binaries(&opts.tests, &opts.filter, opts.scope)?;
     let tests_dir = root.join("tests");
-    let stage2 = vm_dir.join("stage2.sh");
-    stage2::write(&stage2, &tests_dir, &binaries, &opts.filter)?;
     let timeout = Duration::from_secs(opts.timeout_secs);
+    let shards = shards::split(&binaries, opts.shards);
+    let mut stage2_scripts = Vec::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let path = vm_dir.join(format!("stage2.{i}.sh"));
+        stage2::write(&path, &tests_dir, shard, &opts.filter)?;
+        stage2_scripts.push(path);
+    }
 
-    let one = |kernel: &str| -> Result<KernelResult> {
-        let log = vm_dir.join(format!("logs/{kernel}.log"));
-        let mut result = run_kernel(
-            kernel,
-            &vm_dir,
-            &log,
-            &stage2,
-            &binaries,
-            &opts.filter,
-            timeout,
-        )
-        .unwrap_or_else(|e| not_run(kernel, &binaries, &format!("{e:#}")));
-        result.log = log
-            .strip_prefix(&root)
-            .unwrap_or(&log)
-            .display()
-            .to_string();
-        results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
-        Ok(result)
-    };
     let (host, vms): (Vec<&String>, Vec<&String>) =
         opts.kernels.iter().partition(|k| k.as_str() == HOST);
-    let mut finished = in_parallel(&vms, opts.jobs.max(1), |k| one(k))?;
+    // Fetched and unpacked one at a time, before VMs that share a kernel boot.
+    let mut prepared = Vec::new();
+    for kernel in &vms {
+        prepared.push((kernel.as_str(), prepare_kernel(kernel, &vm_dir)));
+    }
+    // Every kernel's shards, in the order asked for: the slowest kernel first keeps the cores
+    // busy until the end.
+    let jobs: Vec<(&str, usize)> = vms
+        .iter()
+        .flat_map(|k| (0..shards.len()).map(move |i| (k.as_str(), i)))
+        .collect();
+    let one_vm = |&(kernel, shard): &(&str, usize)| -> Result<KernelResult> {
+        let label = if shards.len() == 1 {
+            kernel.to_string()
+        } else {
+            format!("{kernel}.{shard}")
+        };
+        let log = vm_dir.join(format!("logs/{label}.log"));
+        let expected: Vec<&TestBinary> = shards[shard].clone();
+        let boot = prepared
+            .iter()
+            .find(|(k, _)| *k == kernel)
+            .map(|(_, p)| p)
+            .expect("every VM's kernel was prepared");
+        let result = match boot {
+            Ok(boot) => run_vm(
+                (kernel, &label),
+                boot,
+                &log,
+                &stage2_scripts[shard],
+                &expected,
+                timeout,
+            ),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        };
+        let mut result = result.unwrap_or_else(|e| not_run(kernel, &expected, &format!("{e:#}")));
+        result.log = relative(&root, &log);
+        Ok(result)
+    };
+    let mut parts = in_parallel(&jobs, opts.jobs.max(1), one_vm)?;
+    let mut finished = Vec::new();
+    for kernel in vms {
+        let (mut mine, rest): (Vec<_>, Vec<_>) =
+            parts.into_iter().partition(|r| r.kernel == *kernel);
+        parts = rest;
+        mine.sort_by(|a, b| a.log.cmp(&b.log));
+        let failed_logs: Vec<PathBuf> = mine
+            .iter()
+            .filter(|r| r.error.is_some())
+            .map(|r| root.join(&r.log))
+            .collect();
+        let result = KernelResult::merge(mine, &binaries);
+        results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
+        finished.push((result, failed_logs));
+    }
     for kernel in host {
-        finished.push(one(kernel)?);
+        let log = vm_dir.join(format!("logs/{kernel}.log"));
+        let every: Vec<&TestBinary> = binaries.iter().collect();
+        let mut result = run_host(&log, &every, &opts.filter, &tests_dir, timeout)
+            .unwrap_or_else(|e| not_run(kernel, &every, &format!("{e:#}")));
+        result.log = relative(&root, &log);
+        results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
+        finished.push((result, vec![log]));
     }
     // In the order asked for, whatever order they finished in.
     let mut all_results = Vec::new();
     for kernel in &opts.kernels {
         let i = finished
             .iter()
-            .position(|r| &r.kernel == kernel)
+            .position(|(r, _)| &r.kernel == kernel)
             .expect("every kernel has a result");
-        let result = finished.swap_remove(i);
+        let (result, logs) = finished.swap_remove(i);
         results::print_summary(&result);
         if result.error.is_some() {
-            print_tail(&root.join(&result.log));
+            for log in logs {
+                print_tail(&log);
+            }
         }
         all_results.push(result);
     }
@@ -197,44 +249,65 @@ fn in_parallel<T: Sync, R: Send>(
         .collect()
 }
 
-/// Boots (or, for `host`, runs on) one kernel and reads its log. Errors are set-up failures
-/// (the kernel could not be fetched, qemu could not start), which fail only this kernel.
-fn run_kernel(
-    kernel: &str,
-    vm_dir: &Path,
+/// The kernel of a Debian line, fetched and unpacked if need be, and its initramfs.
+fn prepare_kernel(kernel: &str, vm_dir: &Path) -> Result<(Kernel, PathBuf)> {
+    let line = kernels::LINES
+        .iter()
+        .find(|l| l.label == kernel)
+        .expect("the kernel names were checked");
+    let k = kernels::prepare(&vm_dir.join("kernels"), line)?;
+    let initrd = vm_dir.join(format!("kernels/{kernel}/initrd.cpio"));
+    initramfs::build(&k, &initrd)?;
+    Ok((k, initrd))
+}
+
+/// Boots one VM of `kernel` (called `label` on the terminal) that runs `stage2` (which runs
+/// `binaries`) and reads its log. Errors are set-up failures (qemu could not start), which fail
+/// only this VM.
+fn run_vm(
+    (kernel, label): (&str, &str),
+    (k, initrd): &(Kernel, PathBuf),
     log: &Path,
     stage2: &Path,
-    binaries: &[TestBinary],
-    filter: &[String],
+    binaries: &[&TestBinary],
     timeout: Duration,
 ) -> Result<KernelResult> {
-    let prepared = match kernels::LINES.iter().find(|l| l.label == kernel) {
-        Some(line) => {
-            let k = kernels::prepare(&vm_dir.join("kernels"), line)?;
-            let initrd = vm_dir.join(format!("kernels/{kernel}/initrd.cpio"));
-            initramfs::build(&k, &initrd)?;
-            Some((k, initrd))
-        }
-        None => None,
-    };
-    let mut console = Console::create(log, kernel)?;
+    let mut console = Console::create(log, label)?;
     let deadline = Instant::now() + timeout;
-    let timed_out = match &prepared {
-        Some((k, initrd)) => {
-            println!("vm {kernel}: booting {} (log {})", k.release, log.display());
-            qemu::boot(k, initrd, stage2, deadline, &mut console)?
-        }
-        None => {
-            let tests_dir = workspace_root().join("tests");
-            host::run(binaries, filter, &tests_dir, deadline, &mut console)?
-        }
-    };
+    println!("vm {label}: booting {} (log {})", k.release, log.display());
+    let timed_out = qemu::boot(k, initrd, stage2, deadline, &mut console)?;
+    read_back(kernel, console, binaries, timed_out, timeout, true)
+}
+
+/// Runs `binaries` on this machine's kernel and reads its log.
+fn run_host(
+    log: &Path,
+    binaries: &[&TestBinary],
+    filter: &[String],
+    tests_dir: &Path,
+    timeout: Duration,
+) -> Result<KernelResult> {
+    let mut console = Console::create(log, HOST)?;
+    let deadline = Instant::now() + timeout;
+    let timed_out = host::run(binaries, filter, tests_dir, deadline, &mut console)?;
+    read_back(HOST, console, binaries, timed_out, timeout, false)
+}
+
+/// The results in a finished console's log. Only a VM boots: on the host the `kernel` line is
+/// printed at once, so its boot time means nothing.
+fn read_back(
+    kernel: &str,
+    console: Console,
+    binaries: &[&TestBinary],
+    timed_out: bool,
+    timeout: Duration,
+    booted_a_vm: bool,
+) -> Result<KernelResult> {
     let finished = console.finish()?;
     let mut result = results::parse(kernel, &finished.text, binaries);
     result.timed_out = timed_out;
     result.seconds = finished.seconds;
-    // Only a VM boots; on the host the `kernel` line is printed at once.
-    result.boot_seconds = finished.boot_seconds.filter(|_| prepared.is_some());
+    result.boot_seconds = finished.boot_seconds.filter(|_| booted_a_vm);
     if timed_out {
         let error = format!("timed out after {} s", timeout.as_secs());
         result.error = Some(match result.error.take() {
@@ -250,6 +323,14 @@ fn run_kernel(
             .map(|(_, s)| *s);
     }
     Ok(result)
+}
+
+/// `path` relative to the workspace root, as the summary shows it.
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .display()
+        .to_string()
 }
 
 /// The last lines of a failed kernel's log, where a panic or a set-up error shows.
@@ -268,7 +349,7 @@ fn print_tail(log: &Path) {
 }
 
 /// The result of a kernel whose run could not start: every test fails with `error`.
-fn not_run(kernel: &str, binaries: &[TestBinary], error: &str) -> KernelResult {
+fn not_run(kernel: &str, binaries: &[&TestBinary], error: &str) -> KernelResult {
     println!("vm {kernel}: {error}");
     let mut result = results::parse(kernel, "", binaries);
     result.error = Some(error.to_string());

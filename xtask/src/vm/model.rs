@@ -78,4 +78,34 @@ impl KernelResult {
     pub fn failed(&self) -> bool {
         self.error.is_some() || self.count(Outcome::Fail) > 0
     }
+
+    /// One kernel's result from the results of its VMs: their binaries and tests in the order of
+    /// `binaries`, their errors and notes, their logs, and their seconds added up (the emulated
+    /// time the kernel took, whatever ran beside it).
+    pub fn merge(parts: Vec<KernelResult>, binaries: &[TestBinary]) -> KernelResult {
+        let mut parts = parts.into_iter();
+        let mut merged = parts.next().expect("a kernel ran in at least one VM");
+        for part in parts {
+            merged.release = merged.release.or(part.release);
+            merged.booted &= part.booted;
+            merged.timed_out |= part.timed_out;
+            merged.seconds += part.seconds;
+            merged.boot_seconds = match (merged.boot_seconds, part.boot_seconds) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            merged.log = format!("{}, {}", merged.log, part.log);
+            merged.error = match (merged.error.take(), part.error) {
+                (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                (a, b) => a.or(b),
+            };
+            merged.notes.extend(part.notes);
+            merged.binaries.extend(part.binaries);
+            merged.tests.extend(part.tests);
+        }
+        let position = |name: &str| binaries.iter().position(|b| b.name == name);
+        merged.binaries.sort_by_key(|b| position(&b.name));
+        merged.tests.sort_by_key(|t| position(&t.binary));
+        merged
+    }
 }

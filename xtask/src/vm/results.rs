@@ -26,7 +26,7 @@ struct Seen {
 
 /// Reads the log of `kernel` against the tests each binary lists. The caller fills in timing,
 /// timeout and log path.
-pub fn parse(kernel: &str, text: &str, expected: &[TestBinary]) -> KernelResult {
+pub fn parse(kernel: &str, text: &str, expected: &[&TestBinary]) -> KernelResult {
     let mut result = KernelResult {
         kernel: kernel.to_string(),
         release: None,
@@ -154,7 +154,7 @@ fn take_reason(test: &mut Seen, line: &str) {
     }
 }
 
-fn classify(result: &mut KernelResult, expected: &[TestBinary], seen: &[Seen], done: bool) {
+fn classify(result: &mut KernelResult, expected: &[&TestBinary], seen: &[Seen], done: bool) {
     for binary in expected {
         let run = result.binaries.iter().find(|b| b.name == binary.name);
         for name in &binary.tests {

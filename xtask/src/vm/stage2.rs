@@ -68,7 +68,7 @@ sleep 30
 pub fn write(
     path: &Path,
     tests_dir: &Path,
-    binaries: &[TestBinary],
+    binaries: &[&TestBinary],
     filter: &[String],
 ) -> Result<()> {
     // The host's PATH, so the guest finds the same tools (python3 with its modules among them).

@@ -7,7 +7,7 @@ use super::{
     lines::clean,
     model::{KernelResult, Outcome, TestBinary},
     report::{cell, civil_from_days, render, CAPABILITIES},
-    results::parse,
+    results,
 };
 
 fn binary(name: &str, tests: &[&str]) -> TestBinary {
@@ -16,6 +16,11 @@ fn binary(name: &str, tests: &[&str]) -> TestBinary {
         path: PathBuf::from(format!("/x/{name}")),
         tests: tests.iter().map(|t| t.to_string()).collect(),
     }
+}
+
+/// The parser on a log of `expected`, all run in one VM.
+fn parse(kernel: &str, text: &str, expected: &[TestBinary]) -> KernelResult {
+    results::parse(kernel, text, &expected.iter().collect::<Vec<_>>())
 }
 
 fn expected() -> Vec<TestBinary> {
@@ -320,4 +325,32 @@ fn a_skip_belongs_to_the_binary_that_just_ended() {
     assert_eq!(outcome(&r, "lifecycle", "shared").0, Outcome::Pass);
     assert_eq!(outcome(&r, "parity", "shared").0, Outcome::Skip);
     assert!(!r.failed());
+}
+
+#[test]
+fn a_kernel_split_over_two_vms_reads_as_one_run_in_the_binaries_order() {
+    let all = expected();
+    let finished = "capture-vm: kernel 6.1.0-50-amd64\n\
+        capture-vm: begin validate\ntest fails_for_a_non_proxy_uid ... ok\n\
+        capture-vm: end validate rc=0\ncapture-vm: done\n";
+    let (first, second) = (vec![&all[2]], vec![&all[0], &all[1]]);
+    let mut later = results::parse("6.1", finished, &first);
+    later.seconds = 30.0;
+    later.log = "6.1.1.log".to_string();
+    // The other VM timed out in parity.
+    let mut earlier = results::parse("6.1", LOG_510, &second);
+    earlier.seconds = 100.0;
+    earlier.error = Some("timed out after 1500 s".to_string());
+    earlier.log = "6.1.0.log".to_string();
+    let merged = KernelResult::merge(vec![later, earlier], &all);
+    let order: Vec<&str> = merged.binaries.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(order, ["outbound", "parity", "validate"]);
+    assert_eq!(merged.tests.len(), 7);
+    assert_eq!(merged.tests[0].binary, "outbound");
+    assert_eq!(merged.tests[6].binary, "validate");
+    assert_eq!(merged.count(Outcome::Pass), 5);
+    assert_eq!(merged.seconds, 130.0);
+    assert_eq!(merged.log, "6.1.1.log, 6.1.0.log");
+    assert_eq!(merged.error.as_deref(), Some("timed out after 1500 s"));
+    assert!(merged.failed());
 }

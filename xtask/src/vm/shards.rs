@@ -1,0 +1,122 @@
+//! Splitting a kernel's test binaries over several VMs.
+//!
+//! Each VM emulates on one host thread, so a kernel run in one VM leaves the other cores idle once
+//! the faster kernels are done: 5.10 under emulation takes about half as long again as 6.1, and in
+//! one VM it alone decided the matrix's wall time. Split in shards of about equal expected time,
+//! every kernel's VMs share the cores until the end.
+
+use super::model::TestBinary;
+
+/// Seconds each binary took under 5.10 in a CI run of the kernel matrix (three VMs on two cores).
+/// Only the balance between shards depends on them: a stale or missing figure costs wall time,
+/// never a test.
+const EXPECTED_SECONDS: &[(&str, u32)] = &[
+    ("accel", 380),
+    ("cni", 535),
+    ("coexistence", 56),
+    ("dns_and_groups", 223),
+    ("image", 48),
+    ("interfaces", 85),
+    ("iptables_variant", 93),
+    ("kernel_compat", 72),
+    ("lifecycle", 192),
+    ("limits", 182),
+    ("live_node", 278),
+    ("outbound", 264),
+    ("owner_identity", 20),
+    ("parity", 185),
+    ("sockopt_answers", 9),
+    ("stateless_redirect", 17),
+    ("tproxy", 50),
+    ("upgrade", 600),
+    ("userns", 36),
+    ("validate", 35),
+];
+
+/// What a binary without a figure is expected to take per test.
+const SECONDS_PER_UNKNOWN_TEST: u32 = 15;
+
+fn expected_seconds(binary: &TestBinary) -> u32 {
+    EXPECTED_SECONDS
+        .iter()
+        .find(|(name, _)| *name == binary.name)
+        .map_or_else(
+            || SECONDS_PER_UNKNOWN_TEST * binary.tests.len() as u32,
+            |(_, seconds)| *seconds,
+        )
+}
+
+/// `binaries` in at most `shards` non-empty groups of about equal expected time (the longest
+/// binary first, each to the group with the least so far), each group in the order given.
+pub fn split(binaries: &[TestBinary], shards: usize) -> Vec<Vec<&TestBinary>> {
+    let shards = shards.clamp(1, binaries.len().max(1));
+    let mut by_cost: Vec<usize> = (0..binaries.len()).collect();
+    by_cost.sort_by_key(|&i| std::cmp::Reverse(expected_seconds(&binaries[i])));
+    let mut load = vec![0u32; shards];
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); shards];
+    for i in by_cost {
+        let lightest = (0..shards)
+            .min_by_key(|&s| load[s])
+            .expect("at least one shard");
+        load[lightest] += expected_seconds(&binaries[i]);
+        members[lightest].push(i);
+    }
+    members
+        .into_iter()
+        .filter(|m| !m.is_empty())
+        .map(|mut m| {
+            m.sort_unstable();
+            m.into_iter().map(|i| &binaries[i]).collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn binary(name: &str, tests: usize) -> TestBinary {
+        TestBinary {
+            name: name.to_string(),
+            path: PathBuf::from(name),
+            tests: (0..tests).map(|t| format!("t{t}")).collect(),
+        }
+    }
+
+    fn names(shard: &[&TestBinary]) -> Vec<String> {
+        shard.iter().map(|b| b.name.clone()).collect()
+    }
+
+    #[test]
+    fn every_binary_runs_once_in_about_equal_shards() {
+        let all: Vec<TestBinary> = EXPECTED_SECONDS
+            .iter()
+            .map(|(name, _)| binary(name, 3))
+            .collect();
+        let shards = split(&all, 2);
+        assert_eq!(shards.len(), 2);
+        let mut seen: Vec<String> = shards.iter().flat_map(|s| names(s)).collect();
+        seen.sort();
+        let mut expected: Vec<String> = all.iter().map(|b| b.name.clone()).collect();
+        expected.sort();
+        assert_eq!(seen, expected);
+        let cost = |s: &[&TestBinary]| s.iter().map(|b| expected_seconds(b)).sum::<u32>();
+        let (a, b) = (cost(&shards[0]), cost(&shards[1]));
+        let largest = EXPECTED_SECONDS.iter().map(|(_, s)| *s).max().unwrap();
+        assert!(a.abs_diff(b) <= largest, "{a} against {b}");
+    }
+
+    #[test]
+    fn shards_keep_the_given_order_and_never_outnumber_the_binaries() {
+        let all = vec![binary("upgrade", 2), binary("zeta", 1), binary("accel", 9)];
+        let shards = split(&all, 5);
+        assert_eq!(shards.len(), 3);
+        let one = split(&all, 1);
+        assert_eq!(names(&one[0]), ["upgrade", "zeta", "accel"]);
+        let two = split(&all, 2);
+        assert_eq!(names(&two[0]), ["upgrade"]);
+        assert_eq!(names(&two[1]), ["zeta", "accel"]);
+    }
+}
