@@ -9,7 +9,9 @@ use std::{
     time::Duration,
 };
 
-use super::{roles::LoadResult, AccelNote, Aftermath, Cell, Mode, ProgramCost, Proxy, Settings};
+use super::{
+    cpus::Cpus, roles::LoadResult, AccelNote, Aftermath, Cell, Mode, ProgramCost, Proxy, Settings,
+};
 use crate::{
     guards::ChildGuard,
     probe::Who,
@@ -41,7 +43,7 @@ fn role(
 pub(super) struct Bed {
     pub(super) mode: Mode,
     topo: Topology,
-    _servers: Vec<ChildGuard>,
+    servers: Vec<ChildGuard>,
 }
 
 impl Bed {
@@ -107,7 +109,15 @@ impl Bed {
         Self {
             mode,
             topo,
-            _servers: servers,
+            servers,
+        }
+    }
+
+    /// Runs this bed's servers, and the processes this thread starts from now on, on `cpus`.
+    fn place(&self, cpus: &Cpus) {
+        cpus.confine_self();
+        for server in &self.servers {
+            cpus.confine_process(server.pid());
         }
     }
 
@@ -126,6 +136,7 @@ impl Bed {
         cell: &Cell,
         warmup: Duration,
         duration: Duration,
+        one_cpu_for_one_client: bool,
     ) -> (LoadResult, f64) {
         let mut args: Vec<String> = vec!["load".into(), "--workload".into()];
         args.push(format!("{:?}", cell.workload).to_lowercase());
@@ -151,12 +162,23 @@ impl Bed {
                 &args,
             )
         };
+        // One client: every process of the run on one CPU (cpus.rs), the same in every mode.
+        let all = Cpus::allowed();
+        let one = (one_cpu_for_one_client && cell.concurrency == 1)
+            .then(|| all.last_alone())
+            .flatten();
+        if let Some(one) = &one {
+            self.place(one);
+        }
         let cpu0 = cpu_jiffies();
         let out = cmd
             .stderr(Stdio::inherit())
             .output()
             .expect("load generator");
         let cpu1 = cpu_jiffies();
+        if one.is_some() {
+            self.place(&all);
+        }
         assert!(out.status.success(), "load generator failed");
         let load: LoadResult = serde_json::from_slice(&out.stdout).expect("load result");
         // The busy time covers warm-up and the measured window; scale to the measured part.
@@ -201,7 +223,7 @@ impl Bed {
         let before_setting = std::fs::read_to_string(BPF_STATS).unwrap_or_else(|_| "0".into());
         let _ = std::fs::write(BPF_STATS, "1");
         let before = self.program_counters();
-        let (load, _) = self.run(cell, Duration::ZERO, duration);
+        let (load, _) = self.run(cell, Duration::ZERO, duration, true);
         let after = self.program_counters();
         let _ = std::fs::write(BPF_STATS, before_setting.trim());
         let costs = after

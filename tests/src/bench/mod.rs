@@ -7,6 +7,7 @@
 
 mod bed;
 pub mod cni_add;
+mod cpus;
 pub mod report;
 pub mod roles;
 mod stats;
@@ -166,6 +167,10 @@ pub struct Results {
     pub quick: bool,
     pub rounds: usize,
     pub seconds_per_sample: f64,
+    /// Whether one-client runs kept their processes on one CPU (cpus.rs); runs from before it
+    /// did not.
+    #[serde(default)]
+    pub one_client_on_one_cpu: bool,
     pub cells: Vec<CellResult>,
     /// Conntrack entries in each mode's pod netns after the runs.
     pub conntrack_entries: Vec<(Mode, u64)>,
@@ -193,6 +198,9 @@ pub struct Options {
     pub modes: Vec<Mode>,
     /// Rounds instead of the default (5, quick 3).
     pub rounds: Option<usize>,
+    /// One-client runs too on every CPU, left to the scheduler (by default they run on one CPU:
+    /// cpus.rs).
+    pub any_cpu: bool,
 }
 
 /// Every workload under the kernel's defaults (the headline), and connection churn again under
@@ -376,7 +384,7 @@ pub fn run(opts: &Options) -> Results {
                 // Interleaved: the modes' order rotates every round and cell.
                 for k in 0..beds.len() {
                     let bed = &beds[(round + i + k) % beds.len()];
-                    let (load, cpu) = bed.run(cell, warmup, duration);
+                    let (load, cpu) = bed.run(cell, warmup, duration, !opts.any_cpu);
                     eprintln!(
                         "bench: round {round} {:<48} {:<8} {:>10.0} ops/s  p50 {:>6.0}us  cpu/op {:>6.1}us",
                         cell.label(),
@@ -434,6 +442,8 @@ pub fn run(opts: &Options) -> Results {
         quick: opts.quick,
         rounds,
         seconds_per_sample: seconds,
+        one_client_on_one_cpu: !opts.any_cpu
+            && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1),
         cells: results,
         conntrack_entries: conntrack,
         attach,

@@ -33,13 +33,18 @@ pub fn markdown(r: &Results) -> String {
     let _ = writeln!(o, "# Benchmarks\n");
     let _ = writeln!(
         o,
-        "Produced by `cargo xtask bench{}` on kernel {}, {} CPUs: {} rounds of {:.1} s per sample, the {} modes interleaved (their order rotates every round), warm-up discarded. Medians over rounds; the range is min..max. \"vs none\" divides two such medians; \"vs none, per round\" divides the mode's rate by none's in the same round (seconds apart) and gives the median and range of those ratios, which the machine's drift over minutes moves less. CPU is the whole machine's busy time per operation (from /proc/stat), so it includes the proxy and the client.\n",
+        "Produced by `cargo xtask bench{}` on kernel {}, {} CPUs: {} rounds of {:.1} s per sample, the {} modes interleaved (their order rotates every round), warm-up discarded. Medians over rounds; the range is min..max. \"vs none\" divides two such medians; \"vs none, per round\" divides the mode's rate by none's in the same round (seconds apart) and gives the median and range of those ratios, which the machine's drift over minutes moves less. CPU is the whole machine's busy time per operation (from /proc/stat), so it includes the proxy and the client.{}\n",
         if r.quick { " --quick" } else { "" },
         r.kernel,
         r.cpus,
         r.rounds,
         r.seconds_per_sample,
-        Mode::ALL.len()
+        Mode::ALL.len(),
+        if r.one_client_on_one_cpu {
+            " One-client cells run the load generator, the proxy and the upstream on one CPU, the same in every mode: left to the scheduler, whether they shared a CPU or woke the other one moved a mode's rate by up to half from one sample to the next."
+        } else {
+            " Every process may run on every CPU."
+        }
     );
     let _ = writeln!(o, "![throughput relative to no capture](benchmarks.svg)\n");
     let _ = writeln!(o, "## Under the kernel's default settings\n");
@@ -464,6 +469,7 @@ mod tests {
             quick: true,
             rounds: 3,
             seconds_per_sample: 1.0,
+            one_client_on_one_cpu: true,
             cells: vec![CellResult {
                 label: cell.label(),
                 cell,
@@ -545,6 +551,12 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("iptables 42"));
+        assert!(md.contains("on one CPU, the same in every mode"), "{md}");
+        let anywhere = markdown(&Results {
+            one_client_on_one_cpu: false,
+            ..results()
+        });
+        assert!(anywhere.contains("Every process may run on every CPU."));
         assert!(md.contains("| 28000 / 5 |"), "{md}");
         assert!(
             md.contains("1 difference(s) in 22 cases on this kernel: so_rcvlowat"),

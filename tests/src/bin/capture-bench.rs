@@ -29,6 +29,10 @@ enum Cmd {
         /// Rounds (default 5, quick 3).
         #[arg(long)]
         rounds: Option<usize>,
+        /// Let one-client runs use every CPU too (by default the load generator, the proxy and
+        /// the upstream of a one-client run share one CPU, in every mode).
+        #[arg(long)]
+        any_cpu: bool,
     },
     /// Write benchmarks.md and benchmarks.svg again from a run's results.json, with this build's
     /// report (no measurement).
@@ -87,6 +91,7 @@ fn main() {
             focus,
             modes,
             rounds,
+            any_cpu,
         } => {
             let focused = focus.is_some();
             let results = bench::run(&bench::Options {
@@ -95,6 +100,7 @@ fn main() {
                 focus,
                 modes,
                 rounds,
+                any_cpu,
             });
             if focused {
                 // The targets judge a full run; a focused one says what it measured.
