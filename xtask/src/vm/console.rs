@@ -1,4 +1,4 @@
-//! One kernel's console: every line goes to target/vm/logs/<kernel>.log and into memory for
+//! One VM's console: every line goes to target/vm/logs/<kernel>.<shard>.log and into memory for
 //! results.rs, and the framing lines show progress on the terminal. `stream` feeds it from a
 //! child's output under a deadline, so a hung guest or test costs its time limit, never the run.
 
