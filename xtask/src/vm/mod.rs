@@ -111,71 +111,10 @@ pub fn run(opts: Options) -> Result<()> {
     let binaries = test_binaries(&opts.tests, &opts.filter, opts.scope)?;
     let tests_dir = root.join("tests");
     let timeout = Duration::from_secs(opts.timeout_secs);
-    let shards = shards::split(&binaries, opts.shards);
-    let mut stage2_scripts = Vec::new();
-    for (i, shard) in shards.iter().enumerate() {
-        let path = vm_dir.join(format!("stage2.{i}.sh"));
-        stage2::write(&path, &tests_dir, shard, &opts.filter)?;
-        stage2_scripts.push(path);
-    }
 
     let (host, vms): (Vec<&String>, Vec<&String>) =
         opts.kernels.iter().partition(|k| k.as_str() == HOST);
-    // Fetched and unpacked one at a time, before VMs that share a kernel boot.
-    let mut prepared = Vec::new();
-    for kernel in &vms {
-        prepared.push((kernel.as_str(), prepare_kernel(kernel, &vm_dir)));
-    }
-    // Every kernel's shards, in the order asked for: the slowest kernel first keeps the cores
-    // busy until the end.
-    let jobs: Vec<(&str, usize)> = vms
-        .iter()
-        .flat_map(|k| (0..shards.len()).map(move |i| (k.as_str(), i)))
-        .collect();
-    let one_vm = |&(kernel, shard): &(&str, usize)| -> Result<KernelResult> {
-        let label = if shards.len() == 1 {
-            kernel.to_string()
-        } else {
-            format!("{kernel}.{shard}")
-        };
-        let log = vm_dir.join(format!("logs/{label}.log"));
-        let expected: Vec<&TestBinary> = shards[shard].clone();
-        let boot = prepared
-            .iter()
-            .find(|(k, _)| *k == kernel)
-            .map(|(_, p)| p)
-            .expect("every VM's kernel was prepared");
-        let result = match boot {
-            Ok(boot) => run_vm(
-                (kernel, &label),
-                boot,
-                &log,
-                &stage2_scripts[shard],
-                &expected,
-                timeout,
-            ),
-            Err(e) => Err(anyhow::anyhow!("{e:#}")),
-        };
-        let mut result = result.unwrap_or_else(|e| not_run(kernel, &expected, &format!("{e:#}")));
-        result.log = relative(&root, &log);
-        Ok(result)
-    };
-    let mut parts = in_parallel(&jobs, opts.jobs.max(1), one_vm)?;
-    let mut finished = Vec::new();
-    for kernel in vms {
-        let (mut mine, rest): (Vec<_>, Vec<_>) =
-            parts.into_iter().partition(|r| r.kernel == *kernel);
-        parts = rest;
-        mine.sort_by(|a, b| a.log.cmp(&b.log));
-        let failed_logs: Vec<PathBuf> = mine
-            .iter()
-            .filter(|r| r.error.is_some())
-            .map(|r| root.join(&r.log))
-            .collect();
-        let result = KernelResult::merge(mine, &binaries);
-        results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
-        finished.push((result, failed_logs));
-    }
+    let mut finished = run_vms(&vms, &binaries, &opts, &vm_dir, &tests_dir, timeout)?;
     for kernel in host {
         let log = vm_dir.join(format!("logs/{kernel}.log"));
         let every: Vec<&TestBinary> = binaries.iter().collect();
@@ -222,6 +161,85 @@ pub fn run(opts: Options) -> Result<()> {
         bail!("failures on {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// Boots every VM of `vms` (each kernel's binaries split in `opts.shards`), `opts.jobs` at a
+/// time, and merges each kernel's results, with the logs of its VMs that failed as a whole.
+fn run_vms(
+    vms: &[&String],
+    binaries: &[TestBinary],
+    opts: &Options,
+    vm_dir: &Path,
+    tests_dir: &Path,
+    timeout: Duration,
+) -> Result<Vec<(KernelResult, Vec<PathBuf>)>> {
+    if vms.is_empty() {
+        return Ok(Vec::new());
+    }
+    let root = workspace_root();
+    let shards = shards::split(binaries, opts.shards);
+    let mut stage2_scripts = Vec::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let path = vm_dir.join(format!("stage2.{i}.sh"));
+        stage2::write(&path, tests_dir, shard, &opts.filter)?;
+        stage2_scripts.push(path);
+    }
+    // Fetched and unpacked one at a time, before VMs that share a kernel boot.
+    let mut prepared = Vec::new();
+    for kernel in vms {
+        prepared.push((kernel.as_str(), prepare_kernel(kernel, vm_dir)));
+    }
+    // Every kernel's shards, in the order asked for: the slowest kernel first keeps the cores
+    // busy until the end.
+    let jobs: Vec<(&str, usize)> = vms
+        .iter()
+        .flat_map(|k| (0..shards.len()).map(move |i| (k.as_str(), i)))
+        .collect();
+    let one_vm = |&(kernel, shard): &(&str, usize)| -> Result<KernelResult> {
+        let label = if shards.len() == 1 {
+            kernel.to_string()
+        } else {
+            format!("{kernel}.{shard}")
+        };
+        let log = vm_dir.join(format!("logs/{label}.log"));
+        let expected: Vec<&TestBinary> = shards[shard].clone();
+        let boot = prepared
+            .iter()
+            .find(|(k, _)| *k == kernel)
+            .map(|(_, p)| p)
+            .expect("every VM's kernel was prepared");
+        let result = match boot {
+            Ok(boot) => run_vm(
+                (kernel, &label),
+                boot,
+                &log,
+                &stage2_scripts[shard],
+                &expected,
+                timeout,
+            ),
+            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+        };
+        let mut result = result.unwrap_or_else(|e| not_run(kernel, &expected, &format!("{e:#}")));
+        result.log = relative(&root, &log);
+        Ok(result)
+    };
+    let mut parts = in_parallel(&jobs, opts.jobs.max(1), one_vm)?;
+    let mut finished = Vec::new();
+    for kernel in vms {
+        let (mut mine, rest): (Vec<_>, Vec<_>) =
+            parts.into_iter().partition(|r| r.kernel == **kernel);
+        parts = rest;
+        mine.sort_by(|a, b| a.log.cmp(&b.log));
+        let failed_logs: Vec<PathBuf> = mine
+            .iter()
+            .filter(|r| r.error.is_some())
+            .map(|r| root.join(&r.log))
+            .collect();
+        let result = KernelResult::merge(mine, binaries);
+        results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
+        finished.push((result, failed_logs));
+    }
+    Ok(finished)
 }
 
 /// Runs `work` on every item, at most `jobs` at a time.
