@@ -97,8 +97,8 @@ enum Task {
         #[arg(long, value_delimiter = ',', default_value = "5.10,6.1,6.12,host")]
         kernels: Vec<String>,
         /// Time limit per VM: one that panics or hangs fails with its log after this long, and
-        /// the run goes on with the next. 5.10 under emulation needs about 40 minutes for the
-        /// whole suite, in two VMs of about 20 each when they have a core each.
+        /// the run goes on with the next. 5.10 under emulation needs about an hour for the
+        /// whole suite, in two VMs of about half an hour each when they have a core each.
         #[arg(long, default_value_t = 5400)]
         timeout_secs: u64,
         /// Only these test binaries (the names of tests/tests/*.rs), for a quick run.

@@ -442,8 +442,7 @@ pub fn run(opts: &Options) -> Results {
         quick: opts.quick,
         rounds,
         seconds_per_sample: seconds,
-        one_client_on_one_cpu: !opts.any_cpu
-            && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1),
+        one_client_on_one_cpu: !opts.any_cpu && cpus::Cpus::allowed().last_alone().is_some(),
         cells: results,
         conntrack_entries: conntrack,
         attach,

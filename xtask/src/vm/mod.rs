@@ -202,24 +202,24 @@ fn run_vms(
             format!("{kernel}.{shard}")
         };
         let log = vm_dir.join(format!("logs/{label}.log"));
-        let expected: Vec<&TestBinary> = shards[shard].clone();
+        let expected = &shards[shard];
         let boot = prepared
             .iter()
             .find(|(k, _)| *k == kernel)
             .map(|(_, p)| p)
             .expect("every VM's kernel was prepared");
-        let result = match boot {
+        let mut result = match boot {
             Ok(boot) => run_vm(
                 (kernel, &label),
                 boot,
                 &log,
                 &stage2_scripts[shard],
-                &expected,
+                expected,
                 timeout,
-            ),
-            Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            )
+            .unwrap_or_else(|e| not_run(kernel, expected, &format!("{e:#}"))),
+            Err(e) => not_run(kernel, expected, &format!("{e:#}")),
         };
-        let mut result = result.unwrap_or_else(|e| not_run(kernel, &expected, &format!("{e:#}")));
         result.log = relative(&root, &log);
         Ok(result)
     };
