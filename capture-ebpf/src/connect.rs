@@ -12,7 +12,7 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use capture_common::{
-    addr::{unmap, v4_mapped},
+    addr::{is_loopback4, unmap, v4_mapped},
     config::{
         NodeError, PodConfig, PodCounter, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
     },
@@ -27,7 +27,7 @@ use crate::{
     counters::{bump_node, bump_pod},
     creator, loopback,
     maps::{MapLists, POD_CONFIGS},
-    sockaddr::{SockaddrIn, SockaddrIn6},
+    sockaddr::{sock_addr, SockaddrIn, SockaddrIn6},
     storage,
 };
 
@@ -59,16 +59,6 @@ struct Redirect {
     /// The stateless redirect's loopback address for the destination (`loopback`): the socket
     /// keeps no state, the address says where it was going.
     stateless: Option<u32>,
-}
-
-#[inline(always)]
-#[expect(
-    clippy::mut_from_ref,
-    reason = "the context wraps the kernel's raw pointer; the program is its only user"
-)]
-fn sock_addr(ctx: &SockAddrContext) -> &mut bpf_sock_addr {
-    // SAFETY: the context pointer is valid for the whole program run.
-    unsafe { &mut *ctx.sock_addr }
 }
 
 #[inline(always)]
@@ -212,12 +202,21 @@ fn decide(
     } else {
         None
     };
+    // The stateless redirect binds nothing: the kernel gives the socket the loopback source of
+    // its route, and getsockname and getpeername report the pod address for it (peer.rs). So
+    // both ends' routes stay on `lo`, where the kernel caches them; the pod address as the
+    // proxy's peer is a local route of the pod's interface, which it would build and free per
+    // connection, twice. A socket whose own source is a loopback address (bound so, or for a
+    // loopback destination) keeps the stateful path, so that a loopback peer on the stateless
+    // range always stands for the pod address.
+    let source_unambiguous = bind_to.is_some() || (!unbound && !is_loopback4(conn.src[0]));
     let stateless = stateless_hook
         && file_owner.is_some()
         && verdict == Verdict::Outbound
         && call == Call::Connect
         && !conn.udp
         && !conn.ipv6
+        && source_unambiguous
         && loopback::enabled()
         && !cfg.has(FLAG_ACCELERATE);
     if stateless {
@@ -227,7 +226,7 @@ fn decide(
             forget_redirect(state, sk);
             return Ok(Some(Redirect {
                 port,
-                bind_to,
+                bind_to: None,
                 spreadable: false,
                 orig: conn.dst,
                 orig_port: conn.dst_port,

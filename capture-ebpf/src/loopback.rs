@@ -11,6 +11,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use capture_common::{
+    addr::is_loopback4,
+    config::FLAG_HAS_POD_IP4,
     keys::LoopbackKey,
     loopback::{candidate, in_range, LOOPBACK_PROBES},
     state::OriginalDst,
@@ -141,4 +143,21 @@ pub fn destination_at<C: EbpfContext>(ctx: &C, addr: u32, port: u16) -> Option<O
     };
     // SAFETY: a plain value, copied out.
     unsafe { LOOPBACK_DESTS.get(key) }.copied()
+}
+
+/// The pod address to report in place of `app`, the app's end of a connection whose proxy end is
+/// `proxy:port` (network order, host order), if that is a connection of the stateless redirect
+/// whose app socket the kernel gave a loopback source: `connect4` binds such a socket to
+/// nothing (see `connect.rs`), where iptables would have left it the pod address. Either end
+/// asks: the app's getsockname, the proxy's accept and getpeername.
+#[inline(always)]
+pub fn pod_address_for<C: EbpfContext>(ctx: &C, app: u32, proxy: u32, port: u16) -> Option<u32> {
+    if !enabled() || !in_range(proxy) || !is_loopback4(app) {
+        return None;
+    }
+    // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    (port == cfg.outbound_port && cfg.has(FLAG_HAS_POD_IP4)).then_some(cfg.pod_ip4)
 }

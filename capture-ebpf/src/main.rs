@@ -11,6 +11,7 @@ mod accel;
 mod connect;
 mod counters;
 mod creator;
+mod ends;
 mod lookup;
 mod loopback;
 mod maps;
@@ -84,6 +85,12 @@ pub fn capture_getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn capture_getpeername6(ctx: SockAddrContext) -> i32 {
     peer::on_getpeername6(&ctx);
+    PROCEED
+}
+
+#[cgroup_sock_addr(getsockname4)]
+pub fn capture_getsockname4(ctx: SockAddrContext) -> i32 {
+    peer::on_getsockname4(&ctx);
     PROCEED
 }
 

@@ -1,7 +1,9 @@
-//! `cgroup/getpeername4/6` and `cgroup/recvmsg4/6`: the app's redirected socket reports the
-//! destination it asked for (from its storage, or from its loopback address for the stateless
-//! redirect), and DNS replies from the DNS proxy come from the nameserver the app
-//! asked, as they do under iptables (NAT rewrites packets, not the socket).
+//! `cgroup/getpeername4/6`, `cgroup/getsockname4` and `cgroup/recvmsg4/6`: the app's redirected
+//! socket reports the destination it asked for (from its storage, or from its loopback address
+//! for the stateless redirect), both ends of a stateless redirect report the pod address for the
+//! app's end (the kernel gave the app's socket a loopback source), and DNS replies from the DNS
+//! proxy come from the nameserver the app asked, as they do under iptables (NAT rewrites packets,
+//! not the socket).
 
 use aya_ebpf::programs::SockAddrContext;
 use capture_common::{
@@ -11,7 +13,7 @@ use capture_common::{
     AF_INET,
 };
 
-use crate::{loopback, storage};
+use crate::{ends::ends4, loopback, sockaddr::sock_addr, storage};
 
 /// The redirected original destination of the context's socket, if any.
 #[inline(always)]
@@ -24,13 +26,17 @@ fn redirected_orig(ctx: &SockAddrContext) -> Option<OriginalDst> {
 
 #[inline(always)]
 pub fn on_getpeername4(ctx: &SockAddrContext) {
-    // SAFETY: as above.
-    let (peer, port) = unsafe {
-        (
-            (*ctx.sock_addr).user_ip4,
-            u16::from_be((*ctx.sock_addr).user_port as u16),
-        )
-    };
+    let sa = sock_addr(ctx);
+    let (peer, port) = (sa.user_ip4, u16::from_be(sa.user_port as u16));
+    // The proxy's socket of a stateless redirect (also what accept() reports): its peer is the app.
+    // SAFETY: `sk` is the union's only pointer member in sock_addr programs.
+    let sk = unsafe { sa.__bindgen_anon_1.sk };
+    if let Some(pod) =
+        ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
+    {
+        sock_addr(ctx).user_ip4 = pod;
+        return;
+    }
     // The app's socket of a stateless redirect: its peer is the proxy's end.
     let Some(orig) = redirected_orig(ctx).or_else(|| loopback::destination_at(ctx, peer, port))
     else {
@@ -39,14 +45,33 @@ pub fn on_getpeername4(ctx: &SockAddrContext) {
     if orig.family != AF_INET {
         return;
     }
-    // SAFETY: as above.
-    let sa = unsafe { &mut *ctx.sock_addr };
+    let sa = sock_addr(ctx);
     sa.user_ip4 = orig.addr[0];
     sa.user_port = u32::from(orig.port.to_be());
 }
 
+/// Writes an IPv6 address into the context; the verifier accepts only 4-byte stores there.
+#[inline(always)]
+fn set_user_ip6(ctx: &SockAddrContext, addr: [u32; 4]) {
+    let sa = sock_addr(ctx);
+    sa.user_ip6[0] = addr[0];
+    sa.user_ip6[1] = addr[1];
+    sa.user_ip6[2] = addr[2];
+    sa.user_ip6[3] = addr[3];
+}
+
 #[inline(always)]
 pub fn on_getpeername6(ctx: &SockAddrContext) {
+    // A dual-stack listener's socket of a stateless redirect: its peer, v4-mapped, is the app.
+    let sa = sock_addr(ctx);
+    // SAFETY: as in on_getpeername4.
+    let sk = unsafe { sa.__bindgen_anon_1.sk };
+    if let Some(pod) =
+        ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
+    {
+        set_user_ip6(ctx, v4_mapped(pod));
+        return;
+    }
     let Some(orig) = redirected_orig(ctx) else {
         return;
     };
@@ -55,13 +80,21 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
     } else {
         orig.addr
     };
-    // SAFETY: as above.
-    let sa = unsafe { &mut *ctx.sock_addr };
-    sa.user_ip6[0] = addr[0];
-    sa.user_ip6[1] = addr[1];
-    sa.user_ip6[2] = addr[2];
-    sa.user_ip6[3] = addr[3];
-    sa.user_port = u32::from(orig.port.to_be());
+    set_user_ip6(ctx, addr);
+    sock_addr(ctx).user_port = u32::from(orig.port.to_be());
+}
+
+/// The app's socket of a stateless redirect: its own address is the pod's, as under iptables.
+/// (The redirect is IPv4's only, so IPv6 sockets need no such hook.)
+#[inline(always)]
+pub fn on_getsockname4(ctx: &SockAddrContext) {
+    // SAFETY: as in on_getpeername4.
+    let sk = unsafe { sock_addr(ctx).__bindgen_anon_1.sk };
+    if let Some(pod) =
+        ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.local, e.remote, e.remote_port))
+    {
+        sock_addr(ctx).user_ip4 = pod;
+    }
 }
 
 /// The original destination of a redirected UDP socket, if the datagram (from `src`:`port`, as
@@ -78,8 +111,7 @@ fn dns_reply_origin(ctx: &SockAddrContext, from_proxy: bool, port: u16) -> Optio
 
 #[inline(always)]
 pub fn on_recvmsg4(ctx: &SockAddrContext) {
-    // SAFETY: as above.
-    let sa = unsafe { &mut *ctx.sock_addr };
+    let sa = sock_addr(ctx);
     let port = u16::from_be(sa.user_port as u16);
     let Some(orig) = dns_reply_origin(ctx, sa.user_ip4 == LOCALHOST4, port) else {
         return;
@@ -93,8 +125,7 @@ pub fn on_recvmsg4(ctx: &SockAddrContext) {
 
 #[inline(always)]
 pub fn on_recvmsg6(ctx: &SockAddrContext) {
-    // SAFETY: as above.
-    let sa = unsafe { &mut *ctx.sock_addr };
+    let sa = sock_addr(ctx);
     let from = [
         sa.user_ip6[0],
         sa.user_ip6[1],
@@ -112,9 +143,6 @@ pub fn on_recvmsg6(ctx: &SockAddrContext) {
     } else {
         orig.addr
     };
-    sa.user_ip6[0] = addr[0];
-    sa.user_ip6[1] = addr[1];
-    sa.user_ip6[2] = addr[2];
-    sa.user_ip6[3] = addr[3];
-    sa.user_port = u32::from(orig.port.to_be());
+    set_user_ip6(ctx, addr);
+    sock_addr(ctx).user_port = u32::from(orig.port.to_be());
 }

@@ -188,6 +188,7 @@ fn app_handoff_key(netns_cookie: u64, t: &Tuple) -> HandoffKey {
 #[inline(always)]
 fn accel_join(
     ctx: &SockOpsContext,
+    t: &Tuple,
     side: impl FnOnce(&PodConfig, Option<&SockState>, *mut core::ffi::c_void) -> Side,
 ) -> Option<()> {
     let sk = sock(ctx)?;
@@ -198,7 +199,6 @@ fn accel_join(
     if !cfg.has(FLAG_ACCELERATE) {
         return None;
     }
-    let t = tuple(ctx)?;
     let conn = accel::Conn {
         netns_cookie,
         family: t.family,
@@ -228,13 +228,12 @@ fn connecting_side(cfg: &PodConfig, state: Option<&SockState>, sk: *mut core::ff
 /// The app's socket is connected (to the proxy): publish its original destination, and ask to
 /// hear when the socket closes, to take back an entry the proxy never took.
 #[inline(always)]
-fn on_active_established(ctx: &SockOpsContext) -> Option<()> {
+fn on_active_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
     let state = storage::get(sock(ctx)?)?;
     if state.flags & SOCK_REDIRECTED == 0 {
         return None;
     }
-    let t = tuple(ctx)?;
-    let key = app_handoff_key(state.netns_cookie, &t);
+    let key = app_handoff_key(state.netns_cookie, t);
     if HANDOFF.insert(key, state.orig, 0).is_err() {
         bump_node(NodeError::HandoffFailed);
         bump_pod(state.netns_cookie, PodCounter::Errors);
@@ -287,16 +286,14 @@ fn looks_redirected(cfg: &PodConfig, t: &Tuple) -> bool {
 /// The proxy accepted a connection: take the original destination the app published, or, for
 /// a connection that inbound capture steered to it, its own local address.
 #[inline(always)]
-fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
+fn on_passive_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
     let sk = sock(ctx)?;
     let state = storage::get(sk);
-    let t = tuple(ctx)?;
     let inbound = state
         .as_deref()
         .is_some_and(|s| s.flags & SOCK_INBOUND_LISTENER != 0);
-    // A connection of the stateless redirect: its address says where it was going, so there is
-    // nothing to take (the range is the stateless redirect's alone).
-    if !inbound && t.family == AF_INET && loopback::enabled() && in_range(t.local[0]) {
+    // A connection of the stateless redirect: nothing to take.
+    if !inbound && of_stateless_redirect(t, true) {
         return None;
     }
     let netns_cookie = netns_of(ctx, state.as_deref());
@@ -330,7 +327,7 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     if !inbound {
         // SAFETY: a plain value read once.
         let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
-        if looks_redirected(cfg, &t) {
+        if looks_redirected(cfg, t) {
             bump_node(NodeError::HandoffFailed);
             bump_pod(netns_cookie, PodCounter::Errors);
             let state = state.or_else(|| storage::get_or_create(sk))?;
@@ -348,16 +345,33 @@ fn on_passive_established(ctx: &SockOpsContext) -> Option<()> {
     Some(())
 }
 
+/// A connection of the stateless redirect, seen from either end: its proxy end (the remote one
+/// on the app's socket, the local one on the proxy's) is in the range, which is the stateless
+/// redirect's alone. Its address says where it was going, so there is nothing to hand off, and
+/// no accelerated pod makes one (they keep the stateful path).
+#[inline(always)]
+fn of_stateless_redirect(t: &Tuple, passive: bool) -> bool {
+    let proxy_end = if passive { t.local[0] } else { t.remote[0] };
+    t.family == AF_INET && loopback::enabled() && in_range(proxy_end)
+}
+
 #[inline(always)]
 pub fn on_sock_ops(ctx: &SockOpsContext) {
     match ctx.op() {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
-            let _ = on_active_established(ctx);
-            let _ = accel_join(ctx, connecting_side);
+            let Some(t) = tuple(ctx) else { return };
+            if of_stateless_redirect(&t, false) {
+                return;
+            }
+            let _ = on_active_established(ctx, &t);
+            let _ = accel_join(ctx, &t, connecting_side);
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
-            let _ = on_passive_established(ctx);
-            let _ = accel_join(ctx, |_, _, _| Side::Accepted);
+            let Some(t) = tuple(ctx) else { return };
+            let _ = on_passive_established(ctx, &t);
+            if !of_stateless_redirect(&t, true) {
+                let _ = accel_join(ctx, &t, |_, _, _| Side::Accepted);
+            }
         }
         BPF_SOCK_OPS_TCP_LISTEN_CB => {
             let _ = on_listen(ctx);

@@ -9,13 +9,13 @@
 
 use aya_ebpf::{bindings::bpf_sock, programs::SockoptContext};
 use capture_common::{
-    addr::unmap,
     loopback::in_range,
     state::{OriginalDst, SOCK_ACCEPTED_REDIRECTED, SOCK_HANDOFF_LOST, SOCK_REDIRECTED},
     AF_INET, AF_INET6, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST,
 };
 
 use crate::{
+    ends::ends4,
     loopback,
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
@@ -74,58 +74,18 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
     family_matches.then_some(orig)
 }
 
-/// One field of the context's socket, read with a load of its own.
-///
-/// # Safety
-/// `p` is the address of a field of a non-null `bpf_sock` the program was given.
-#[inline(always)]
-unsafe fn field<T: Copy>(p: *const T) -> T {
-    // SAFETY: see the function's contract.
-    unsafe { core::ptr::read_volatile(p) }
-}
-
 /// The original destination of a connection the stateless redirect sent to the proxy: read from
 /// the proxy's side's local address, or the app's side's remote one, when it is one of the pod's
 /// loopback addresses on its outbound port. An IPv6 socket (a dual-stack listener's) holds the
 /// addresses v4-mapped.
 #[inline(always)]
 fn stateless_orig(ctx: &SockoptContext, sk: *mut bpf_sock) -> Option<OriginalDst> {
-    // Every field is read, each with a volatile load of its own, before anything branches on
-    // the family: loads chosen by a branch are merged by the compiler into one load at a
-    // computed offset, and the verifier refuses arithmetic on a socket pointer.
-    // SAFETY: `sk` was checked for null; only field addresses are formed, each read through
-    // `field`, and every one is readable in sockopt programs.
-    let (family, local_port, remote_port, local4, remote4, local6, remote6) = unsafe {
-        (
-            field(&raw const (*sk).family) as u16,
-            field(&raw const (*sk).src_port) as u16,
-            u16::from_be(field(&raw const (*sk).dst_port)),
-            field(&raw const (*sk).src_ip4),
-            field(&raw const (*sk).dst_ip4),
-            [
-                field(&raw const (*sk).src_ip6[0]),
-                field(&raw const (*sk).src_ip6[1]),
-                field(&raw const (*sk).src_ip6[2]),
-                field(&raw const (*sk).src_ip6[3]),
-            ],
-            [
-                field(&raw const (*sk).dst_ip6[0]),
-                field(&raw const (*sk).dst_ip6[1]),
-                field(&raw const (*sk).dst_ip6[2]),
-                field(&raw const (*sk).dst_ip6[3]),
-            ],
-        )
-    };
-    let (local, remote) = match family {
-        AF_INET => (local4, remote4),
-        AF_INET6 => (unmap(&local6).unwrap_or(0), unmap(&remote6).unwrap_or(0)),
-        _ => return None,
-    };
+    let ends = ends4(sk)?;
     // The proxy's end is the local one on the proxy's socket, the remote one on the app's.
-    let (addr, port) = if in_range(local) {
-        (local, local_port)
+    let (addr, port) = if in_range(ends.local) {
+        (ends.local, ends.local_port)
     } else {
-        (remote, remote_port)
+        (ends.remote, ends.remote_port)
     };
     loopback::destination_at(ctx, addr, port)
 }

@@ -126,6 +126,13 @@ fn verify(case: &Case, got: &Outcome, backend: Option<Backend>) -> Result<(), St
             if got.orig().as_deref() != Some(*orig) {
                 return Err(format!("SO_ORIGINAL_DST {:?}, want {orig}", got.orig()));
             }
+            // Both ends agree on the app's end (its getsockname is the proxy's peer), as without
+            // NAT on the app's side: the pod address where routing gives it.
+            if let Some((local, peer)) = got.ends_disagree() {
+                return Err(format!(
+                    "app getsockname {local}, but the listener saw peer {peer}"
+                ));
+            }
             // The app's socket keeps reporting the destination it asked for, as under iptables.
             if case.opts.create_as.is_none()
                 && !case.opts.v6_socket

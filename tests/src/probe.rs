@@ -189,6 +189,22 @@ impl Outcome {
     pub fn client_local(&self) -> Option<String> {
         self.str_at(&["local"])
     }
+    /// The client's own address and the peer the accepting listener saw, if both are known and
+    /// differ (v4-mapped addresses read as IPv4): one connection, seen from its two ends.
+    #[must_use]
+    pub fn ends_disagree(&self) -> Option<(String, String)> {
+        let (local, peer) = (self.client_local()?, self.peer_seen()?);
+        (unmapped(&local)? != unmapped(&peer)?).then_some((local, peer))
+    }
+}
+
+/// `ADDR:PORT` with a v4-mapped IPv6 address read as the IPv4 one.
+fn unmapped(addr: &str) -> Option<std::net::SocketAddr> {
+    let a: std::net::SocketAddr = addr.parse().ok()?;
+    Some(match a.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, |v4| (v4, a.port()).into()),
+        std::net::IpAddr::V4(_) => a,
+    })
 }
 
 /// The IP part of `ADDR:PORT` / `[ADDR]:PORT`.

@@ -4,7 +4,7 @@
 use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, Pod, MESHED},
     probe::{connect_with, Outcome},
-    topology::{cgroup_programs, pinned_map_len, pod_pins_left},
+    topology::{cgroup_programs, pinned_map_len, pod_pins_left, POD_CGROUP_HOOKS},
 };
 use serde_json::json;
 
@@ -34,7 +34,7 @@ fn add_captures_pods_and_del_leaves_nothing() {
 
     node.check(&a).expect("CHECK a");
     node.check(&b).expect("CHECK b");
-    assert_eq!(cgroup_programs(&a.cgroup).len(), 7);
+    assert_eq!(cgroup_programs(&a.cgroup).len(), POD_CGROUP_HOOKS);
 
     node.del(&a).expect("DEL a");
     node.del(&b).expect("DEL b");
@@ -290,7 +290,7 @@ fn status_and_gc() {
     );
     assert_eq!(
         cgroup_programs(&keep.cgroup).len(),
-        7,
+        POD_CGROUP_HOOKS,
         "GC released a valid pod"
     );
 
@@ -331,7 +331,7 @@ fn install_cni_chains_a_working_plugin() {
     let mut pod = node.pod("installed", CgroupDriver::Systemd, MESHED);
     node.add(&mut pod)
         .expect("ADD through the installed conflist");
-    assert_eq!(cgroup_programs(&pod.cgroup).len(), 7);
+    assert_eq!(cgroup_programs(&pod.cgroup).len(), POD_CGROUP_HOOKS);
     node.del(&pod).expect("DEL");
 }
 
@@ -347,7 +347,11 @@ fn older_spec_versions_work_too() {
         let mut pod = node.pod("legacy", CgroupDriver::Cgroupfs, MESHED);
         node.add(&mut pod)
             .unwrap_or_else(|e| panic!("ADD with {version}: {e}"));
-        assert_eq!(cgroup_programs(&pod.cgroup).len(), 7, "{version}");
+        assert_eq!(
+            cgroup_programs(&pod.cgroup).len(),
+            POD_CGROUP_HOOKS,
+            "{version}"
+        );
         if version == "0.3.1" {
             // CHECK arrived with 0.4.0: for a 0.3.1 network the plugin refuses it, per the spec.
             let err = node.check(&pod).expect_err("CHECK on 0.3.1");
@@ -411,7 +415,7 @@ fn auto_mode_falls_back_per_pod_and_says_so() {
     );
     assert_eq!(
         cgroup_programs(&plain.cgroup).len(),
-        7,
+        POD_CGROUP_HOOKS,
         "the other pod stays on ebpf"
     );
     let body = agent.checked_metrics();

@@ -8,7 +8,9 @@ use capture_tests::{
     cni::{Node, MESHED},
     containerd::{Containerd, CriPod, PodSpec},
     kernel::{has_or_skip, record_skip, Feature},
-    topology::{capture_bin, cgroup_programs, pinned_map_len, pod_pins_left, POD_MAPS},
+    topology::{
+        capture_bin, cgroup_programs, pinned_map_len, pod_pins_left, POD_CGROUP_HOOKS, POD_MAPS,
+    },
 };
 
 /// The node and its runtime: capture-cni chained into the node's CNI configuration.
@@ -125,7 +127,7 @@ fn captured_then_removed(node: &Node, runtime: &Containerd, container_cgroup: fn
     for pod in [&a, &b] {
         assert_eq!(
             cgroup_programs(&pod.cgroup).len(),
-            7,
+            POD_CGROUP_HOOKS,
             "{} is captured",
             pod.name
         );
@@ -259,7 +261,7 @@ fn a_pod_created_while_the_agent_is_down_starts_when_the_runtime_retries() {
     let late = runtime
         .start_pod(&spec, &config)
         .unwrap_or_else(|e| panic!("the retry after the agent came up: {e}"));
-    assert_eq!(cgroup_programs(&late.cgroup).len(), 7);
+    assert_eq!(cgroup_programs(&late.cgroup).len(), POD_CGROUP_HOOKS);
     let got = runtime.connect_from(&late, "app", &format!("{}:8080", other.ip));
     got.assert_served_by("outbound", "the late pod's app");
     for pod in [&late, &other] {
@@ -287,7 +289,7 @@ fn restarting_containerd_or_the_agent_changes_nothing_for_running_pods() {
     assert_captured(&runtime, &a, &b, &other);
     let _agent = node.start_agent("ebpf");
     assert_captured(&runtime, &a, &b, &other);
-    assert_eq!(cgroup_programs(&a.cgroup).len(), 7);
+    assert_eq!(cgroup_programs(&a.cgroup).len(), POD_CGROUP_HOOKS);
     assert_eq!(records(&node), 2);
     // And the restarted pair still captures a new pod.
     let c = run(&runtime, &meshed("c"));

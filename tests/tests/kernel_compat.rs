@@ -7,7 +7,7 @@ use capture_tests::{
     cases::{run_cases, Case, Expect::*},
     guards::NetnsGuard,
     probe::{ConnectOpts, Who},
-    topology::{cgroup_programs, Topology},
+    topology::{cgroup_programs, Topology, POD_CGROUP_HOOKS},
 };
 use capture_user::{ebpf::netns_cookie::netns_cookie, netns::Netns};
 
@@ -182,7 +182,10 @@ fn a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which() {
     assert!(reason.contains("cgroup/recvmsg4"), "{reason}");
     assert_eq!(dns_record["fallback_cause"], "kernel_hook", "{dns_record}");
     assert_eq!(mode_of(&plain)["mode"], "ebpf");
-    assert_eq!(cgroup_programs(&plain.pod.cgroup.path).len(), 7);
+    assert_eq!(
+        cgroup_programs(&plain.pod.cgroup.path).len(),
+        POD_CGROUP_HOOKS
+    );
     assert!(cgroup_programs(&dns_pod.pod.cgroup.path).is_empty());
 
     run_cases(

@@ -9,6 +9,7 @@ use capture_tests::{
     probe::{ConnectOpts, Outcome, Who},
     topology::{
         cgroup_programs, fill_cidr_lists, only_pod_links, pinned_map_len, pod_pins_left, Topology,
+        POD_CGROUP_HOOKS,
     },
 };
 
@@ -19,8 +20,8 @@ fn detach_restores_direct_traffic_and_leaves_nothing() {
     topo.start_all();
     assert_eq!(
         cgroup_programs(&topo.pod.cgroup.path).len(),
-        7,
-        "all seven hooks attached"
+        POD_CGROUP_HOOKS,
+        "all eight cgroup hooks attached"
     );
     run_cases(
         &topo,
@@ -221,7 +222,7 @@ fn attach_is_idempotent_and_refuses_a_conflicting_second_attach() {
     );
     assert_eq!(
         cgroup_programs(&topo.pod.cgroup.path).len(),
-        7,
+        POD_CGROUP_HOOKS,
         "exactly one set of hooks"
     );
 }

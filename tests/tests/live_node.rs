@@ -12,7 +12,7 @@ use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, MESHED},
     guards::ReadOnlyBind,
     probe::{Outcome, Who},
-    topology::{capture_bin, cgroup_programs, only_pod_links, Topology, POD_IP4},
+    topology::{capture_bin, cgroup_programs, only_pod_links, Topology, POD_CGROUP_HOOKS, POD_IP4},
 };
 use capture_user::ebpf::sys;
 
@@ -181,7 +181,7 @@ fn del_without_the_agent_waits_only_for_captured_pods() {
         node.add(pod)
             .unwrap_or_else(|e| panic!("ADD {}: {e}", pod.name));
     }
-    assert_eq!(cgroup_programs(&meshed.cgroup).len(), 7);
+    assert_eq!(cgroup_programs(&meshed.cgroup).len(), POD_CGROUP_HOOKS);
     agent.kill_hard();
 
     for pod in [&plain, &system] {
@@ -205,7 +205,7 @@ fn del_without_the_agent_waits_only_for_captured_pods() {
     );
     assert_eq!(
         cgroup_programs(&meshed.cgroup).len(),
-        7,
+        POD_CGROUP_HOOKS,
         "a captured pod's DEL released nothing without the agent, and left it captured"
     );
 

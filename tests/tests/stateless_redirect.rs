@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use capture_tests::{
     kernel::{has_or_skip, Feature},
-    probe::{ip_of, Who},
-    topology::{pinned_map_len, Topology},
+    probe::{ip_of, ConnectOpts, Outcome, Who},
+    topology::{pinned_map_len, Topology, POD_IP4},
 };
 
 const DESTINATIONS: [&str; 3] = ["10.0.0.5:80", "10.0.0.5:443", "10.0.0.6:80"];
@@ -28,12 +28,37 @@ fn connect_twice_to_each(topo: &Topology) -> BTreeMap<&'static str, Vec<String>>
                 Some(to),
                 "the app's getpeername"
             );
+            assert_pod_end(&got);
             locals.entry(to).or_default().push(ip_of(
                 &got.server_local().expect("the proxy's local address"),
             ));
         }
     }
     locals
+}
+
+/// The app's end of the connection is the pod address, from both ends: the app's getsockname
+/// and the proxy's accept (whatever source the kernel gave the app's socket).
+#[track_caller]
+fn assert_pod_end(got: &Outcome) {
+    let local = got.client_local().unwrap_or_default();
+    assert_eq!(ip_of(&local), POD_IP4, "the app's getsockname: {:?}", got.0);
+    assert_eq!(got.ends_disagree(), None, "the proxy's peer: {:?}", got.0);
+}
+
+/// A pod captured by ebpf with its proxy and app running, where the kernel serves the stateless
+/// redirect (`None`, after recording the skip, elsewhere).
+fn captured_pod() -> Option<Topology> {
+    if !has_or_skip(
+        Feature::StatelessRedirect,
+        "every redirect takes the stateful path here",
+    ) {
+        return None;
+    }
+    let mut topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    topo.start_all();
+    Some(topo)
 }
 
 fn loopback_destinations(topo: &Topology) -> Option<u64> {
@@ -52,15 +77,9 @@ fn loopback_destinations(topo: &Topology) -> Option<u64> {
 /// destinations, and they leave the node's table with the pod.
 #[test]
 fn each_destination_has_an_address_of_its_own_that_answers_for_it() {
-    if !has_or_skip(
-        Feature::StatelessRedirect,
-        "every redirect takes the stateful path here",
-    ) {
+    let Some(topo) = captured_pod() else {
         return;
-    }
-    let mut topo = Topology::new();
-    topo.attach(&["--mode", "ebpf"]);
-    topo.start_all();
+    };
     let locals = connect_twice_to_each(&topo);
     let mut seen = Vec::new();
     for (to, addrs) in &locals {
@@ -121,7 +140,49 @@ fn a_dual_stack_listener_gets_the_address_v4_mapped_and_answers() {
         assert_eq!(got.client_peer().as_deref(), Some(to));
         let local = got.server_local().unwrap_or_default();
         assert!(local.contains("127.2."), "accepted on {local}");
+        assert_pod_end(&got);
     }
+}
+
+/// The app's own source decides the path: bound to the pod address (or unbound), the connection
+/// takes the stateless redirect and both ends see the pod address; bound to a loopback address,
+/// it takes the stateful path, and the proxy sees that address as its peer, as it is.
+#[test]
+fn a_socket_bound_to_a_loopback_source_keeps_it_and_the_stateful_path() {
+    let Some(topo) = captured_pod() else {
+        return;
+    };
+    let bound = |addr: &str| ConnectOpts {
+        bind: Some(addr.to_string()),
+        ..ConnectOpts::default()
+    };
+    let to = "10.0.0.5:80";
+    let pod = topo.connect(&Who::app(), to, &bound(&format!("{POD_IP4}:0")));
+    pod.assert_served_by("outbound", "bound to the pod address");
+    assert_eq!(pod.orig().as_deref(), Some(to));
+    assert!(
+        ip_of(&pod.server_local().unwrap_or_default()).starts_with("127.2."),
+        "bound to the pod address, the stateless redirect: {:?}",
+        pod.0
+    );
+    assert_pod_end(&pod);
+
+    let lo = topo.connect(&Who::app(), to, &bound("127.0.0.1:0"));
+    lo.assert_served_by("outbound", "bound to 127.0.0.1");
+    assert_eq!(lo.orig().as_deref(), Some(to));
+    assert_eq!(lo.client_peer().as_deref(), Some(to));
+    assert!(
+        !ip_of(&lo.server_local().unwrap_or_default()).starts_with("127.2."),
+        "bound to a loopback source, the stateful path: {:?}",
+        lo.0
+    );
+    assert_eq!(
+        lo.peer_seen().map(|p| ip_of(&p)).as_deref(),
+        Some("127.0.0.1"),
+        "{:?}",
+        lo.0
+    );
+    assert_eq!(lo.ends_disagree(), None, "{:?}", lo.0);
 }
 
 /// Switched off, every redirect takes the stateful path (the hand-off and socket storage) and

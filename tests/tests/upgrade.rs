@@ -105,6 +105,20 @@ fn link_ids(bpffs: &Path) -> Vec<u64> {
     ids
 }
 
+/// The names of the link pins of every pod (each named by its program).
+fn pod_link_names(bpffs: &Path) -> Vec<String> {
+    let pods = std::fs::read_dir(bpffs.join("pods")).expect("pods");
+    pods.flatten()
+        .flat_map(|pod| {
+            std::fs::read_dir(pod.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|link| link.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Checks the whole node after a takeover by `bin`: every pod in force, every ebpf pod on `build`.
 fn assert_node_on(bin: &Path, pods: &[Topology], build: &str, phase: &str) {
     let status = status_by(bin, &pods[0]);
@@ -495,11 +509,22 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
         "the previous release's pins are gone"
     );
     assert_eq!(still_loaded("prog", &legacy_programs), Vec::<u64>::new());
-    assert_eq!(
-        link_ids(&node.dirs.bpffs),
-        links,
-        "the links are updated in place"
+    // Every link is updated in place; the hook the previous release lacks is linked anew, once
+    // per ebpf pod.
+    let upgraded = link_ids(&node.dirs.bpffs);
+    assert!(
+        links.iter().all(|l| upgraded.contains(l)),
+        "the links are updated in place: {links:?} then {upgraded:?}"
     );
+    let ebpf_pods = (1..=4).filter(|i| !on_iptables(*i)).count();
+    assert_eq!(
+        pod_link_names(&node.dirs.bpffs)
+            .iter()
+            .filter(|n| *n == "capture_getsockname4")
+            .count(),
+        ebpf_pods
+    );
+    assert_eq!(upgraded.len(), links.len() + ebpf_pods);
 
     agent = replace_agent(&node, &mut agent, &previous);
     all_exchange("rolled back to the previous release");
@@ -509,7 +534,7 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
     assert_node_on(&current, &pods, &build, "upgraded again");
     assert_eq!(
         link_ids(&node.dirs.bpffs),
-        links,
+        upgraded,
         "the links are updated in place"
     );
     for h in held {

@@ -264,8 +264,12 @@ impl EbpfBackend {
     #[must_use]
     pub fn missing_parts(&self, netns_cookie: u64, cfg: &CaptureConfig) -> Vec<String> {
         let dir = self.paths.pod_links_dir(netns_cookie);
-        let mut missing: Vec<String> = HOOKS
+        // The hooks of the node's build: a pod of another build's node lacks none it runs.
+        let mut missing: Vec<String> = self
+            .node
+            .programs
             .iter()
+            .map(|(h, _)| h)
             .filter(|h| h.needed_by(cfg))
             .filter(|h| sys::obj_get(&dir.join(h.program)).is_err())
             .map(|h| h.hook.to_string())

@@ -18,7 +18,7 @@ use capture_common::{
 };
 
 use super::{
-    hooks::{Hook, UnavailableHook, HOOKS},
+    hooks::{Hook, UnavailableHook, HOOKS, HOOKS_ADDED_SINCE_LISTED},
     loader::{adapted_object, build_name, load_hook, object_id, LoadError},
     sys,
 };
@@ -131,9 +131,8 @@ fn is_unavailable(unavailable: &[UnavailableHook], hook: &Hook) -> bool {
 /// Whether every program and map the record names is pinned: the maps of its own layouts, which
 /// an older build's lack this build's newer maps.
 fn all_pinned(paths: &Paths, record: &NodeRecord) -> bool {
-    HOOKS
-        .iter()
-        .filter(|h| !is_unavailable(&record.unavailable, h))
+    record
+        .pinned_hooks()
         .all(|h| record.programs_dir(paths).join(h.program).exists())
         && record
             .map_names()
@@ -191,9 +190,8 @@ pub(super) fn open_programs(
     paths: &Paths,
     record: &NodeRecord,
 ) -> Result<Vec<(Hook, OwnedFd)>, LoadError> {
-    HOOKS
-        .iter()
-        .filter(|hook| !is_unavailable(&record.unavailable, hook))
+    record
+        .pinned_hooks()
         .map(|hook| {
             let path = record.programs_dir(paths).join(hook.program);
             sys::obj_get(&path)
@@ -250,6 +248,10 @@ pub struct NodeRecord {
     pub layouts: BTreeMap<String, u32>,
     #[serde(default)]
     pub unavailable: Vec<UnavailableHook>,
+    /// The programs its build pinned (absent from records of the builds before the list was
+    /// kept: see `HOOKS_ADDED_SINCE_LISTED`).
+    #[serde(default)]
+    pub programs: Vec<String>,
 }
 
 impl NodeRecord {
@@ -269,8 +271,25 @@ impl NodeRecord {
                 .iter()
                 .map(|l| (l.name.to_string(), l.version))
                 .collect(),
+            programs: HOOKS
+                .iter()
+                .filter(|h| !is_unavailable(&unavailable, h))
+                .map(|h| h.program.to_string())
+                .collect(),
             unavailable,
         }
+    }
+
+    /// The hooks its build pinned a program for, of those this build knows.
+    pub fn pinned_hooks(&self) -> impl Iterator<Item = &'static Hook> + '_ {
+        HOOKS.iter().filter(move |h| {
+            let listed = if self.programs.is_empty() {
+                !HOOKS_ADDED_SINCE_LISTED.contains(&h.program)
+            } else {
+                self.programs.iter().any(|p| p == h.program)
+            };
+            listed && !is_unavailable(&self.unavailable, h)
+        })
     }
 
     /// The build's name as status and metrics show it.
