@@ -6,6 +6,7 @@ pub mod accel;
 pub mod accepted;
 pub mod flood;
 pub mod guards;
+pub mod haproxy;
 pub mod kernel;
 pub mod pause;
 pub mod pinned_maps;

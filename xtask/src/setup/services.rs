@@ -1,7 +1,9 @@
 //! Servers that come with a package setup installs only for a command: Debian's `prometheus`
 //! ships `promtool` (the tests lint the agent's metrics with it) together with the Prometheus
 //! server, and `containerd` ships the node's container runtime as a unit (the tests start their
-//! own containerd, with directories of their own); each postinst enables and starts its server.
+//! own containerd, with directories of their own), and `haproxy` ships a load balancer as a unit
+//! (the tests run HAProxy inside a pod with a configuration of their own); each postinst enables
+//! and starts its server.
 //!
 //! Where the postinst would start it:
 //! - in a container without systemd (these machines, CI), invoke-rc.d asks policy-rc.d, which
@@ -21,6 +23,7 @@ use anyhow::{Context as _, Result};
 pub const UNWANTED_SERVICES: &[(&str, &str)] = &[
     ("prometheus", "prometheus.service"),
     ("containerd", "containerd.service"),
+    ("haproxy", "haproxy.service"),
 ];
 
 /// Masks the units of those of `packages` that ship an unwanted server, on a host running

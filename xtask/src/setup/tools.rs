@@ -70,6 +70,9 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("bash", "bash"),
     tool("/lib/systemd/systemd", "systemd"),
     tool("systemctl", "systemd"),
+    // A real transparent proxy as a pod's sidecar (tests/tests/haproxy.rs), run inside the pod
+    // through the probe; its unit stays masked (services.rs).
+    tool("haproxy", "haproxy"),
 ];
 
 /// What `cargo xtask vm` adds on the host: apt and dpkg fetch and unpack the kernels, kmod

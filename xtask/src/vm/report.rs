@@ -60,6 +60,7 @@ pub const CAPABILITIES: &[Capability] = &[
         name: "original destination (SO_ORIGINAL_DST, local address, getpeername)",
         tests: &[
             ("outbound", "default_sidecar"),
+            ("haproxy", "*"),
             ("parity", "default_sidecar_inbound"),
             (
                 "lifecycle",

@@ -1,0 +1,122 @@
+//! A real transparent proxy as a pod's sidecar: Debian's HAProxy, run inside the pod as the
+//! proxy's uid, forwarding each connection to its original destination (`server … 0.0.0.0:0`,
+//! which HAProxy reads with `SO_ORIGINAL_DST` on IPv4) and logging, per connection, the client
+//! it accepted and the destination it forwarded to. None of capture's code or the probe's is on
+//! its side of the connection, so what it logs is what any proxy would see.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    sync::mpsc::{self, Receiver},
+    time::{Duration, Instant},
+};
+
+use crate::probe::{probe_in, Who};
+
+/// The source Istio's inbound passthrough connects from, which the capture rules let through.
+pub const INBOUND_PASSTHROUGH_SRC: &str = "127.0.0.6";
+
+/// What HAProxy logged for one connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Logged {
+    /// The frontend that accepted it (`outbound` or `inbound`).
+    pub frontend: String,
+    /// The client's address as HAProxy's accept() gave it.
+    pub client: String,
+    /// The destination it forwarded to (its `SO_ORIGINAL_DST`).
+    pub destination: String,
+}
+
+/// The running HAProxy; killed, and its configuration removed, on drop.
+pub struct Haproxy {
+    child: Child,
+    dir: PathBuf,
+    lines: Receiver<String>,
+}
+
+fn config(outbound_port: u16, inbound_port: u16) -> String {
+    format!(
+        "global\n  log stdout format raw local0\n\
+         defaults\n  mode tcp\n  log global\n  timeout connect 5s\n  timeout client 10s\n  timeout server 10s\n\
+         listen outbound\n  bind 0.0.0.0:{outbound_port}\n  log-format \"outbound %ci:%cp %fi:%fp\"\n\
+         \x20 server original 0.0.0.0:0\n\
+         listen inbound\n  bind 0.0.0.0:{inbound_port}\n  log-format \"inbound %ci:%cp %fi:%fp\"\n\
+         \x20 server original 0.0.0.0:0 source {INBOUND_PASSTHROUGH_SRC}\n"
+    )
+}
+
+/// Is a TCP socket of the netns `/proc/<pid>/net/tcp` shows listening on `port`?
+fn listening(pid: u32, port: u16) -> bool {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let local = format!(":{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 3 && fields[1].ends_with(&local) && fields[3] == "0A"
+    })
+}
+
+impl Haproxy {
+    /// Starts HAProxy in the pod (netns and cgroup) as `who`, listening on the outbound and
+    /// inbound ports, and waits until both listen.
+    #[must_use]
+    pub fn start_in_pod(netns: &Path, cgroup: &Path, who: &Who) -> Self {
+        let dir = std::env::temp_dir().join(crate::unique("capture-haproxy"));
+        std::fs::create_dir_all(&dir).expect("the HAProxy directory");
+        let file = dir.join("haproxy.cfg");
+        std::fs::write(&file, config(15001, 15006)).expect("the HAProxy configuration");
+        let mut cmd = probe_in(netns, Some(cgroup), Some(who));
+        cmd.arg("exec")
+            .arg("--")
+            .args(["haproxy", "-db", "-f"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let proxy = Self { child, dir, lines };
+        proxy.wait_listening(&[15001, 15006]);
+        proxy
+    }
+
+    fn wait_listening(&self, ports: &[u16]) {
+        let pid = self.child.id();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ports.iter().all(|p| listening(pid, *p)) {
+            assert!(
+                Instant::now() < deadline,
+                "HAProxy did not listen on {ports:?} in time (is it installed? `cargo xtask \
+                 setup` installs Debian's haproxy)"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The next connection HAProxy logs, within `patience`.
+    #[must_use]
+    pub fn next_logged(&self, patience: Duration) -> Option<Logged> {
+        let line = self.lines.recv_timeout(patience).ok()?;
+        let mut words = line.split_whitespace();
+        Some(Logged {
+            frontend: words.next()?.to_string(),
+            client: words.next()?.to_string(),
+            destination: words.next()?.to_string(),
+        })
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
