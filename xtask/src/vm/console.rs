@@ -25,6 +25,9 @@ const TICK: Duration = Duration::from_millis(200);
 const DRAIN: Duration = Duration::from_secs(2);
 /// How long a guest that said `done` gets to power off before it is killed.
 const AFTER_DONE: Duration = Duration::from_secs(30);
+/// Lines of a panic's message said on the terminal after its `panicked at` line: CI keeps only
+/// the terminal, and a failure's reason must be in it, not only in the VM's log.
+const PANIC_LINES: usize = 8;
 
 pub struct Finished {
     pub text: String,
@@ -44,6 +47,10 @@ pub struct Console {
     boot_seconds: Option<f64>,
     binary_seconds: Vec<(String, f64)>,
     running: Option<(String, Instant, usize, usize)>,
+    /// Lines of a panic's message still to say on the terminal.
+    panic_lines_left: usize,
+    /// Every line said on the terminal, in order.
+    said: Vec<String>,
     done: bool,
 }
 
@@ -58,6 +65,8 @@ impl Console {
             boot_seconds: None,
             binary_seconds: Vec::new(),
             running: None,
+            panic_lines_left: 0,
+            said: Vec::new(),
             done: false,
         })
     }
@@ -103,11 +112,32 @@ impl Console {
         })
     }
 
-    fn say(&self, what: &str) {
+    /// The lines said on the terminal so far, without their label and time.
+    #[cfg(test)]
+    pub fn said(&self) -> &[String] {
+        &self.said
+    }
+
+    fn say(&mut self, what: &str) {
         println!("[{} +{:.1}s] {what}", self.label, self.elapsed());
+        self.said.push(what.to_string());
     }
 
     fn progress(&mut self, line: &str) {
+        if line.starts_with("thread '") && line.contains("' panicked at ") {
+            self.say(&format!("    {line}"));
+            self.panic_lines_left = PANIC_LINES;
+            return;
+        }
+        if self.panic_lines_left > 0 {
+            if line.trim().is_empty() || line.starts_with("note: ") {
+                self.panic_lines_left = 0;
+            } else {
+                self.panic_lines_left -= 1;
+                self.say(&format!("    {line}"));
+                return;
+            }
+        }
         if let Some(rest) = after(line, VM) {
             let mut words = rest.split_whitespace();
             match (words.next(), words.next()) {
@@ -133,16 +163,19 @@ impl Console {
                 _ => self.say(line),
             }
         } else if let Some((name, Some(outcome))) = test_line(line) {
+            let mut failure = None;
             if let Some((binary, _, passed, failed)) = &mut self.running {
                 match outcome {
                     Outcome::Pass => *passed += 1,
                     Outcome::Fail => {
                         *failed += 1;
-                        let what = format!("  FAILED {binary}::{name}");
-                        self.say(&what);
+                        failure = Some(format!("  FAILED {binary}::{name}"));
                     }
                     _ => {}
                 }
+            }
+            if let Some(what) = failure {
+                self.say(&what);
             }
         }
     }

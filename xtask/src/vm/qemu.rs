@@ -43,8 +43,11 @@ pub fn boot(
             .arg("-initrd")
             .arg(initrd)
             .arg("-append")
+            // `mitigations=off tsc=reliable`: a guest thrown away after its run needs no
+            // speculation barriers, and without a trusted TSC its clock is an emulated HPET,
+            // which every time read pays for; 5.10 ran a short binary 20% faster with both.
             .arg(format!(
-                "console=ttyS0 panic=-1 quiet capture.stage2={stage2} capture.workspace={}",
+                "console=ttyS0 panic=-1 quiet mitigations=off tsc=reliable clocksource=tsc capture.stage2={stage2} capture.workspace={}",
                 super::workspace_root().display()
             ))
             .arg("-virtfs")

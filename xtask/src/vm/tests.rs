@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use super::{
+    console::Console,
     features::kernel_has,
     lines::clean,
     model::{KernelResult, Outcome, TestBinary},
@@ -353,4 +354,31 @@ fn a_kernel_split_over_two_vms_reads_as_one_run_in_the_binaries_order() {
     assert_eq!(merged.log, "6.1.1.log, 6.1.0.log");
     assert_eq!(merged.error.as_deref(), Some("timed out after 1500 s"));
     assert!(merged.failed());
+}
+
+#[test]
+fn a_failures_panic_message_reaches_the_terminal() {
+    let log = std::env::temp_dir().join(format!("capture-console-{}.log", std::process::id()));
+    let mut console = Console::create(&log, "5.10").expect("the log");
+    for line in LOG_510.lines() {
+        console.line(line).expect("a line");
+    }
+    let said = console.said().to_vec();
+    let _ = std::fs::remove_file(&log);
+    let at = said
+        .iter()
+        .position(|l| l.contains("thread 'default_sidecar' panicked at tests/tests/outbound.rs"))
+        .unwrap_or_else(|| panic!("no panic line in {said:#?}"));
+    assert_eq!(said[at + 1].trim(), "expected 15001, got 80", "{said:#?}");
+    assert!(
+        !said
+            .iter()
+            .any(|l| l.contains("RUST_BACKTRACE") || l.contains("promiscuous")),
+        "the note and printk lines stay in the log: {said:#?}"
+    );
+    assert!(
+        said.iter()
+            .any(|l| l == "  FAILED outbound::default_sidecar"),
+        "{said:#?}"
+    );
 }
