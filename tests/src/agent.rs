@@ -10,6 +10,13 @@ use std::{
 
 use crate::cni::METRICS_CONTENT_TYPE;
 
+/// How long an agent may take to answer, and to become ready. Generous: a deadline costs nothing
+/// when the agent is quick, and under emulation (the kernel matrix) it is not. On 5.10 a
+/// takeover of a node of twenty pods under traffic, which rebuilds and migrates maps, took about
+/// a minute from start to ready (December 2026), and CI's host emulated some 1.5 times slower
+/// still; the start-up probe alone, which loads and attaches every program, takes half a minute.
+const READY_PATIENCE: Duration = Duration::from_secs(300);
+
 /// The running agent, killed on drop.
 pub struct Agent {
     pub(crate) child: Option<Child>,
@@ -124,9 +131,7 @@ impl Agent {
 
     /// Waits until /readyz says ready.
     pub fn wait_ready(&self) {
-        // Generous: under emulation (the kernel matrix) the agent's start-up probe, which loads
-        // and attaches every program, alone can take half a minute.
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + READY_PATIENCE;
         while self.get("/readyz").is_none_or(|(code, _)| code != 200) {
             assert!(Instant::now() < deadline, "the agent did not become ready");
             std::thread::sleep(Duration::from_millis(50));
@@ -136,7 +141,7 @@ impl Agent {
     /// Waits until the agent answers /readyz at all; its answer.
     #[must_use]
     pub fn wait_answer(&self, path: &str) -> (u16, String) {
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + READY_PATIENCE;
         loop {
             if let Some(answer) = self.get(path) {
                 return answer;

@@ -33,11 +33,17 @@ pub struct Haproxy {
     child: Child,
     dir: PathBuf,
     lines: Receiver<String>,
+    /// Its standard error, where it says why it did not start.
+    errors: PathBuf,
 }
+
+/// How long HAProxy may take to listen. Generous: under emulation, on a busy host, a process's
+/// start-up costs many times what it costs here.
+const LISTEN_PATIENCE: Duration = Duration::from_secs(90);
 
 fn config(outbound_port: u16, inbound_port: u16) -> String {
     format!(
-        "global\n  log stdout format raw local0\n\
+        "global\n  log stdout format raw local0\n  maxconn 256\n  nbthread 1\n\
          defaults\n  mode tcp\n  log global\n  timeout connect 5s\n  timeout client 10s\n  timeout server 10s\n\
          listen outbound\n  bind 0.0.0.0:{outbound_port}\n  log-format \"outbound %ci:%cp %fi:%fp\"\n\
          \x20 server original 0.0.0.0:0\n\
@@ -65,13 +71,15 @@ impl Haproxy {
         std::fs::create_dir_all(&dir).expect("the HAProxy directory");
         let file = dir.join("haproxy.cfg");
         std::fs::write(&file, config(15001, 15006)).expect("the HAProxy configuration");
+        let errors = dir.join("stderr");
+        let stderr = std::fs::File::create(&errors).expect("HAProxy's stderr file");
         let mut cmd = probe_in(netns, Some(cgroup), Some(who));
         cmd.arg("exec")
             .arg("--")
             .args(["haproxy", "-db", "-f"])
             .arg(&file)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let (tx, lines) = mpsc::channel();
@@ -82,34 +90,56 @@ impl Haproxy {
                 }
             }
         });
-        let proxy = Self { child, dir, lines };
+        let mut proxy = Self {
+            child,
+            dir,
+            lines,
+            errors,
+        };
         proxy.wait_listening(&[15001, 15006]);
         proxy
     }
 
-    fn wait_listening(&self, ports: &[u16]) {
+    fn wait_listening(&mut self, ports: &[u16]) {
         let pid = self.child.id();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + LISTEN_PATIENCE;
         while !ports.iter().all(|p| listening(pid, *p)) {
+            let exited = self.child.try_wait().ok().flatten();
             assert!(
-                Instant::now() < deadline,
-                "HAProxy did not listen on {ports:?} in time (is it installed? `cargo xtask \
-                 setup` installs Debian's haproxy)"
+                exited.is_none() && Instant::now() < deadline,
+                "HAProxy did not listen on {ports:?} within {LISTEN_PATIENCE:?} (exited: \
+                 {exited:?}; is it installed? `cargo xtask setup` installs Debian's haproxy); \
+                 it said: {}",
+                self.said()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// The next connection HAProxy logs, within `patience`.
+    /// What HAProxy wrote to its standard error so far.
+    #[must_use]
+    pub fn said(&self) -> String {
+        std::fs::read_to_string(&self.errors).unwrap_or_default()
+    }
+
+    /// The next connection HAProxy logs, within `patience`. Lines not of the connection log's
+    /// format (a notice of HAProxy's own) are passed over.
     #[must_use]
     pub fn next_logged(&self, patience: Duration) -> Option<Logged> {
-        let line = self.lines.recv_timeout(patience).ok()?;
-        let mut words = line.split_whitespace();
-        Some(Logged {
-            frontend: words.next()?.to_string(),
-            client: words.next()?.to_string(),
-            destination: words.next()?.to_string(),
-        })
+        let deadline = Instant::now() + patience;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let line = self.lines.recv_timeout(left).ok()?;
+            if let [frontend @ ("outbound" | "inbound"), client, destination] =
+                line.split_whitespace().collect::<Vec<_>>()[..]
+            {
+                return Some(Logged {
+                    frontend: frontend.to_string(),
+                    client: client.to_string(),
+                    destination: destination.to_string(),
+                });
+            }
+        }
     }
 }
 

@@ -12,7 +12,10 @@ use capture_tests::{
     topology::{Topology, POD_IP4},
 };
 
-const PATIENCE: Duration = Duration::from_secs(10);
+/// How long HAProxy may take to log a connection, which it does when the connection ends.
+/// Generous, for emulation on a busy host; a connection that never ends is logged after HAProxy's
+/// own client and server timeouts (10 s), which this outlasts.
+const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The pod captured by `backend`, with HAProxy as its sidecar, the app's listeners and the
 /// remote side's.
@@ -32,9 +35,12 @@ fn port_of(addr: &str) -> String {
 
 #[track_caller]
 fn logged(proxy: &Haproxy, backend: &str) -> Logged {
-    proxy
-        .next_logged(PATIENCE)
-        .unwrap_or_else(|| panic!("{backend}: HAProxy logged no connection"))
+    proxy.next_logged(PATIENCE).unwrap_or_else(|| {
+        panic!(
+            "{backend}: HAProxy logged no connection within {PATIENCE:?}; it said: {}",
+            proxy.said()
+        )
+    })
 }
 
 fn outbound_through_haproxy(backend: &str) {
