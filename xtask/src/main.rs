@@ -108,8 +108,8 @@ enum Task {
         #[arg(long, allow_hyphen_values = true)]
         filter: Option<String>,
         /// Where to write the kernel support table. Without it, the table goes to
-        /// docs/kernel-support.md only when all four kernels ran the whole suite (no --tests, --filter
-        /// or --scope kernel).
+        /// docs/kernel-support.md only when all four kernels ran the whole suite (no --tests,
+        /// --filter or --scope other than all).
         #[arg(long)]
         report: Option<std::path::PathBuf>,
         /// VMs running at once (each emulates on one host thread); by default one per core.
@@ -120,7 +120,8 @@ enum Task {
         #[arg(long, default_value_t = 2)]
         shards: usize,
         /// `all` runs the whole suite; `kernel` leaves out the binaries whose subject is user
-        /// space (chaos, containerd, bad_input, ...), which `cargo xtask test` runs on the host.
+        /// space (chaos, containerd, bad_input, ...); `hooks` runs only those whose subject is
+        /// what the kernel answers (outbound, parity, accel, ...: CI's matrix).
         #[arg(long, value_enum, default_value = "all")]
         scope: vm::Scope,
     },
