@@ -15,7 +15,7 @@ use crate::cni::METRICS_CONTENT_TYPE;
 /// takeover of a node of twenty pods under traffic, which rebuilds and migrates maps, took about
 /// a minute from start to ready (December 2026), and CI's host emulated some 1.5 times slower
 /// still; the start-up probe alone, which loads and attaches every program, takes half a minute.
-const READY_PATIENCE: Duration = Duration::from_secs(300);
+pub const READY_PATIENCE: Duration = Duration::from_secs(300);
 
 /// The running agent, killed on drop.
 pub struct Agent {

@@ -16,6 +16,7 @@ use std::{
 };
 
 use capture_tests::{
+    agent::READY_PATIENCE,
     cni::{Agent, Node},
     guards::ChildGuard,
     previous_release_capture_bin,
@@ -401,7 +402,7 @@ fn a_build_that_meets_a_newer_layout_leaves_the_programs_in_force_and_says_why()
     std::fs::write(&record_path, record.to_string()).expect("writing the node record");
 
     let mut agent = node.spawn_agent_of(&new_bin, "ebpf", &[]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let deadline = std::time::Instant::now() + READY_PATIENCE;
     let (code, body) = loop {
         let (code, body) = agent.wait_answer("/readyz");
         if body.contains("SOCKET_STATES") || std::time::Instant::now() > deadline {

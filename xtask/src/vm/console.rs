@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{
-    lines::{after, before_printk, clean, test_line, NOTE, VM},
+    lines::{after, before_printk, clean, is_panic, test_line, NOTE, VM},
     model::Outcome,
 };
 
@@ -124,7 +124,7 @@ impl Console {
     }
 
     fn progress(&mut self, line: &str) {
-        if line.starts_with("thread '") && line.contains("' panicked at ") {
+        if is_panic(line) {
             self.say(&format!("    {line}"));
             self.panic_lines_left = PANIC_LINES;
             return;

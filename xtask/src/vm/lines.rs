@@ -67,6 +67,12 @@ pub fn outcome_word(text: &str) -> Option<Outcome> {
     }
 }
 
+/// Whether `line` is a panic's first line (`thread 'NAME' panicked at FILE:LINE:COL:`); its
+/// message follows on the next lines.
+pub fn is_panic(line: &str) -> bool {
+    line.contains("panicked at")
+}
+
 /// `line` up to a printk timestamp (`[   12.345678]`); `None` if it starts with one.
 pub fn before_printk(line: &str) -> Option<&str> {
     let at = line.match_indices('[').map(|(i, _)| i).find(|&i| {

@@ -10,7 +10,7 @@ use anyhow::Result;
 
 use super::{
     features,
-    lines::{after, before_printk, clean, outcome_word, test_line, NOTE, SKIP, VM},
+    lines::{after, before_printk, clean, is_panic, outcome_word, test_line, NOTE, SKIP, VM},
     model::{BinaryRun, KernelResult, Outcome, TestBinary, TestResult},
 };
 
@@ -144,11 +144,8 @@ fn take_reason(test: &mut Seen, line: &str) {
     if test.final_reason || line.is_empty() {
         return;
     }
-    let after_panic = test
-        .reason
-        .as_deref()
-        .is_some_and(|r| r.contains("panicked at"));
-    if after_panic || test.reason.is_none() || line.contains("panicked at") {
+    let after_panic = test.reason.as_deref().is_some_and(is_panic);
+    if after_panic || test.reason.is_none() || is_panic(line) {
         test.reason = Some(line.chars().take(MAX).collect());
         test.final_reason = after_panic;
     }
