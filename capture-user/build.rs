@@ -37,14 +37,26 @@ fn main() {
         println!("cargo:warning=CAPTURE_SKIP_EBPF_BUILD=1: the binary carries no kernel programs");
         fs::write(&object, []).expect("write empty object");
         fs::write(&netns_cookie_object, []).expect("write empty object");
-        return;
+    } else {
+        build_ebpf(
+            &workspace.join("capture-ebpf"),
+            &out_dir.join("ebpf-target"),
+            &object,
+            &netns_cookie_object,
+        );
     }
-    build_ebpf(
-        &workspace.join("capture-ebpf"),
-        &out_dir.join("ebpf-target"),
-        &object,
-        &netns_cookie_object,
-    );
+    let built = fs::read(&object).expect("read the kernel object");
+    println!("cargo:rustc-env=CAPTURE_OBJECT_ID={:016x}", fnv1a(&built));
+}
+
+/// FNV-1a: stable across runs and builds, and needs no dependency (loader.rs's `object_id`).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 fn build_ebpf(crate_dir: &Path, target_dir: &Path, object: &Path, netns_cookie_object: &Path) {

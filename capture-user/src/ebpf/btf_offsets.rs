@@ -40,21 +40,40 @@ impl OwnerOffsets {
     /// `tcp_sock` pointer and read the `sock`'s member through it).
     pub fn from_btf(data: &[u8]) -> Result<Self, String> {
         let btf = Btf::parse(data)?;
+        // One walk of the type section for all of them: vmlinux has over 100,000 types, and
+        // every attach reads them.
+        let structs = btf.structs(&[
+            "tcp_sock",
+            "inet_connection_sock",
+            "inet_sock",
+            "sock",
+            "socket",
+            "file",
+            "cred",
+        ])?;
+        let offset = |outer: &str, member: &str| -> Result<u32, String> {
+            let found = structs
+                .iter()
+                .find(|(name, _)| *name == outer)
+                .and_then(|(_, s)| s.as_ref())
+                .ok_or_else(|| format!("no struct {outer}"))?;
+            btf.member_offset(found, outer, member)
+        };
         for (outer, first) in [
             ("tcp_sock", "inet_conn"),
             ("inet_connection_sock", "icsk_inet"),
             ("inet_sock", "sk"),
         ] {
-            if btf.member_offset(outer, first)? != 0 {
+            if offset(outer, first)? != 0 {
                 return Err(format!("struct {outer} does not begin with {first}"));
             }
         }
         Ok(Self {
-            sock_sk_socket: btf.member_offset("sock", "sk_socket")?,
-            socket_file: btf.member_offset("socket", "file")?,
-            file_f_cred: btf.member_offset("file", "f_cred")?,
-            cred_fsuid: btf.member_offset("cred", "fsuid")?,
-            cred_fsgid: btf.member_offset("cred", "fsgid")?,
+            sock_sk_socket: offset("sock", "sk_socket")?,
+            socket_file: offset("socket", "file")?,
+            file_f_cred: offset("file", "f_cred")?,
+            cred_fsuid: offset("cred", "fsuid")?,
+            cred_fsgid: offset("cred", "fsgid")?,
         })
     }
 }
@@ -117,38 +136,65 @@ impl<'a> Btf<'a> {
         &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
     }
 
-    /// The byte offset of `member` in the first struct named `outer` that has members.
-    fn member_offset(&self, outer: &str, member: &str) -> Result<u32, String> {
+    /// Each of `names` with the first struct of that name that has members, if there is one,
+    /// from one walk of the type section.
+    fn structs<'n>(&self, names: &[&'n str]) -> Result<Vec<(&'n str, Option<Struct>)>, String> {
+        let mut found: Vec<(&str, Option<Struct>)> = names.iter().map(|n| (*n, None)).collect();
+        let mut missing = names.len();
         let mut at = 0;
-        while at < self.types.len() {
+        while at < self.types.len() && missing > 0 {
             let name = u32_at(self.types, at)?;
             let info = u32_at(self.types, at + 4)?;
             let kind = (info >> 24) & 0x1f;
             let vlen = (info & 0xffff) as usize;
-            let bitfields = info >> 31 == 1;
             let members = at + 12;
             at = members + trailing_bytes(kind, vlen)?;
-            if kind != KIND_STRUCT || vlen == 0 || self.name(name) != outer.as_bytes() {
+            if kind != KIND_STRUCT || vlen == 0 {
                 continue;
             }
-            for i in 0..vlen {
-                let m = members + 12 * i;
-                if self.name(u32_at(self.types, m)?) != member.as_bytes() {
-                    continue;
-                }
-                let raw = u32_at(self.types, m + 8)?;
-                // With the kind flag set, the top byte is a bitfield's size and the rest its
-                // offset in bits.
-                let bits = if bitfields { raw & 0x00ff_ffff } else { raw };
-                if bits % 8 != 0 {
-                    return Err(format!("{outer}.{member} is a bitfield"));
-                }
-                return Ok(bits / 8);
+            let name = self.name(name);
+            if let Some((_, slot @ None)) = found.iter_mut().find(|(n, _)| n.as_bytes() == name) {
+                *slot = Some(Struct {
+                    members,
+                    vlen,
+                    bitfields: info >> 31 == 1,
+                });
+                missing -= 1;
             }
-            return Err(format!("struct {outer} has no member {member}"));
         }
-        Err(format!("no struct {outer}"))
+        Ok(found)
     }
+
+    /// The byte offset of `member` in `found`, the struct named `outer`.
+    fn member_offset(&self, found: &Struct, outer: &str, member: &str) -> Result<u32, String> {
+        for i in 0..found.vlen {
+            let m = found.members + 12 * i;
+            if self.name(u32_at(self.types, m)?) != member.as_bytes() {
+                continue;
+            }
+            let raw = u32_at(self.types, m + 8)?;
+            // With the kind flag set, the top byte is a bitfield's size and the rest its
+            // offset in bits.
+            let bits = if found.bitfields {
+                raw & 0x00ff_ffff
+            } else {
+                raw
+            };
+            if bits % 8 != 0 {
+                return Err(format!("{outer}.{member} is a bitfield"));
+            }
+            return Ok(bits / 8);
+        }
+        Err(format!("struct {outer} has no member {member}"))
+    }
+}
+
+/// A struct's record in the type section: where its members begin, how many there are, and
+/// whether their offsets carry bitfield sizes (the kind flag).
+struct Struct {
+    members: usize,
+    vlen: usize,
+    bitfields: bool,
 }
 
 #[cfg(test)]

@@ -61,16 +61,12 @@ pub enum LoadError {
     Takeover { path: PathBuf, reason: String },
 }
 
-/// Identifies the embedded object, so that pins from another build are recognised.
+/// Identifies the embedded object, so that pins from another build are recognised: FNV-1a of
+/// its bytes, which build.rs computes once (at run time it cost every command a pass over a
+/// megabyte).
 #[must_use]
 pub fn object_id() -> String {
-    // FNV-1a: stable across runs and builds, and needs no dependency.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in OBJECT {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    env!("CAPTURE_OBJECT_ID").to_string()
 }
 
 /// The build's name: the package version and the object's id (two builds of one version with
