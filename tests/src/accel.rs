@@ -30,26 +30,29 @@ pub fn differences(report: &Value) -> Vec<String> {
 }
 
 /// This kernel's verdict (the node file `capture accel-check` writes), if acceleration moves
-/// bytes here and differs only in `EDGE_CASES`; checked once per test process.
+/// bytes here and differs only in `EDGE_CASES`; checked once per test run (the check takes
+/// seconds, half a minute under emulation, and every binary of the parity matrix asks).
 fn edge_only_verdict() -> Option<&'static Value> {
     static VERDICT: OnceLock<Option<Value>> = OnceLock::new();
     VERDICT
-        .get_or_init(|| {
-            let topo = Topology::new();
-            let out = topo.capture(&["accel-check", "--json"]);
-            let report: Value = serde_json::from_slice(&out.stdout).ok()?;
-            let moved = report["accelerated_bytes"].as_u64() > Some(0);
-            let edge_only = differences(&report)
-                .iter()
-                .all(|d| EDGE_CASES.contains(&d.as_str()));
-            if !(moved && edge_only) {
-                eprintln!("acceleration is left out of the parity matrix on this kernel: {report}");
-                return None;
-            }
-            let node = std::fs::read(topo.dirs.state.join("acceleration.json")).ok()?;
-            serde_json::from_slice(&node).ok()
-        })
+        .get_or_init(|| crate::once_per_run("accel-verdict", check_edge_only))
         .as_ref()
+}
+
+fn check_edge_only() -> Option<Value> {
+    let topo = Topology::new();
+    let out = topo.capture(&["accel-check", "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let moved = report["accelerated_bytes"].as_u64() > Some(0);
+    let edge_only = differences(&report)
+        .iter()
+        .all(|d| EDGE_CASES.contains(&d.as_str()));
+    if !(moved && edge_only) {
+        eprintln!("acceleration is left out of the parity matrix on this kernel: {report}");
+        return None;
+    }
+    let node = std::fs::read(topo.dirs.state.join("acceleration.json")).ok()?;
+    serde_json::from_slice(&node).ok()
 }
 
 /// Lets `topo`'s node accelerate pods that ask, accepting the edge cases: this kernel's verdict

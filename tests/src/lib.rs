@@ -36,6 +36,41 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// A fact of this kernel and build that costs seconds to learn, learned once per test run rather
+/// than once per test binary: kept in `$CAPTURE_TEST_CACHE` (which `cargo xtask test` and the
+/// kernel matrix set to a directory of the run's own) under `key` with the kernel release and the
+/// build's name; without the variable, `learn` runs every time it is asked.
+pub fn once_per_run<T>(key: &str, learn: impl FnOnce() -> T) -> T
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let Some(dir) = std::env::var_os("CAPTURE_TEST_CACHE") else {
+        return learn();
+    };
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let path = Path::new(&dir).join(format!(
+        "{key}-{}-{}.json",
+        capture_user::ebpf::loader::build_name(),
+        release.trim()
+    ));
+    if let Some(known) = std::fs::read(&path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+    {
+        return known;
+    }
+    let learned = learn();
+    // Written whole, then renamed: a binary running beside this one reads all of it or nothing.
+    let partial = path.with_extension(format!("{}.partial", std::process::id()));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&partial, serde_json::to_vec(&learned).expect("JSON")))
+        .and_then(|()| std::fs::rename(&partial, &path));
+    if let Err(e) = written {
+        eprintln!("cannot keep {} for the run: {e}", path.display());
+    }
+    learned
+}
+
 /// A binary built next to the test executable (target/<profile>/NAME), or `$ENV` if set.
 pub fn built_binary(name: &str, env: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {

@@ -156,14 +156,41 @@ pub fn cargo() -> Command {
 /// out of every other build (a release build at the workspace root among them).
 pub const TEST_FEATURES: [&str; 2] = ["--features", "capture-user/test-hooks"];
 
+/// A directory of one test run's own, where the tests keep what they learn once per run
+/// (`capture_tests::once_per_run`); removed when the run ends.
+pub struct TestCache(std::path::PathBuf);
+
+impl TestCache {
+    pub const VAR: &str = "CAPTURE_TEST_CACHE";
+
+    pub fn new() -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("capture-test-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TestCache {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `cargo test`, streaming its output, then one closing line that totals every test binary
 /// (cargo's own last line is often a doc-test run with nothing in it).
 fn test(args: &[String]) -> Result<()> {
     use std::io::{BufRead as _, BufReader};
+    let cache = TestCache::new()?;
     let mut child = cargo()
         .args(["test", "--locked", "--no-fail-fast"])
         .args(TEST_FEATURES)
         .args(args)
+        .env(TestCache::VAR, cache.path())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .context("running cargo test")?;

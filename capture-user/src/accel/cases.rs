@@ -85,13 +85,23 @@ fn small_writes(p: &Pair<'_>) -> io::Result<Observation> {
     Ok(obs)
 }
 
-/// Writes `data` on one thread while the other side reads it all.
+/// Writes `data` on one thread while the other side reads it all, and says whether what arrived
+/// is what was sent (compared, not digested: a digest of 16 MiB costs an unoptimized build
+/// seconds under emulation, a comparison is a memcmp).
 fn stream(mut from: TcpStream, mut to: TcpStream, data: Vec<u8>) -> io::Result<String> {
     let len = data.len();
-    let writer = std::thread::spawn(move || from.write_all(&data).map(|()| from));
+    let sent = std::sync::Arc::new(data);
+    let writer = {
+        let sent = std::sync::Arc::clone(&sent);
+        std::thread::spawn(move || from.write_all(&sent).map(|()| from))
+    };
     let got = read_exactly(&mut to, len)?;
     writer.join().expect("writer")?;
-    Ok(digest(&got))
+    Ok(if got == *sent {
+        format!("{len} bytes, as sent")
+    } else {
+        format!("{len} bytes, not as sent: {}", digest(&got))
+    })
 }
 
 fn large_writes(p: &Pair<'_>) -> io::Result<Observation> {

@@ -28,7 +28,10 @@ pub fn run(
     console.line(&format!("capture-vm: kernel {}", release.trim()))?;
     let skips = std::env::temp_dir().join(format!("capture-skips-{}", std::process::id()));
     fs::write(&skips, "")?;
-    let timed_out = run_binaries(binaries, filter, tests_dir, &skips, deadline, console);
+    let cache = crate::TestCache::new()?;
+    let timed_out = run_binaries(
+        binaries, filter, tests_dir, &skips, &cache, deadline, console,
+    );
     let _ = fs::remove_file(&skips);
     if timed_out? {
         return Ok(true);
@@ -42,6 +45,7 @@ fn run_binaries(
     filter: &[String],
     tests_dir: &Path,
     skips: &Path,
+    cache: &crate::TestCache,
     deadline: Instant,
     console: &mut Console,
 ) -> Result<bool> {
@@ -54,6 +58,7 @@ fn run_binaries(
                 .args(filter)
                 .current_dir(tests_dir)
                 .env("CAPTURE_SKIP_LOG", skips)
+                .env(crate::TestCache::VAR, cache.path())
                 .stdin(Stdio::null())
                 .stdout(writer.try_clone()?)
                 .stderr(writer);

@@ -33,6 +33,8 @@ echo /tmp/modprobe > /proc/sys/kernel/modprobe
 for m in veth bridge; do /tmp/modprobe "$m" || say "modprobe $m failed"; done
 ip link set lo up
 export CAPTURE_SKIP_LOG=/tmp/capture-skips
+# Facts of this kernel and build the tests learn once per VM, not once per binary.
+export CAPTURE_TEST_CACHE=/tmp/capture-test-cache
 # Tests may change what only a disposable machine may change (kernel_compat's nsdelegate).
 export CAPTURE_VM_GUEST=1
 # Emulated CPUs: the load tests run smaller (their full sizes run on the host).
