@@ -21,10 +21,24 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `program`, to be run in the network namespace at `netns` (nsenter).
+/// `program`, to be run in the network namespace at `netns`: the child enters it between fork
+/// and exec (what `nsenter --net` does, without a process of its own, which costs about 0.1 s
+/// each under the kernel matrix's emulation).
 pub fn in_netns(netns: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net={}", netns.display())).arg(program);
+    use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+    let ns = fs::File::open(netns)
+        .unwrap_or_else(|e| panic!("opening the netns {}: {e}", netns.display()));
+    let mut cmd = Command::new(program);
+    // SAFETY: between fork and exec the child makes one system call on a descriptor the closure
+    // owns (opened close-on-exec, so the program does not inherit it).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     cmd
 }
 
