@@ -26,21 +26,19 @@ fn main() {
         println!("cargo:rerun-if-changed={}", workspace.join(file).display());
     }
     println!("cargo:rerun-if-env-changed=CAPTURE_SKIP_EBPF_BUILD");
-    // The kernel build reads it too (capture-common's layouts), through the inherited environment.
-    println!("cargo:rerun-if-env-changed=CAPTURE_LAYOUT_VARIANT");
-    println!("cargo:rustc-check-cfg=cfg(capture_layout_next)");
-    if env::var_os("CAPTURE_LAYOUT_VARIANT").is_some_and(|v| v == "next") {
-        println!("cargo:rustc-cfg=capture_layout_next");
-    }
+    println!("cargo:rerun-if-env-changed={SHARED_EBPF_TARGET}");
 
     if env::var_os("CAPTURE_SKIP_EBPF_BUILD").is_some_and(|v| v == "1") {
         println!("cargo:warning=CAPTURE_SKIP_EBPF_BUILD=1: the binary carries no kernel programs");
         fs::write(&object, []).expect("write empty object");
         fs::write(&netns_cookie_object, []).expect("write empty object");
     } else {
+        let target_dir =
+            env::var_os(SHARED_EBPF_TARGET).map_or_else(|| out_dir.join("ebpf-target"), Into::into);
         build_ebpf(
             &workspace.join("capture-ebpf"),
-            &out_dir.join("ebpf-target"),
+            &target_dir,
+            env::var_os("CARGO_FEATURE_LAYOUT_NEXT").is_some(),
             &object,
             &netns_cookie_object,
         );
@@ -59,12 +57,34 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-fn build_ebpf(crate_dir: &Path, target_dir: &Path, object: &Path, netns_cookie_object: &Path) {
+/// Where the kernel build may go instead of this build's OUT_DIR: one directory that every
+/// configuration of capture-user (clippy's, the tests', the layout variant's) builds the BPF
+/// target's `core` in once, rather than once each (`cargo xtask` sets it; the nightly cargo's
+/// own lock keeps two builds from writing it at once).
+const SHARED_EBPF_TARGET: &str = "CAPTURE_EBPF_TARGET_DIR";
+
+fn build_ebpf(
+    crate_dir: &Path,
+    target_dir: &Path,
+    layout_next: bool,
+    object: &Path,
+    netns_cookie_object: &Path,
+) {
     let mut cmd = Command::new("rustup");
     cmd.args(["run", "nightly", "cargo", "build", "--release", "--bins"])
         .arg("--target-dir")
         .arg(target_dir)
         .current_dir(crate_dir);
+    if layout_next {
+        cmd.args(["--features", "capture-common/layout-next"]);
+    }
+    // Held from the build to the copy: in a shared directory, another configuration's build
+    // would otherwise replace the object in between.
+    fs::create_dir_all(target_dir).expect("create the kernel build's target directory");
+    let lock = fs::File::create(target_dir.join("capture-build.lock"))
+        .expect("create the kernel build's lock file");
+    lock.lock()
+        .expect("lock the kernel build's target directory");
     // The outer cargo's toolchain and flags must not leak into the nightly BPF build.
     for key in [
         "RUSTC",

@@ -74,12 +74,12 @@ pub struct PodConfig {
     pub owner_group_count: u32,
     pub owner_groups: [u32; MAX_OWNER_GROUPS],
     /// Only in the next-layout variant build (see `layout`): makes its `POD_CONFIGS` differ.
-    #[cfg(capture_layout_next)]
+    #[cfg(feature = "layout-next")]
     pub variant_reserved: [u32; 2],
 }
-#[cfg(not(capture_layout_next))]
+#[cfg(not(feature = "layout-next"))]
 const _: () = assert!(size_of::<PodConfig>() == 120);
-#[cfg(capture_layout_next)]
+#[cfg(feature = "layout-next")]
 const _: () = assert!(size_of::<PodConfig>() == 128);
 
 impl PodConfig {
@@ -130,12 +130,12 @@ pub struct PodCounters {
     /// DNS queries and connections rewritten to the DNS proxy (15053).
     pub redirected_dns: u64,
     /// Only in the next-layout variant build (see `layout`): makes its `POD_COUNTERS` differ.
-    #[cfg(capture_layout_next)]
+    #[cfg(feature = "layout-next")]
     pub variant_events: u64,
 }
-#[cfg(not(capture_layout_next))]
+#[cfg(not(feature = "layout-next"))]
 const _: () = assert!(size_of::<PodCounters>() == 80);
-#[cfg(capture_layout_next)]
+#[cfg(feature = "layout-next")]
 const _: () = assert!(size_of::<PodCounters>() == 88);
 
 /// Which `PodCounters` field an event counts in.
@@ -185,7 +185,7 @@ impl PodCounters {
             passed_inbound: self.passed_inbound + o.passed_inbound,
             refused_inbound: self.refused_inbound + o.refused_inbound,
             redirected_dns: self.redirected_dns + o.redirected_dns,
-            #[cfg(capture_layout_next)]
+            #[cfg(feature = "layout-next")]
             variant_events: self.variant_events + o.variant_events,
         }
     }

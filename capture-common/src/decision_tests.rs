@@ -55,7 +55,7 @@ fn default_cfg() -> PodConfig {
         owner_group_mode: OWNER_GROUPS_ALL,
         owner_group_count: 0,
         owner_groups: [0; MAX_OWNER_GROUPS],
-        #[cfg(capture_layout_next)]
+        #[cfg(feature = "layout-next")]
         variant_reserved: [0; 2],
     }
 }

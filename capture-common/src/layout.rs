@@ -52,21 +52,21 @@ pub const UNRECORDED_MAPS: [&str; 9] = [
     "SOCKET_STATES",
 ];
 
-#[cfg(not(capture_layout_next))]
+#[cfg(not(feature = "layout-next"))]
 const POD_CONFIGS_VERSION: u32 = 1;
-#[cfg(capture_layout_next)]
+#[cfg(feature = "layout-next")]
 const POD_CONFIGS_VERSION: u32 = 2;
-#[cfg(not(capture_layout_next))]
+#[cfg(not(feature = "layout-next"))]
 const POD_COUNTERS_VERSION: u32 = 1;
-#[cfg(capture_layout_next)]
+#[cfg(feature = "layout-next")]
 const POD_COUNTERS_VERSION: u32 = 2;
 
 /// `HANDOFF`'s capacity: connections between the app's `ESTABLISHED` and the proxy's accept.
 /// The next-layout variant holds more (a definition change that keeps the layout, so that a
 /// takeover copies the entries).
-#[cfg(not(capture_layout_next))]
+#[cfg(not(feature = "layout-next"))]
 pub const MAX_HANDOFFS: u32 = 65536;
-#[cfg(capture_layout_next)]
+#[cfg(feature = "layout-next")]
 pub const MAX_HANDOFFS: u32 = 65536 + 4096;
 
 /// Pods one node can capture at once.
@@ -90,9 +90,9 @@ pub const POD_INBOUND_ADDRESS_QUOTA: u32 = 2;
 
 /// `INBOUND_LISTENERS`'s capacity: every pod's listener slots, both families. The variant's is
 /// larger, so that a takeover between the two registers every pod's listeners again.
-#[cfg(not(capture_layout_next))]
+#[cfg(not(feature = "layout-next"))]
 pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOTS;
-#[cfg(capture_layout_next)]
+#[cfg(feature = "layout-next")]
 pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOTS + 1024;
 
 /// `ACCEL_PEERS`'s capacity: accelerated sockets on the node, two per connection.
@@ -202,7 +202,7 @@ pub fn pod_counters_from(version: u32, bytes: &[u8]) -> Option<PodCounters> {
         passed_inbound: word(7),
         refused_inbound: word(8),
         redirected_dns: word(9),
-        #[cfg(capture_layout_next)]
+        #[cfg(feature = "layout-next")]
         variant_events: if words > 10 { word(10) } else { 0 },
     })
 }

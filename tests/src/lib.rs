@@ -106,7 +106,7 @@ pub fn image_archive() -> PathBuf {
     archive
 }
 
-/// The `capture` binary of the next-layout variant (`CAPTURE_LAYOUT_VARIANT=next`), which
+/// The `capture` binary of the next-layout variant (`--features capture-user/layout-next`), which
 /// `cargo xtask test` builds into `target/variant`: another build whose pod-config and counter
 /// maps differ, for the upgrade and rollback tests. `$CAPTURE_VARIANT_BIN` overrides it.
 pub fn variant_capture_bin() -> PathBuf {

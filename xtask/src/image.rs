@@ -76,7 +76,8 @@ pub fn check_reproducible() -> Result<()> {
         "--target",
         STATIC_TARGET,
     ]))?;
-    let second = build(&Options { out: None })?;
+    // The kernel programs too: the first build may have taken them from the shared directory.
+    let second = build_image(&Options { out: None }, KernelPrograms::Afresh)?;
     std::fs::remove_file(&first_path)?;
     if first != second {
         bail!(
@@ -89,8 +90,21 @@ pub fn check_reproducible() -> Result<()> {
     Ok(())
 }
 
+/// Where the image's kernel programs come from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KernelPrograms {
+    /// The shared directory every build of this tree compiles them in (`builds::ebpf_target_dir`).
+    Shared,
+    /// A build of their own, in the static binaries' build directory.
+    Afresh,
+}
+
 /// Builds the image, prints its name, digest and size, and returns its digest.
 pub fn build(opts: &Options) -> Result<String> {
+    build_image(opts, KernelPrograms::Shared)
+}
+
+fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<String> {
     // The workspace's version, which every crate shares.
     let version = env!("CARGO_PKG_VERSION");
     let name = format!("{REPOSITORY}:{version}");
@@ -98,7 +112,7 @@ pub fn build(opts: &Options) -> Result<String> {
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let binaries = static_binaries()?;
+    let binaries = static_binaries(kernel)?;
     let commit = Commit::head()?;
 
     let (layer, host_files) = layer(&binaries)?;
@@ -240,9 +254,13 @@ fn static_target_dir() -> PathBuf {
 
 /// `capture` and `capture-cni`, release builds linked statically, in their own target directory
 /// (the flags differ from every other build's).
-fn static_binaries() -> Result<Vec<PathBuf>> {
+fn static_binaries(kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
     let dir = static_target_dir();
-    run(cargo()
+    let mut cmd = cargo();
+    if kernel == KernelPrograms::Afresh {
+        cmd.env_remove("CAPTURE_EBPF_TARGET_DIR");
+    }
+    run(cmd
         .env(
             format!(
                 "CARGO_TARGET_{}_RUSTFLAGS",

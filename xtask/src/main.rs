@@ -12,7 +12,7 @@ mod vm;
 use std::process::Command;
 
 use anyhow::{bail, Context as _, Result};
-use builds::{build, build_previous_release, build_variant};
+use builds::{build, build_all};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -148,8 +148,14 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// `cargo`, with the kernel programs of every configuration built in one shared directory
+/// (`builds::ebpf_target_dir`).
 pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    if let Ok(dir) = builds::ebpf_target_dir() {
+        cmd.env("CAPTURE_EBPF_TARGET_DIR", dir);
+    }
+    cmd
 }
 
 /// The features the end-to-end tests need of the binaries they run: the test-only switches stay
@@ -261,16 +267,12 @@ fn run_task(task: Task) -> Result<()> {
         }
         Task::Build => {
             setup::setup()?;
-            build()?;
-            build_variant()?;
-            build_previous_release()
+            build_all()
         }
         Task::Test { args } => {
             require_root("cargo xtask test")?;
             setup::setup()?;
-            build()?;
-            build_variant()?;
-            build_previous_release()?;
+            build_all()?;
             image::build(&image::Options { out: None })?;
             test(&args)
         }
@@ -346,9 +348,7 @@ fn run_task(task: Task) -> Result<()> {
             require_root("cargo xtask vm")?;
             setup::setup()?;
             setup::install(setup::tools::VM_TOOLS)?;
-            build()?;
-            build_variant()?;
-            build_previous_release()?;
+            build_all()?;
             image::build(&image::Options { out: None })?;
             vm::run(vm::Options {
                 kernels,

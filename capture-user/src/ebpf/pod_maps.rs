@@ -127,7 +127,7 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
             g[..owner_groups.len()].copy_from_slice(owner_groups);
             g
         },
-        #[cfg(capture_layout_next)]
+        #[cfg(feature = "layout-next")]
         variant_reserved: [0; 2],
     }
 }

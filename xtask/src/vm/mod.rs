@@ -413,9 +413,11 @@ fn not_run(kernel: &str, binaries: &[&TestBinary], error: &str) -> KernelResult 
 /// Builds capture-tests' integration tests and lists their tests (with the filter and the scope
 /// applied). `cargo build --bins` must have run: the tests start capture and capture-cni from there.
 fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec<TestBinary>> {
+    let tests_dir = workspace_root().join("tests");
+    // The whole workspace's test build, as `cargo xtask test` runs it: `-p capture-tests` alone
+    // would unify other features (capture-user's dev-dependencies') and compile it all again.
     let out = crate::cargo()
         .args(["test", "--no-run", "--locked", "--message-format=json"])
-        .args(["-p", "capture-tests"])
         .args(crate::TEST_FEATURES)
         .stderr(Stdio::inherit())
         .output()
@@ -430,6 +432,9 @@ fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec
             eprint!("{rendered}");
         }
         let is_test = msg["reason"] == "compiler-artifact"
+            && msg["manifest_path"]
+                .as_str()
+                .is_some_and(|m| Path::new(m).parent() == Some(&tests_dir))
             && msg["profile"]["test"] == true
             && msg["target"]["kind"]
                 .as_array()
