@@ -28,6 +28,9 @@ pub struct Options {
     pub time: Duration,
     pub targets: Vec<String>,
     pub json: Option<PathBuf>,
+    /// Build without optimizations (and with overflow checks): half the build time, fewer
+    /// executions per second, which a short smoke that replays the corpus can afford.
+    pub dev: bool,
 }
 
 /// What one target's run did, from libFuzzer's final stats.
@@ -136,13 +139,18 @@ pub fn run_fuzz(opts: &Options) -> Result<()> {
     };
     let target_dir = fuzz_target_dir();
     println!(
-        "fuzz: building {} (nightly, AddressSanitizer)",
-        targets.join(", ")
+        "fuzz: building {} (nightly, AddressSanitizer{})",
+        targets.join(", "),
+        if opts.dev { ", unoptimized" } else { "" }
     );
-    run(cargo_fuzz()
-        .args(["build", "--target-dir"])
-        .arg(&target_dir))?;
-    let bin_dir = target_dir.join("x86_64-unknown-linux-gnu/release");
+    let mut build = cargo_fuzz();
+    build.arg("build").arg("--target-dir").arg(&target_dir);
+    if opts.dev {
+        build.arg("--dev");
+    }
+    run(&mut build)?;
+    let profile = if opts.dev { "debug" } else { "release" };
+    let bin_dir = target_dir.join("x86_64-unknown-linux-gnu").join(profile);
     let mut runs = Vec::new();
     for target in &targets {
         let result = run_target(&bin_dir, target, opts.time)?;

@@ -4,9 +4,12 @@
 //! rustup, cargo and root.
 
 mod builds;
+mod ci;
 mod fuzz;
 mod image;
+mod lint;
 mod setup;
+mod testing;
 mod vm;
 
 use std::process::Command;
@@ -45,6 +48,9 @@ enum Task {
     Build,
     /// Run every test: unit tests and the privileged end-to-end suite (needs root).
     Test {
+        /// Run the suite this many times and name every test that did not pass in each round.
+        #[arg(long, default_value_t = 1)]
+        repeat: usize,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
@@ -63,7 +69,15 @@ enum Task {
         /// Also write the summary (target, execs, seconds, corpus size) as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Build the targets without optimizations (with overflow checks): about half the build
+        /// time and fewer executions per second, for a short smoke such as CI's.
+        #[arg(long)]
+        dev: bool,
     },
+    /// What CI runs (`.ci/run`): setup, lint, a fuzz smoke, setup-check, the builds, every test,
+    /// the image's reproducibility and the kernel matrix (5.10's hooks, 6.1's and 6.12's
+    /// verifier), each step timed against its share of the budget (needs root).
+    Ci,
     /// Capture a demo pod's traffic and show it (needs root).
     Demo,
     /// Build the node agent's container image (capture and capture-cni linked statically, the
@@ -121,9 +135,13 @@ enum Task {
         shards: usize,
         /// `all` runs the whole suite; `kernel` leaves out the binaries whose subject is user
         /// space (chaos, containerd, bad_input, ...); `hooks` runs only those whose subject is
-        /// what the kernel answers (outbound, parity, accel, ...: CI's matrix).
+        /// what the kernel answers (outbound, parity, accel, ...: CI's matrix on 5.10);
+        /// `verifier` only the feature probes (every program loads: CI's on 6.1 and 6.12).
         #[arg(long, value_enum, default_value = "all")]
         scope: vm::Scope,
+        /// Only fetch and unpack the kernels (and write their initramfs) for a later run.
+        #[arg(long)]
+        fetch_only: bool,
     },
 }
 
@@ -162,73 +180,7 @@ pub fn cargo() -> Command {
 /// out of every other build (a release build at the workspace root among them).
 pub const TEST_FEATURES: [&str; 2] = ["--features", "capture-user/test-hooks"];
 
-/// A directory of one test run's own, where the tests keep what they learn once per run
-/// (`capture_tests::once_per_run`); removed when the run ends.
-pub struct TestCache(std::path::PathBuf);
-
-impl TestCache {
-    pub const VAR: &str = "CAPTURE_TEST_CACHE";
-
-    pub fn new() -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("capture-test-cache-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self(dir))
-    }
-
-    pub fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TestCache {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `cargo test`, streaming its output, then one closing line that totals every test binary
-/// (cargo's own last line is often a doc-test run with nothing in it).
-fn test(args: &[String]) -> Result<()> {
-    use std::io::{BufRead as _, BufReader};
-    let cache = TestCache::new()?;
-    let mut child = cargo()
-        .args(["test", "--locked", "--no-fail-fast"])
-        .args(TEST_FEATURES)
-        .args(args)
-        .env(TestCache::VAR, cache.path())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .context("running cargo test")?;
-    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
-    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(summary) = line.strip_prefix("test result: ") {
-            for part in summary.split(';') {
-                let mut words = part.split_whitespace().rev();
-                let (Some(what), Some(n)) = (words.next(), words.next()) else {
-                    continue;
-                };
-                let n: u64 = n.parse().unwrap_or(0);
-                match what {
-                    "passed" => passed += n,
-                    "failed" => failed += n,
-                    "ignored" => ignored += n,
-                    _ => {}
-                }
-            }
-        }
-    }
-    let status = child.wait()?;
-    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
-    if !status.success() {
-        bail!("cargo test failed ({status})");
-    }
-    Ok(())
-}
-
-fn require_root(what: &str) -> Result<()> {
+pub fn require_root(what: &str) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("{what} loads BPF programs and creates network namespaces: run it as root");
@@ -269,48 +221,29 @@ fn run_task(task: Task) -> Result<()> {
             setup::setup()?;
             build_all()
         }
-        Task::Test { args } => {
+        Task::Test { repeat, args } => {
             require_root("cargo xtask test")?;
             setup::setup()?;
             build_all()?;
             image::build(&image::Options { out: None })?;
-            test(&args)
+            testing::test(&args, repeat)
         }
         Task::Lint => {
             setup::setup()?;
-            run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-            run(cargo()
-                .args(["clippy", "--all-targets", "--locked"])
-                .args(TEST_FEATURES)
-                .args(["--", "-D", "warnings"]))?;
-            run(cargo().args([
-                "clippy",
-                "--all-targets",
-                "--locked",
-                "--",
-                "-D",
-                "warnings",
-            ]))?;
-            fuzz::lint()?;
-            run(Command::new("rustup")
-                .args([
-                    "run",
-                    "nightly",
-                    "cargo",
-                    "clippy",
-                    "--release",
-                    "--",
-                    "-D",
-                    "warnings",
-                ])
-                .current_dir("capture-ebpf"))
+            lint::lint()
         }
-        Task::Fuzz { time, target, json } => {
+        Task::Fuzz {
+            time,
+            target,
+            json,
+            dev,
+        } => {
             setup::fuzz_setup()?;
             fuzz::run_fuzz(&fuzz::Options {
                 time,
                 targets: target,
                 json,
+                dev,
             })
         }
         Task::Image {
@@ -344,8 +277,13 @@ fn run_task(task: Task) -> Result<()> {
             jobs,
             shards,
             scope,
+            fetch_only,
         } => {
             require_root("cargo xtask vm")?;
+            if fetch_only {
+                setup::install(setup::tools::VM_TOOLS)?;
+                return vm::fetch(&kernels);
+            }
             setup::setup()?;
             setup::install(setup::tools::VM_TOOLS)?;
             build_all()?;
@@ -368,6 +306,7 @@ fn run_task(task: Task) -> Result<()> {
                 scope,
             })
         }
+        Task::Ci => ci::run(),
         Task::Demo => {
             require_root("cargo xtask demo")?;
             setup::setup()?;

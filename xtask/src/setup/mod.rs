@@ -216,7 +216,7 @@ fn prerequisites() -> Result<()> {
 }
 
 /// kubernetes-validate (PyPI) checks deploy/ against the Kubernetes API schemas offline.
-fn python_tools() -> Result<()> {
+pub fn python_tools() -> Result<()> {
     if quiet_ok(Command::new("python3").args(["-m", "kubernetes_validate", "--version"])) {
         return Ok(());
     }
@@ -233,10 +233,16 @@ fn python_tools() -> Result<()> {
 
 /// Everything `build`, `test`, `demo`, `bench`, `lint` and `fuzz` need.
 pub fn setup() -> Result<()> {
+    rust_tools()?;
+    install(tools::TEST_TOOLS)?;
+    python_tools()
+}
+
+/// What setup cannot install checked, then the Rust pieces: the nightly's rust-src, bpf-linker
+/// and cargo-fuzz (CPU-bound builds, which CI runs while apt works beside them).
+pub fn rust_tools() -> Result<()> {
     prerequisites()?;
     nightly()?;
     bpf_linker()?;
-    cargo_fuzz()?;
-    install(tools::TEST_TOOLS)?;
-    python_tools()
+    cargo_fuzz()
 }

@@ -28,7 +28,7 @@ pub fn run(
     console.line(&format!("capture-vm: kernel {}", release.trim()))?;
     let skips = std::env::temp_dir().join(format!("capture-skips-{}", std::process::id()));
     fs::write(&skips, "")?;
-    let cache = crate::TestCache::new()?;
+    let cache = crate::testing::TestCache::new()?;
     let timed_out = run_binaries(
         binaries, filter, tests_dir, &skips, &cache, deadline, console,
     );
@@ -45,7 +45,7 @@ fn run_binaries(
     filter: &[String],
     tests_dir: &Path,
     skips: &Path,
-    cache: &crate::TestCache,
+    cache: &crate::testing::TestCache,
     deadline: Instant,
     console: &mut Console,
 ) -> Result<bool> {
@@ -58,7 +58,7 @@ fn run_binaries(
                 .args(filter)
                 .current_dir(tests_dir)
                 .env("CAPTURE_SKIP_LOG", skips)
-                .env(crate::TestCache::VAR, cache.path())
+                .env(crate::testing::TestCache::VAR, cache.path())
                 .stdin(Stdio::null())
                 .stdout(writer.try_clone()?)
                 .stderr(writer);

@@ -83,6 +83,11 @@ pub const HOOK_SEMANTICS: &[&str] = &[
     "userns",
 ];
 
+/// What CI asks of the kernels whose programs take the host's paths (6.1 and 6.12 have every
+/// feature the programs adapt to, as the host does): that every program loads, passes their
+/// verifier and attaches (the feature probes), and the netns cookie's two sources agree.
+pub const VERIFIER: &[&str] = &["kernel_compat"];
+
 /// Which test binaries the guests run.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Scope {
@@ -93,6 +98,8 @@ pub enum Scope {
     /// Only what the kernel answers: [`HOOK_SEMANTICS`] (CI, where `cargo xtask test` has just
     /// run the whole suite on the host).
     Hooks,
+    /// Only that every program loads and verifies: [`VERIFIER`].
+    Verifier,
 }
 
 impl Scope {
@@ -101,6 +108,7 @@ impl Scope {
             Self::All => true,
             Self::Kernel => !KERNEL_INDEPENDENT.contains(&binary),
             Self::Hooks => HOOK_SEMANTICS.contains(&binary),
+            Self::Verifier => VERIFIER.contains(&binary),
         }
     }
 }
@@ -303,6 +311,20 @@ fn in_parallel<T: Sync, R: Send>(
         .collect()
 }
 
+/// Fetches and unpacks `kernels` (the Debian lines among them) and writes their initramfs, for
+/// a later run: CI does it while it compiles.
+pub fn fetch(kernels: &[String]) -> Result<()> {
+    let vm_dir = workspace_root().join("target/vm");
+    fs::create_dir_all(vm_dir.join("kernels"))?;
+    for kernel in kernels.iter().filter(|k| k.as_str() != HOST) {
+        if !kernels::LINES.iter().any(|l| l.label == kernel) {
+            bail!("unknown kernel {kernel}");
+        }
+        prepare_kernel(kernel, &vm_dir)?;
+    }
+    Ok(())
+}
+
 /// The kernel of a Debian line, fetched and unpacked if need be, and its initramfs.
 fn prepare_kernel(kernel: &str, vm_dir: &Path) -> Result<(Kernel, PathBuf)> {
     let line = kernels::LINES
@@ -455,7 +477,8 @@ fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec
         .iter()
         .map(String::as_str)
         .chain(KERNEL_INDEPENDENT.iter().copied())
-        .chain(HOOK_SEMANTICS.iter().copied());
+        .chain(HOOK_SEMANTICS.iter().copied())
+        .chain(VERIFIER.iter().copied());
     for name in named {
         if !found.iter().any(|(n, _)| n == name) {
             let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();

@@ -1,0 +1,37 @@
+//! `cargo xtask lint`: rustfmt and clippy `-D warnings` over the user side (with and without the
+//! test-only switches), the fuzz crate and the kernel side.
+
+use std::process::Command;
+
+use anyhow::Result;
+
+use crate::{cargo, fuzz, run, TEST_FEATURES};
+
+pub fn lint() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo()
+        .args(["clippy", "--all-targets", "--locked"])
+        .args(TEST_FEATURES)
+        .args(["--", "-D", "warnings"]))?;
+    run(cargo().args([
+        "clippy",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    fuzz::lint()?;
+    run(Command::new("rustup")
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "clippy",
+            "--release",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .current_dir("capture-ebpf"))
+}
