@@ -8,11 +8,13 @@
 //! 5.15) its outbound listener cannot tell the original destinations.
 //!
 //! So the pod's listeners on the proxy's ports are found and registered from here: the pod's
-//! processes are those of its cgroup (in its netns); the sockets listening on those ports come
-//! from `/proc/PID/net/tcp{,6}` of one of them, the file descriptors that hold them from
-//! `/proc/PID/fd`, and `pidfd_getfd` gives capture its own descriptor for each, to put into the
-//! listener map and to give a socket-local state (which the kernel clones into every accepted
-//! socket). Every listener of a SO_REUSEPORT group gets its own slot.
+//! processes are those of its cgroup (in its netns); `pidfd_getfd` gives capture its own
+//! descriptor for each socket they hold (`/proc/PID/fd`), and the socket itself says whether it
+//! is a TCP listener of the pod's netns and on which port. That descriptor goes into the
+//! listener map and gets a socket-local state (which the kernel clones into every accepted
+//! socket). Every listener of a SO_REUSEPORT group gets its own slot. The netns's socket table
+//! (`/proc/PID/net/tcp`) is not read: the kernel walks its whole established-connection hash
+//! for it, which cost every CNI ADD about 2 ms per table on a machine with 24 GiB.
 
 use std::{
     collections::BTreeSet,
@@ -35,8 +37,6 @@ use crate::{backend::PodTarget, config::CaptureConfig};
 
 /// `BPF_NOEXIST`.
 const NOEXIST: u64 = 1;
-/// `TCP_LISTEN` in /proc/net/tcp's `st` column.
-const TCP_LISTEN: &str = "0A";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
@@ -82,20 +82,17 @@ pub fn adopt_listeners_except(
     seen: &mut BTreeSet<u64>,
 ) -> Result<Adopted, AdoptError> {
     let netns_cookie = pod.netns_cookie;
-    let pids = pod_pids(pod)?;
-    let Some(&first) = pids.first() else {
-        return Ok(Adopted::default());
-    };
+    let netns_ino = pod
+        .netns
+        .metadata()
+        .map_err(|source| AdoptError::Read {
+            path: pod.netns_path.display().to_string(),
+            source,
+        })?
+        .ino();
     let ports = [cfg.inbound_port, cfg.outbound_port];
-    let listening = listening_inodes(first, &ports)?;
     let mut adopted = Adopted::default();
-    for (pid, fd, inode) in holders(&pids, &listening) {
-        let socket =
-            take_fd(pid, fd).map_err(|source| AdoptError::TakeFd { pid, inode, source })?;
-        // The socket may have closed since the scan: nothing to adopt then.
-        let Ok(addr) = local_addr(&socket) else {
-            continue;
-        };
+    for (socket, addr) in pod_listeners(&pod_pids(pod, netns_ino), netns_ino, &ports)? {
         if socket_cookie(&socket).is_some_and(|cookie| !seen.insert(cookie)) {
             continue;
         }
@@ -111,15 +108,7 @@ pub fn adopt_listeners_except(
 }
 
 /// The pod's processes: those of its cgroup tree that are in its netns.
-fn pod_pids(pod: &PodTarget<'_>) -> Result<Vec<u32>, AdoptError> {
-    let netns_ino = pod
-        .netns
-        .metadata()
-        .map_err(|source| AdoptError::Read {
-            path: pod.netns_path.display().to_string(),
-            source,
-        })?
-        .ino();
+fn pod_pids(pod: &PodTarget<'_>, netns_ino: u64) -> Vec<u32> {
     let mut pids = Vec::new();
     let mut dirs = vec![pod.cgroup_path.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -141,80 +130,119 @@ fn pod_pids(pod: &PodTarget<'_>) -> Result<Vec<u32>, AdoptError> {
     pids.retain(|pid| {
         fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| m.ino() == netns_ino)
     });
-    Ok(pids)
+    pids
 }
 
-/// Inodes of the TCP sockets listening on `ports` in `pid`'s netns.
-fn listening_inodes(pid: u32, ports: &[u16]) -> Result<BTreeSet<u64>, AdoptError> {
-    let mut inodes = BTreeSet::new();
-    for table in ["tcp", "tcp6"] {
-        let path = format!("/proc/{pid}/net/{table}");
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
-            // No IPv6 in the netns (or the process is gone).
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(AdoptError::Read { path, source }),
-        };
-        inodes.extend(
-            text.lines()
-                .skip(1)
-                .filter_map(|line| listener_inode(line, ports)),
-        );
-    }
-    Ok(inodes)
-}
-
-/// The inode of a /proc/net/tcp line's socket, if it listens on one of `ports`.
-fn listener_inode(line: &str, ports: &[u16]) -> Option<u64> {
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
-    let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-    (*state == TCP_LISTEN && ports.contains(&port))
-        .then(|| inode.parse().ok())
-        .flatten()
-        .filter(|&inode| inode != 0)
-}
-
-/// (pid, fd, inode) for one descriptor of each socket in `inodes` held by `pids`.
-fn holders(pids: &[u32], inodes: &BTreeSet<u64>) -> Vec<(u32, i32, u64)> {
+/// A descriptor of our own for each TCP socket that `pids` hold, listens on one of `ports`
+/// and belongs to the netns `netns_ino`, once per socket, with its address.
+fn pod_listeners(
+    pids: &[u32],
+    netns_ino: u64,
+    ports: &[u16],
+) -> Result<Vec<(OwnedFd, SocketAddr)>, AdoptError> {
     let mut found = Vec::new();
     let mut seen = BTreeSet::new();
     for &pid in pids {
         let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
+        // Opened on the first socket: most pods' first process (the sandbox's) holds none.
+        let mut pidfd = None;
         for entry in fds.flatten() {
-            let Ok(target) = fs::read_link(entry.path()) else {
-                continue;
-            };
-            let Some(inode) = target
-                .to_str()
-                .and_then(|t| t.strip_prefix("socket:["))
-                .and_then(|t| t.strip_suffix(']'))
-                .and_then(|t| t.parse::<u64>().ok())
-            else {
+            let Some(inode) = fs::read_link(entry.path()).ok().and_then(|t| {
+                t.to_str()?
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .parse::<u64>()
+                    .ok()
+            }) else {
                 continue;
             };
             let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
                 continue;
             };
-            if inodes.contains(&inode) && seen.insert(inode) {
-                found.push((pid, fd, inode));
+            if !seen.insert(inode) {
+                continue;
+            }
+            let taken = match &pidfd {
+                Some(p) => take_fd(p, fd),
+                None => open_pidfd(pid).and_then(|p| take_fd(pidfd.insert(p), fd)),
+            };
+            let socket = match taken {
+                Ok(s) => s,
+                // The process or the descriptor is gone since the scan: nothing to adopt.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::EBADF)) => continue,
+                Err(source) => return Err(AdoptError::TakeFd { pid, inode, source }),
+            };
+            let Some(addr) = tcp_listener_on(&socket, ports) else {
+                continue;
+            };
+            if socket_netns(&socket).is_ok_and(|ino| ino == netns_ino) {
+                found.push((socket, addr));
             }
         }
     }
-    found
+    Ok(found)
 }
 
-/// A descriptor of our own for `pid`'s `fd` (pidfd_getfd, Linux 5.6+).
-fn take_fd(pid: u32, fd: i32) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscalls; each returned descriptor is owned here and closed on drop.
+/// The address of `socket` if it is a TCP socket listening on one of `ports`.
+fn tcp_listener_on(socket: &OwnedFd, ports: &[u16]) -> Option<SocketAddr> {
+    let listening = int_option(socket, libc::SO_ACCEPTCONN)? == 1;
+    let tcp = int_option(socket, libc::SO_PROTOCOL)? == libc::IPPROTO_TCP;
+    if !(listening && tcp) {
+        return None;
+    }
+    local_addr(socket)
+        .ok()
+        .filter(|addr| ports.contains(&addr.port()))
+}
+
+fn int_option(socket: &OwnedFd, name: libc::c_int) -> Option<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for the kernel to write; the fd is ours.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            (&raw mut value).cast(),
+            &raw mut len,
+        )
+    };
+    (rc == 0).then_some(value)
+}
+
+/// The inode of the netns `socket` belongs to (SIOCGSKNS, Linux 4.9+).
+fn socket_netns(socket: &OwnedFd) -> io::Result<u64> {
+    /// `SIOCGSKNS` from linux/sockios.h.
+    const SIOCGSKNS: libc::c_ulong = 0x894C;
+    // SAFETY: the ioctl returns a new descriptor, owned at once.
+    let netns = unsafe {
+        let fd = libc::ioctl(socket.as_raw_fd(), SIOCGSKNS);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        fs::File::from(OwnedFd::from_raw_fd(fd))
+    };
+    Ok(netns.metadata()?.ino())
+}
+
+fn open_pidfd(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the descriptor is owned at once.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
         if pidfd < 0 {
             return Err(io::Error::last_os_error());
         }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        Ok(OwnedFd::from_raw_fd(pidfd as i32))
+    }
+}
+
+/// A descriptor of our own for the process's `fd` (pidfd_getfd, Linux 5.6+).
+fn take_fd(pidfd: &OwnedFd, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the descriptor is owned at once.
+    unsafe {
         let taken = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
         if taken < 0 {
             return Err(io::Error::last_os_error());
@@ -316,14 +344,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_listeners_on_the_ports_are_picked() {
-        let header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode";
-        let listen_15006 = "   0: 00000000:3A9E 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1337        0 4242 1 0000000000000000 100 0 0 10 0";
-        let established = "   1: 0A01000A:3A9E 0101000A:D431 01 00000000:00000000 00:00000000 00000000  1337        0 4343 1 0000000000000000 20 4 30 10 -1";
-        let listen_8080 = "   2: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4444 1 0000000000000000 100 0 0 10 0";
-        assert_eq!(listener_inode(header, &[15006]), None);
-        assert_eq!(listener_inode(listen_15006, &[15001, 15006]), Some(4242));
-        assert_eq!(listener_inode(established, &[15006]), None);
-        assert_eq!(listener_inode(listen_8080, &[15001, 15006]), None);
+    fn only_tcp_listeners_on_the_ports_are_picked() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let port = listener.local_addr().expect("its address").port();
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).expect("a connection");
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP socket");
+        let udp_port = udp.local_addr().expect("its address").port();
+        let owned = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().expect("a dup");
+        use std::os::fd::AsFd as _;
+        assert_eq!(
+            tcp_listener_on(&owned(listener.as_fd()), &[15001, port]),
+            Some(SocketAddr::from(([127, 0, 0, 1], port)))
+        );
+        assert_eq!(tcp_listener_on(&owned(listener.as_fd()), &[15001]), None);
+        let client_port = client.local_addr().expect("its address").port();
+        assert_eq!(
+            tcp_listener_on(&owned(client.as_fd()), &[port, client_port]),
+            None
+        );
+        assert_eq!(tcp_listener_on(&owned(udp.as_fd()), &[udp_port]), None);
     }
 }
