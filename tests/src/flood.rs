@@ -45,6 +45,23 @@ pub fn raise_open_files() -> io::Result<u64> {
     Ok(now.rlim_max)
 }
 
+/// How many connects each of `processes` flooding one pod at once may keep in flight. Every
+/// connect in flight waits its turn for the CPU that completes handshakes, so the last of a
+/// window waits about window / rate. With 8 processes of 512 each, an emulated 6.1 guest beside
+/// two busy host CPUs made its slowest connect wait 3.8 to 5.5 s, past the flood's patience of
+/// then 5 s: the flake of a CI run whose three VMs shared two cores. Together the processes now
+/// keep half the loopback's per-CPU backlog (`net.core.netdev_max_backlog`, 1,000 by default:
+/// 62 each), which also keeps every packet of theirs from being dropped there; the slowest
+/// connect of the same run waits 1.0 to 1.3 s.
+#[must_use]
+pub fn window_for(processes: usize) -> usize {
+    let backlog: usize = std::fs::read_to_string("/proc/sys/net/core/netdev_max_backlog")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1000);
+    (backlog / 2 / processes.max(1)).max(1)
+}
+
 /// The errno's name, as the reports key failures.
 pub fn errno_name(errno: i32) -> String {
     match errno {
@@ -252,6 +269,8 @@ pub struct FloodReport {
     pub established: Vec<OwnedFd>,
     pub errors: BTreeMap<String, usize>,
     pub seconds: f64,
+    /// The longest a connect took to be established (what the patience bounds).
+    pub slowest_connect: Duration,
 }
 
 impl FloodReport {
@@ -262,6 +281,7 @@ impl FloodReport {
             "established": self.established.len(),
             "errors": self.errors,
             "seconds": self.seconds,
+            "slowest_connect_ms": self.slowest_connect.as_millis(),
         })
     }
 }
@@ -288,6 +308,7 @@ pub fn flood(
         established: Vec::with_capacity(count),
         errors: BTreeMap::new(),
         seconds: 0.0,
+        slowest_connect: Duration::ZERO,
     };
     let mut in_flight: HashMap<RawFd, (OwnedFd, Instant)> = HashMap::new();
     let fail = |errors: &mut BTreeMap<String, usize>, errno: i32| {
@@ -331,9 +352,10 @@ pub fn flood(
         };
         for ev in events.iter().take(n.max(0) as usize) {
             let raw = ev.u64 as RawFd;
-            let Some((fd, _)) = in_flight.remove(&raw) else {
+            let Some((fd, since)) = in_flight.remove(&raw) else {
                 continue;
             };
+            report.slowest_connect = report.slowest_connect.max(since.elapsed());
             // SAFETY: both descriptors are valid; deregistered before it is kept or closed.
             unsafe {
                 libc::epoll_ctl(

@@ -4,6 +4,7 @@
 
 use capture_tests::{
     cases::Backend,
+    flood::window_for,
     guards::{run, ChildGuard},
     probe::{probe_in, Who},
     topology::{cgroup_programs, delete_pinned_map_entries, pinned_map_len, Topology},
@@ -34,6 +35,8 @@ struct Concurrency {
     app_errors: BTreeMap<String, u64>,
     orig: BTreeMap<String, u64>,
     orig_errors: BTreeMap<String, u64>,
+    /// The longest any app process waited for one of its connects to be established.
+    slowest_connect_ms: u64,
 }
 
 fn add_counts(into: &mut BTreeMap<String, u64>, from: &Value) {
@@ -62,6 +65,7 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
             let share = count / APP_PROCESSES + usize::from(i < count % APP_PROCESSES);
             let mut cmd = probe_in(&netns, Some(&cgroup), Some(&Who::app()));
             cmd.args(["flood", "--count", &share.to_string()]);
+            cmd.args(["--window", &window_for(APP_PROCESSES).to_string()]);
             for d in dests {
                 cmd.args(["--to", d]);
             }
@@ -73,6 +77,9 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
         let report: Value = serde_json::from_str(flood.read_line().trim())
             .unwrap_or_else(|e| panic!("{backend:?}: a flood's report: {e}"));
         got.established += report["established"].as_u64().unwrap_or(0);
+        got.slowest_connect_ms = got
+            .slowest_connect_ms
+            .max(report["slowest_connect_ms"].as_u64().unwrap_or(0));
         add_counts(&mut got.app_errors, &report["errors"]);
     }
     // The workers may still be accepting the last of them.
@@ -94,8 +101,8 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!(
-        "{backend:?}: {} of {count} established (app errors {:?}), {} accepted, original destinations {:?}, errors {:?}",
-        got.established, got.app_errors, got.accepted, got.orig, got.orig_errors
+        "{backend:?}: {} of {count} established (app errors {:?}; the slowest connect took {} ms), {} accepted, original destinations {:?}, errors {:?}",
+        got.established, got.app_errors, got.slowest_connect_ms, got.accepted, got.orig, got.orig_errors
     );
     got
 }
@@ -134,9 +141,14 @@ fn thirty_thousand_concurrent_connections() {
                 "{backend:?}: {n} connection(s) with original destination {addr}, not one the app used"
             );
         }
-        results.push((backend, got.established));
+        results.push((backend, got));
     }
-    let held = |b: Backend| results.iter().find(|(x, _)| *x == b).map_or(0, |r| r.1);
+    let held = |b: Backend| {
+        results
+            .iter()
+            .find(|(x, _)| *x == b)
+            .map_or(0, |r| r.1.established)
+    };
     assert!(
         held(Backend::Ebpf) >= held(Backend::Iptables),
         "ebpf held {} concurrent connections, iptables {}",
@@ -298,6 +310,7 @@ fn waiting_handshakes(count: usize, conntrack: bool) -> WaitingHandshakes {
         ]));
     let mut cmd = probe_in(&netns, Some(&cgroup), Some(&Who::app()));
     cmd.args(["flood", "--count", &count.to_string()]);
+    cmd.args(["--window", &window_for(1).to_string()]);
     for d in destinations(4) {
         cmd.args(["--to", &d]);
     }
