@@ -212,7 +212,7 @@ fn steps(run: &mut Run) -> Result<()> {
     run.step("calibration", calibrate_into)?;
     run.step("setup", |run| {
         let apt = Background::start(
-            "debian packages",
+            "debian-packages",
             vec![(
                 "apt: test and VM tools",
                 args(&["setup", "--debian-only", "--vm"]),
@@ -224,7 +224,7 @@ fn steps(run: &mut Run) -> Result<()> {
         setup::python_tools()
     })?;
     let beside = Background::start(
-        "kernels and setup-check",
+        "kernels-and-setup-check",
         vec![
             (
                 "kernels fetched",
