@@ -86,7 +86,7 @@ pub fn table(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<34} {:>8} {:>6} {:>9} {:>6}",
+        "{:<44} {:>8} {:>6} {:>9} {:>6}",
         "step", "wall s", "busy", "share s", "used"
     );
     for s in steps {
@@ -111,14 +111,14 @@ pub fn table(
         let mark = if s.failed { "  FAILED" } else { "" };
         let _ = writeln!(
             out,
-            "{name:<34} {:>8.0} {busy:>6} {share_here:>9} {used:>6}{mark}",
+            "{name:<44} {:>8.0} {busy:>6} {share_here:>9} {used:>6}{mark}",
             s.wall.as_secs_f64()
         );
     }
     let budget_here = REFERENCE_BUDGET * slow;
     let _ = writeln!(
         out,
-        "{:<34} {:>8.0} {:>6} {:>9.0} {:>5.0}%",
+        "{:<44} {:>8.0} {:>6} {:>9.0} {:>5.0}%",
         "total",
         total.as_secs_f64(),
         "",

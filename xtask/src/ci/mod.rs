@@ -197,6 +197,7 @@ pub fn run() -> Result<()> {
     }
     println!();
     print!("{}", budget::table(&rows, &run.calibrations, steal, total));
+    println!("{}", vm::kernel_support_notice());
     result
 }
 

@@ -311,6 +311,31 @@ fn in_parallel<T: Sync, R: Send>(
         .collect()
 }
 
+/// What the committed kernel support table (the whole matrix, run by hand) says of this tree:
+/// the commit it ran on, and whether the kernel-facing code changed since. CI, which runs only
+/// part of the matrix, prints it at its end.
+pub fn kernel_support_notice() -> String {
+    let path = workspace_root().join(DEFAULT_REPORT);
+    let Ok(page) = fs::read_to_string(&path) else {
+        return format!(
+            "the whole kernel matrix: {DEFAULT_REPORT} is missing; run `cargo xtask vm`"
+        );
+    };
+    let commit = report::stamped_commit(&page).unwrap_or("an unnamed commit");
+    match report::changed_since(&page) {
+        Ok(changed) if changed.is_empty() => format!(
+            "the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}; the kernel programs,              the loader and the takeover have not changed since"
+        ),
+        Ok(changed) => format!(
+            "notice: the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}, and since then              {} changed: run `cargo xtask vm` and commit its table before calling the issue              resolved",
+            changed.join(", ")
+        ),
+        Err(why) => format!(
+            "notice: cannot tell what changed since the whole kernel matrix ({DEFAULT_REPORT}):              {why}; run `cargo xtask vm` and commit its table"
+        ),
+    }
+}
+
 /// Fetches and unpacks `kernels` (the Debian lines among them) and writes their initramfs, for
 /// a later run: CI does it while it compiles.
 pub fn fetch(kernels: &[String]) -> Result<()> {
