@@ -113,13 +113,15 @@ pub fn lint() -> Result<()> {
         .arg("--manifest-path")
         .arg(&manifest)
         .args(["--", "--check"]))?;
+    // In the workspace's own target directory, with the kernel programs built as there: the
+    // dependencies both check alike are checked once (on a clean clone, after the workspace's
+    // lint: 20 s, against 26 s in a directory of its own).
     run(crate::cargo()
         .args(["clippy", "--all-targets", "--locked", "--manifest-path"])
         .arg(&manifest)
         .arg("--target-dir")
-        .arg(fuzz_target_dir().join("lint"))
-        .args(["--", "-D", "warnings"])
-        .env("CAPTURE_SKIP_EBPF_BUILD", "1"))
+        .arg(std::path::absolute(crate::builds::target_dir())?)
+        .args(["--", "-D", "warnings"]))
 }
 
 pub fn run_fuzz(opts: &Options) -> Result<()> {
@@ -151,8 +153,9 @@ pub fn run_fuzz(opts: &Options) -> Result<()> {
     run(&mut build)?;
     let profile = if opts.dev { "debug" } else { "release" };
     let bin_dir = target_dir.join("x86_64-unknown-linux-gnu").join(profile);
-    let mut runs = Vec::new();
-    for target in &targets {
+    // libFuzzer runs on one core: the targets run side by side, one per core.
+    let jobs = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let runs = crate::in_parallel(&targets, jobs, |target| {
         let result = run_target(&bin_dir, target, opts.time)?;
         match &result.failure {
             None => println!(
@@ -161,8 +164,8 @@ pub fn run_fuzz(opts: &Options) -> Result<()> {
             ),
             Some(why) => println!("fuzz: {target}: FAILED: {why}"),
         }
-        runs.push(result);
-    }
+        Ok(result)
+    })?;
     print_summary(&runs);
     if let Some(path) = &opts.json {
         fs::write(path, serde_json::to_vec_pretty(&runs)?)

@@ -166,6 +166,29 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs `work` on every item, at most `jobs` at a time; the results in the items' order.
+pub fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    jobs: usize,
+    work: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.clamp(1, items.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = work(item);
+                results.lock().expect("no worker panicked").push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("no worker panicked");
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
 /// `cargo`, with the kernel programs of every configuration built in one shared directory
 /// (`builds::ebpf_target_dir`).
 pub fn cargo() -> Command {

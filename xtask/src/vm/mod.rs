@@ -267,7 +267,7 @@ fn run_vms(
         result.log = relative(&root, &log);
         Ok(result)
     };
-    let mut parts = in_parallel(&jobs, opts.jobs.max(1), one_vm)?;
+    let mut parts = crate::in_parallel(&jobs, opts.jobs.max(1), one_vm)?;
     let mut finished = Vec::new();
     for kernel in vms {
         let (mut mine, rest): (Vec<_>, Vec<_>) =
@@ -284,31 +284,6 @@ fn run_vms(
         finished.push((result, failed_logs));
     }
     Ok(finished)
-}
-
-/// Runs `work` on every item, at most `jobs` at a time.
-fn in_parallel<T: Sync, R: Send>(
-    items: &[T],
-    jobs: usize,
-    work: impl Fn(&T) -> Result<R> + Sync,
-) -> Result<Vec<R>> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..jobs.min(items.len()) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                let r = work(item);
-                results.lock().expect("no worker panicked").push(r);
-            });
-        }
-    });
-    results
-        .into_inner()
-        .expect("no worker panicked")
-        .into_iter()
-        .collect()
 }
 
 /// What the committed kernel support table (the whole matrix, run by hand) says of this tree:
@@ -331,7 +306,8 @@ pub fn kernel_support_notice() -> String {
             changed.join(", ")
         ),
         Err(why) => format!(
-            "notice: cannot tell what changed since the whole kernel matrix ({DEFAULT_REPORT}):              {why}; run `cargo xtask vm` and commit its table"
+            "notice: cannot tell what changed since the whole kernel matrix ({DEFAULT_REPORT}): \
+             {why}; run `cargo xtask vm` and commit its table"
         ),
     }
 }
