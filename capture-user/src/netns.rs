@@ -203,3 +203,28 @@ pub fn netns_cookie_here() -> io::Result<u64> {
         Ok(cookie)
     }
 }
+
+/// Sets `lo` up in the calling thread's netns (a new netns has its loopback down).
+pub fn set_loopback_up() -> io::Result<()> {
+    // SAFETY: an ioctl on a fresh socket with an ifreq naming lo.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[..2].copy_from_slice(&[b'l' as libc::c_char, b'o' as libc::c_char]);
+        let rc = if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) == 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req)
+        } else {
+            -1
+        };
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}

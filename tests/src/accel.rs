@@ -55,6 +55,13 @@ fn check_edge_only() -> Option<Value> {
     serde_json::from_slice(&node).ok()
 }
 
+/// Whether this kernel accelerates with this build, differing only in `EDGE_CASES` (the
+/// verdict `allow` writes into a node).
+#[must_use]
+pub fn kernel_allows() -> bool {
+    edge_only_verdict().is_some()
+}
+
 /// Lets `topo`'s node accelerate pods that ask, accepting the edge cases: this kernel's verdict
 /// (it holds for every node with this kernel and build) is written into its state directory.
 /// False where the kernel differs in more than the edges.

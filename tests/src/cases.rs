@@ -245,9 +245,13 @@ pub fn run_matrix(scenario: Scenario<'_>, cases: &[Case]) {
         (Backend::Ebpf, false),
         (Backend::Ebpf, true),
     ] {
-        let mut topo = Topology::new();
-        if accelerated && !crate::accel::allow(&topo) {
+        // No pod made for nothing where the kernel does not accelerate.
+        if accelerated && !crate::accel::kernel_allows() {
             continue;
+        }
+        let mut topo = Topology::new();
+        if accelerated {
+            assert!(crate::accel::allow(&topo), "the kernel's verdict allows it");
         }
         let mut args = vec!["--mode", backend.mode()];
         if accelerated {
@@ -279,13 +283,19 @@ pub fn run_cases(topo: &Topology, cases: &[Case]) {
 
 /// As `run_cases`, checking the by-design differences of `backend` too.
 pub fn run_cases_on(topo: &Topology, backend: Option<Backend>, cases: &[Case]) {
+    // One probe per identity for all the cases, gone before the pod is.
+    let probes = crate::probe::Sessions::default();
     let failures: Vec<String> = cases
         .iter()
         .filter_map(|case| {
             let got = if case.from_remote {
-                topo.connect_from_remote(case.to)
+                probes.connect(
+                    crate::probe::probe_in(&topo.remote.path(), None, None),
+                    case.to,
+                    &ConnectOpts::default(),
+                )
             } else {
-                topo.connect(&case.who, case.to, &case.opts)
+                probes.connect(topo.probe_in_pod(&case.who), case.to, &case.opts)
             };
             verify(case, &got, backend).err().map(|e| {
                 format!(

@@ -91,11 +91,73 @@ pub struct NetnsGuard {
     holder: Option<ChildGuard>,
 }
 
+/// Where named netns are mounted, as `ip netns` keeps them.
+const NETNS_RUN_DIR: &str = "/var/run/netns";
+
+/// An empty file under `NETNS_RUN_DIR` to mount the netns `name` on, the directory made first as
+/// `ip netns add` makes it: a shared mount point, so that netns mounted there later show in
+/// every mount namespace that shares it.
+fn netns_mount_point(name: &str) -> PathBuf {
+    use nix::mount::{mount, MsFlags};
+    static SHARED: std::sync::Once = std::sync::Once::new();
+    let dir = Path::new(NETNS_RUN_DIR);
+    SHARED.call_once(|| {
+        fs::create_dir_all(dir).expect(NETNS_RUN_DIR);
+        let shared = || {
+            mount(
+                None::<&str>,
+                dir,
+                Some("none"),
+                MsFlags::MS_SHARED | MsFlags::MS_REC,
+                None::<&str>,
+            )
+        };
+        if shared().is_err() {
+            // Not a mount point yet: make it one, on itself.
+            mount(
+                Some(dir),
+                dir,
+                Some("none"),
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .expect("bind-mounting /var/run/netns on itself");
+            shared().expect("making /var/run/netns a shared mount");
+        }
+    });
+    let target = dir.join(name);
+    fs::File::options()
+        .write(true)
+        .create_new(true)
+        .open(&target)
+        .unwrap_or_else(|e| panic!("creating {}: {e}", target.display()));
+    target
+}
+
 impl NetnsGuard {
+    /// A new named netns with its loopback up, made here as `ip netns add` makes one (a thread
+    /// unshares its netns, which a bind mount then keeps): two processes less per netns, which
+    /// cost about 0.2 s each under the kernel matrix's emulation.
     pub fn new(prefix: &str) -> Self {
         let name = unique(prefix);
-        ip(&["netns", "add", &name]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        let target = netns_mount_point(&name);
+        std::thread::scope(|s| {
+            s.spawn(|| -> std::io::Result<()> {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+                capture_user::netns::set_loopback_up()?;
+                nix::mount::mount(
+                    Some("/proc/thread-self/ns/net"),
+                    &target,
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_BIND,
+                    None::<&str>,
+                )?;
+                Ok(())
+            })
+            .join()
+            .expect("the netns thread panicked")
+        })
+        .unwrap_or_else(|e| panic!("making the netns {name}: {e}"));
         Self { name, holder: None }
     }
 
@@ -111,10 +173,7 @@ impl NetnsGuard {
                 .unwrap_or_else(|e| panic!("writing {path}: {e}"));
         }
         let name = unique(prefix);
-        let dir = Path::new("/var/run/netns");
-        fs::create_dir_all(dir).expect("/var/run/netns");
-        let target = dir.join(&name);
-        fs::write(&target, "").expect("netns mount point");
+        let target = netns_mount_point(&name);
         nix::mount::mount(
             Some(Path::new(&format!("/proc/{pid}/ns/net"))),
             &target,
@@ -123,12 +182,15 @@ impl NetnsGuard {
             None::<&str>,
         )
         .unwrap_or_else(|e| panic!("bind-mounting the netns of {pid}: {e}"));
-        // `ip netns del` on drop unmounts and removes it like any named netns.
+        // Unmounted and removed on drop like any named netns.
         let guard = Self {
             name,
             holder: Some(holder),
         };
-        ip(&["-n", &guard.name, "link", "set", "lo", "up"]);
+        capture_user::netns::Netns::open(&guard.path())
+            .and_then(|ns| ns.run_in(capture_user::netns::set_loopback_up))
+            .unwrap_or_else(|e| panic!("entering {}: {e}", guard.name))
+            .unwrap_or_else(|e| panic!("setting lo up in {}: {e}", guard.name));
         guard
     }
 
@@ -142,15 +204,17 @@ impl NetnsGuard {
 
     #[must_use]
     pub fn path(&self) -> PathBuf {
-        PathBuf::from("/var/run/netns").join(&self.name)
+        Path::new(NETNS_RUN_DIR).join(&self.name)
     }
 }
 
 impl Drop for NetnsGuard {
+    /// What `ip netns del` does: the mount goes (lazily, as processes may still be inside),
+    /// then its file.
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        let path = self.path();
+        let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+        let _ = fs::remove_file(&path);
     }
 }
 

@@ -261,7 +261,8 @@ impl Topology {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
-    fn probe_in_pod(&self, who: &Who) -> Command {
+    /// A probe command that enters the pod (cgroup, netns, its user namespace) as `who`.
+    pub fn probe_in_pod(&self, who: &Who) -> Command {
         let mut cmd = Command::new(probe_bin());
         cmd.arg("--cgroup")
             .arg(&self.pod.cgroup.path)

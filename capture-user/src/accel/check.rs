@@ -294,7 +294,7 @@ pub fn run(paths: &Paths) -> Result<Report, CheckError> {
 
 /// The child's side: runs every case in the pod it was put in and prints the answers as JSON.
 pub fn run_cases_here(destination: std::net::SocketAddr) -> anyhow::Result<()> {
-    set_loopback_up()?;
+    crate::netns::set_loopback_up()?;
     let listener = std::net::TcpListener::bind(("0.0.0.0", crate::config::OUTBOUND_PORT))?;
     let pair = super::cases::Pair {
         listener: &listener,
@@ -310,30 +310,5 @@ pub fn run_cases_here(destination: std::net::SocketAddr) -> anyhow::Result<()> {
         })
         .collect();
     println!("{}", serde_json::to_string(&answers)?);
-    Ok(())
-}
-
-/// A new netns has its loopback down.
-fn set_loopback_up() -> io::Result<()> {
-    // SAFETY: an ioctl on a fresh socket with an ifreq naming lo.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        req.ifr_name[..2].copy_from_slice(&[b'l' as libc::c_char, b'o' as libc::c_char]);
-        let rc = if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) == 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as i16;
-            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req)
-        } else {
-            -1
-        };
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        if rc != 0 {
-            return Err(err);
-        }
-    }
     Ok(())
 }

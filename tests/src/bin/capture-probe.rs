@@ -128,6 +128,11 @@ enum Cmd {
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
+    /// Print `ready`, then connect once per line of stdin (`{"to": ADDR, "udp": BOOL,
+    /// "v6_socket": BOOL}`) and print each outcome as `connect` does, until stdin ends: many
+    /// connects of one identity from one place without a process each (capture_tests::probe::
+    /// Sessions).
+    Session,
     /// Connect once and print the outcome.
     Connect {
         #[arg(long)]
@@ -562,6 +567,34 @@ fn main() {
             drop_privileges(&args);
             let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
             die(format!("exec {}: {err}", argv[0]))
+        }
+        Cmd::Session => {
+            drop_privileges(&args);
+            println!("ready");
+            let _ = std::io::stdout().flush();
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                let request: Value =
+                    serde_json::from_str(&line).unwrap_or_else(|e| die(format!("{line}: {e}")));
+                let to = request["to"]
+                    .as_str()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| die(format!("{line}: no destination")));
+                let flag = |name: &str| request[name].as_bool().unwrap_or(false);
+                let out = connect(
+                    &args,
+                    to,
+                    None,
+                    flag("udp"),
+                    None,
+                    flag("v6_socket"),
+                    &Tweaks {
+                        transparent: false,
+                        mark: None,
+                    },
+                );
+                println!("{out}");
+                let _ = std::io::stdout().flush();
+            }
         }
         Cmd::Connect {
             to,
