@@ -299,10 +299,13 @@ pub fn kernel_support_notice() -> String {
     let commit = report::stamped_commit(&page).unwrap_or("an unnamed commit");
     match report::changed_since(&page) {
         Ok(changed) if changed.is_empty() => format!(
-            "the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}; the kernel programs,              the loader and the takeover have not changed since"
+            "the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}; the kernel programs, \
+             the loader and the takeover have not changed since"
         ),
         Ok(changed) => format!(
-            "notice: the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}, and since then              {} changed: run `cargo xtask vm` and commit its table before calling the issue              resolved",
+            "notice: the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}, and since then \
+             {} changed: run `cargo xtask vm` and commit its table before calling the issue \
+             resolved",
             changed.join(", ")
         ),
         Err(why) => format!(
