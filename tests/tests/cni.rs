@@ -2,7 +2,7 @@
 //! then capture-cni) run as a runtime runs it, real traffic, fail-closed behaviour, restarts.
 
 use capture_tests::{
-    cni::{error_code as code, CgroupDriver, Node, Pod, MESHED},
+    cni::{error_code as code, injected, CgroupDriver, Node, Pod, MESHED},
     probe::{connect_with, Outcome},
     topology::{cgroup_programs, pinned_map_len, pod_pins_left, POD_CGROUP_HOOKS},
 };
@@ -179,6 +179,55 @@ fn pods_that_are_not_meshed_are_left_alone() {
     let got = from_node(&node, plain.ip(), 8080);
     got.assert_served_by("app", "");
     for pod in [&plain, &opted_out, &system] {
+        node.del(pod).expect("DEL");
+    }
+}
+
+/// istio-cni's choice of pods (`cni/pkg/plugin/plugin.go` in istio/istio), from the annotations
+/// Istio's injector writes: sidecars are captured wherever the proxy container is; a gateway's
+/// inbound reaches its own listener; a pod injected with istio-init keeps Istio's own rules.
+#[test]
+fn the_pods_istio_cni_captures_and_no_others() {
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    let mut sidecar = node.pod("reviews", CgroupDriver::Systemd, injected::SIDECAR);
+    let mut native = node.pod("ratings", CgroupDriver::Cgroupfs, injected::NATIVE_SIDECAR);
+    let mut gateway = node.pod("ingressgateway", CgroupDriver::Systemd, injected::GATEWAY);
+    let mut init = node.pod("details", CgroupDriver::Cgroupfs, injected::ISTIO_INIT);
+    for pod in [&mut sidecar, &mut native, &mut gateway, &mut init] {
+        node.add(pod)
+            .unwrap_or_else(|e| panic!("ADD {}: {e}", pod.name));
+    }
+    let _servers: Vec<_> = [&sidecar, &native, &gateway, &init]
+        .iter()
+        .map(|pod| pod.start_servers())
+        .collect();
+    for pod in [&sidecar, &native] {
+        assert_eq!(
+            cgroup_programs(&pod.cgroup).len(),
+            POD_CGROUP_HOOKS,
+            "{} was not captured",
+            pod.name
+        );
+        let got = from_node(&node, pod.ip(), 8080);
+        got.assert_served_by("inbound", "");
+        assert_eq!(got.orig(), Some(format!("{}:8080", pod.ip())));
+        connect_with(pod.app_client(), &format!("{}:8080", gateway.ip()))
+            .assert_served_by("outbound", "");
+    }
+    for pod in [&gateway, &init] {
+        assert!(
+            cgroup_programs(&pod.cgroup).is_empty(),
+            "{} was captured",
+            pod.name
+        );
+        from_node(&node, pod.ip(), 8080).assert_served_by("app", "");
+        connect_with(pod.app_client(), &format!("{}:8080", sidecar.ip()))
+            .assert_served_by("inbound", "");
+    }
+    for pod in [&sidecar, &native, &gateway, &init] {
+        node.check(pod)
+            .unwrap_or_else(|e| panic!("CHECK {}: {e}", pod.name));
         node.del(pod).expect("DEL");
     }
 }

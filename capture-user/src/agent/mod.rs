@@ -35,6 +35,7 @@ use tracing::{error, info, warn};
 use crate::{
     api::{FailureKind, PodRequest, Request, Response},
     claims,
+    cni::selection::{sidecar_status, Status},
     config::PodSpec,
     ops::{self, AttachRequest, PodSelector},
     paths::Paths,
@@ -149,6 +150,9 @@ impl Agent {
         }
         let start = Instant::now();
         let container_id = pod.pod.container_id.clone();
+        if let Status::Unreadable(why) = sidecar_status(&pod.annotations) {
+            warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, %why, "unreadable sidecar status");
+        }
         // Before anything is attached: from here on, DEL must wait for this agent.
         if let Err(e) = claims::claim(&self.cfg.paths, &container_id) {
             return Response::failed(

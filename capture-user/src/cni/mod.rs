@@ -4,6 +4,9 @@
 
 pub mod cgroup;
 pub mod plugin;
+pub mod selection;
+
+pub use selection::{skip_reason, Skip};
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -77,53 +80,8 @@ pub fn parse_cni_args(raw: Option<&str>) -> Result<K8sArgs, String> {
     })
 }
 
-pub const ANN_SIDECAR_STATUS: &str = "sidecar.istio.io/status";
-pub const ANN_INJECT: &str = "sidecar.istio.io/inject";
 /// The runtime capability that carries the pod's annotations (containerd, CRI-O).
 pub const POD_ANNOTATIONS_CAPABILITY: &str = "io.kubernetes.cri.pod-annotations";
-
-/// Why a pod is left alone (ADD succeeds without capturing it), in Istio's order (spec F).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Skip {
-    ExcludedNamespace(String),
-    InjectionDisabled,
-    NoSidecar,
-}
-
-impl std::fmt::Display for Skip {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::ExcludedNamespace(ns) => write!(f, "namespace {ns} is excluded"),
-            Self::InjectionDisabled => write!(f, "{ANN_INJECT} is false"),
-            Self::NoSidecar => write!(
-                f,
-                "no {ANN_SIDECAR_STATUS} annotation (no sidecar was injected)"
-            ),
-        }
-    }
-}
-
-/// Should this pod be captured? `Some(reason)` when it must be left alone.
-#[must_use]
-pub fn skip_reason(
-    cfg: &PluginConfig,
-    pod: &K8sArgs,
-    annotations: &BTreeMap<String, String>,
-) -> Option<Skip> {
-    if cfg.exclude_namespaces.contains(&pod.namespace) {
-        return Some(Skip::ExcludedNamespace(pod.namespace.clone()));
-    }
-    if annotations
-        .get(ANN_INJECT)
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
-    {
-        return Some(Skip::InjectionDisabled);
-    }
-    if !annotations.contains_key(ANN_SIDECAR_STATUS) {
-        return Some(Skip::NoSidecar);
-    }
-    None
-}
 
 #[cfg(test)]
 mod tests {
@@ -148,37 +106,5 @@ mod tests {
             "{e}"
         );
         assert!(parse_cni_args(None).is_err());
-    }
-
-    #[test]
-    fn skips_follow_istio() {
-        let cfg = PluginConfig::default();
-        let pod = |ns: &str| K8sArgs {
-            namespace: ns.into(),
-            ..K8sArgs::default()
-        };
-        let ann = |kv: &[(&str, &str)]| {
-            kv.iter()
-                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-                .collect()
-        };
-        let injected = ann(&[(ANN_SIDECAR_STATUS, "{}")]);
-        assert_eq!(skip_reason(&cfg, &pod("default"), &injected), None);
-        assert_eq!(
-            skip_reason(&cfg, &pod("kube-system"), &injected),
-            Some(Skip::ExcludedNamespace("kube-system".into()))
-        );
-        assert_eq!(
-            skip_reason(&cfg, &pod("default"), &ann(&[])),
-            Some(Skip::NoSidecar)
-        );
-        assert_eq!(
-            skip_reason(
-                &cfg,
-                &pod("default"),
-                &ann(&[(ANN_SIDECAR_STATUS, "{}"), (ANN_INJECT, "false")])
-            ),
-            Some(Skip::InjectionDisabled)
-        );
     }
 }
