@@ -184,8 +184,16 @@ impl Node {
     /// Writes the network plugin's own conflist (bridge + host-local) into a conf dir, runs
     /// `capture install-cni` on it as the DaemonSet does, and uses the result from then on.
     pub fn install_cni(&self) -> Value {
+        self.write_network_conflist();
+        self.run_install_cni(&[])
+            .unwrap_or_else(|e| panic!("install-cni: {e}"))
+    }
+
+    /// `capture install-cni` with `extra` arguments on the configuration directory as it is:
+    /// the conflist it left, or its stderr.
+    pub fn run_install_cni(&self, extra: &[&str]) -> Result<Value, String> {
         let conf_dir = self.conf_dir();
-        let file = self.write_network_conflist();
+        let file = conf_dir.join("10-bridge.conflist");
         let out = Command::new(crate::topology::capture_bin())
             .arg("--state-dir")
             .arg(&self.dirs.state)
@@ -196,17 +204,16 @@ impl Node {
             .arg(&conf_dir)
             .arg("--plugin-binary")
             .arg(built_binary("capture-cni", "CAPTURE_CNI_BIN"))
+            .args(extra)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "install-cni: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
         let installed: Value =
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         *self.installed.lock().unwrap() = Some(installed.clone());
-        installed
+        Ok(installed)
     }
 
     /// The node's CNI configuration directory (what stands for /etc/cni/net.d).

@@ -384,6 +384,69 @@ fn install_cni_chains_a_working_plugin() {
     node.del(&pod).expect("DEL");
 }
 
+/// A node where istio-cni is chained (its binary is not on this test node, so a runtime that
+/// still ran it would fail every ADD): install-cni refuses to chain beside it, takes its place
+/// when told to, and uninstall-cni puts it back.
+#[test]
+fn install_cni_replaces_istio_cni_only_when_told_and_uninstall_puts_it_back() {
+    let node = Node::new();
+    let file = node.write_network_conflist();
+    let mut network: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let istio_cni = json!({
+        "type": "istio-cni",
+        "log_level": "info",
+        "kubernetes": {"kubeconfig": "/etc/cni/net.d/ZZZ-istio-cni-kubeconfig", "cni_bin_dir": "/opt/cni/bin"},
+        "cni_agent_run_dir": "/var/run/istio-cni",
+        "exclude_namespaces": ["kube-system"],
+        "pod_namespace": "istio-system",
+    });
+    network["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(istio_cni.clone());
+    std::fs::write(&file, serde_json::to_string_pretty(&network).unwrap()).unwrap();
+
+    let refused = node.run_install_cni(&[]).unwrap_err();
+    assert!(
+        refused.contains("istio-cni") && refused.contains("--replace-istio-cni"),
+        "{refused}"
+    );
+    let list = node
+        .run_install_cni(&["--replace-istio-cni"])
+        .expect("install-cni --replace-istio-cni");
+    let types: Vec<&str> = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["bridge", "capture-cni"], "{list}");
+    let _agent = node.start_agent("ebpf");
+    let mut pod = node.pod("replaced", CgroupDriver::Systemd, injected::SIDECAR);
+    node.add(&mut pod)
+        .expect("ADD through the conflist without istio-cni");
+    assert_eq!(cgroup_programs(&pod.cgroup).len(), POD_CGROUP_HOOKS);
+    node.del(&pod).expect("DEL");
+
+    let out = std::process::Command::new(capture_tests::topology::capture_bin())
+        .arg("uninstall-cni")
+        .arg("--cni-bin-dir")
+        .arg(&node.plugin_dir)
+        .arg("--cni-conf-dir")
+        .arg(node.conf_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let restored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(restored, network, "istio-cni back where it was");
+}
+
 #[test]
 fn older_spec_versions_work_too() {
     // Calico, Flannel and kindnet ship 0.3.1 conflists, the AWS VPC CNI 0.4.0.

@@ -72,6 +72,8 @@ impl CniWatch {
             plugin_binary: PathBuf::new(),
             agent_socket: self.agent_socket.clone(),
             state_dir: Some(self.state_dir.clone()),
+            // Only an operator replaces istio-cni; a node that did stays so (install/istio.rs).
+            replace_istio_cni: false,
         };
         let (config, changed) = install::chain(&opts)?;
         // uninstall-cni removes the binary before it edits the configuration: one that went

@@ -128,6 +128,11 @@ pub enum Command {
         /// The agent socket the plugin should use; default: <state-dir>/agent.sock.
         #[arg(long)]
         agent_socket: Option<PathBuf>,
+        /// Where istio-cni is chained, take its place: its entry is kept in the configuration
+        /// directory and `uninstall-cni` puts it back. Without this, install-cni refuses to
+        /// chain beside it.
+        #[arg(long)]
+        replace_istio_cni: bool,
     },
     /// Take capture-cni out of every network configuration and remove its binary (idempotent).
     /// New pods then start uncaptured: run it only when removing capture from the node.

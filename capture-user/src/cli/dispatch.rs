@@ -146,6 +146,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             conf_file,
             plugin_binary,
             agent_socket,
+            replace_istio_cni,
         } => {
             let plugin_binary = match plugin_binary {
                 Some(p) => p,
@@ -158,6 +159,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 plugin_binary,
                 agent_socket: agent_socket.unwrap_or_else(|| paths.state_dir.join("agent.sock")),
                 state_dir: Some(paths.state_dir.clone()),
+                replace_istio_cni,
             };
             let done = crate::install::install(&opts)?;
             println!(
@@ -184,6 +186,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 plugin_binary: PathBuf::new(),
                 agent_socket: PathBuf::new(),
                 state_dir: None,
+                replace_istio_cni: false,
             };
             let changed = crate::install::uninstall(&opts)?;
             println!(

@@ -1,6 +1,9 @@
 //! `capture install-cni` / `uninstall-cni`: put the capture-cni binary in the node's CNI bin
 //! directory and chain it at the end of the node's active network configuration, keeping the
 //! file's other plugins, key order and indentation; and take both out again. Both are idempotent.
+//! Beside istio-cni only when told to replace it (istio.rs).
+
+pub mod istio;
 
 use std::{
     fs, io,
@@ -21,6 +24,8 @@ pub enum InstallError {
     BadConfig { path: PathBuf, reason: String },
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error("{path} chains istio-cni, which writes Istio's own rules into the pods capture would capture: remove Istio's CNI from this node, or run install-cni with --replace-istio-cni to take its place (uninstall-cni puts it back)")]
+    IstioCniChained { path: PathBuf },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> InstallError + '_ {
@@ -109,8 +114,20 @@ fn is_capture(v: &Value) -> bool {
     v.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
 }
 
-/// The configuration text with `entry` (capture-cni's) chained last (updated in place if present).
+/// The configuration text with `entry` (capture-cni's) chained last (updated in place if
+/// present); refused where istio-cni is chained.
 pub fn insert_into(path: &Path, text: &str, entry: &Value) -> Result<String, InstallError> {
+    chain_text(path, text, entry, false).map(|(text, _)| text)
+}
+
+/// As `insert_into`, but with istio-cni's entry taken out when `replace_istio_cni`: the text,
+/// and the entry taken out with its place.
+pub fn chain_text(
+    path: &Path,
+    text: &str,
+    entry: &Value,
+    replace_istio_cni: bool,
+) -> Result<(String, Option<(usize, Value)>), InstallError> {
     let mut list = as_conflist(parse(path, text)?);
     let plugins = list
         .get_mut("plugins")
@@ -125,13 +142,45 @@ pub fn insert_into(path: &Path, text: &str, entry: &Value) -> Result<String, Ins
             reason: "the plugin list is empty".into(),
         });
     }
+    let mut replaced = None;
+    if let Some(at) = plugins.iter().position(istio::is_istio_cni) {
+        if !replace_istio_cni {
+            return Err(InstallError::IstioCniChained { path: path.into() });
+        }
+        replaced = Some((at, plugins.remove(at)));
+        plugins.retain(|p| !istio::is_istio_cni(p));
+    }
     plugins.retain(|p| !is_capture(p));
     plugins.push(entry.clone());
-    Ok(render(
+    Ok((
+        render(
+            &Value::Object(list),
+            &detect_indent(text),
+            text.ends_with('\n'),
+        ),
+        replaced,
+    ))
+}
+
+/// The configuration text with a replaced istio-cni entry back in place, or `None` when there
+/// is nothing to put back.
+pub fn restore_into(
+    path: &Path,
+    text: &str,
+    replaced: &istio::Replaced,
+) -> Result<Option<String>, InstallError> {
+    let mut list = parse(path, text)?;
+    let Some(plugins) = list.get_mut("plugins").and_then(Value::as_array_mut) else {
+        return Ok(None);
+    };
+    if !istio::put_back(plugins, replaced) {
+        return Ok(None);
+    }
+    Ok(Some(render(
         &Value::Object(list),
         &detect_indent(text),
         text.ends_with('\n'),
-    ))
+    )))
 }
 
 /// The configuration text without capture-cni, or `None` when it has no capture entry.
@@ -188,6 +237,8 @@ pub struct InstallOptions {
     pub agent_socket: PathBuf,
     /// The agent's state directory, written into the entry when it is not the default.
     pub state_dir: Option<PathBuf>,
+    /// Take istio-cni's place in the chain (it is kept, and put back by `uninstall`).
+    pub replace_istio_cni: bool,
 }
 
 /// What `install` changed.
@@ -223,12 +274,29 @@ pub fn chain(opts: &InstallOptions) -> Result<(PathBuf, bool), InstallError> {
     };
     let text = fs::read_to_string(&source).map_err(io_err(&source))?;
     let entry = plugin_entry(&opts.agent_socket, opts.state_dir.as_deref());
-    let updated = insert_into(&source, &text, &entry)?;
+    let conf_dir = source.parent().unwrap_or(&opts.cni_conf_dir);
+    // A node that chose capture over istio-cni keeps that choice until uninstall-cni.
+    let replace = opts.replace_istio_cni || istio::load(conf_dir)?.is_some();
+    let (updated, replaced) = chain_text(&source, &text, &entry, replace)?;
     let config = if source.extension().is_some_and(|e| e == "conf") {
         source.with_extension("conflist")
     } else {
         source.clone()
     };
+    if let Some((index, entry)) = replaced {
+        let config_name = config
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        istio::save(
+            conf_dir,
+            &istio::Replaced {
+                config: config_name,
+                index,
+                entry,
+            },
+        )?;
+    }
     let changed = updated != text || config != source;
     if changed {
         write_atomic(&config, updated.as_bytes(), 0o644)?;
@@ -269,7 +337,33 @@ pub fn uninstall(opts: &InstallOptions) -> Result<Vec<PathBuf>, InstallError> {
             changed.push(path);
         }
     }
+    if let Some(path) = restore_istio_cni(&opts.cni_conf_dir)? {
+        if !changed.contains(&path) {
+            changed.push(path);
+        }
+    }
     Ok(changed)
+}
+
+/// Puts a replaced istio-cni entry back into the file it came from (the active configuration
+/// if that file is gone), then forgets it; the file it wrote.
+fn restore_istio_cni(conf_dir: &Path) -> Result<Option<PathBuf>, InstallError> {
+    let Some(replaced) = istio::load(conf_dir)? else {
+        return Ok(None);
+    };
+    let named = conf_dir.join(&replaced.config);
+    let path = if named.is_file() {
+        named
+    } else {
+        active_config(conf_dir)?
+    };
+    let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+    let restored = restore_into(&path, &text, &replaced)?;
+    if let Some(updated) = &restored {
+        write_atomic(&path, updated.as_bytes(), 0o644)?;
+    }
+    istio::forget(conf_dir)?;
+    Ok(restored.map(|_| path))
 }
 
 /// Takes capture-cni out of one configuration file; whether it was there.

@@ -199,6 +199,7 @@ fn install_and_uninstall_on_a_directory() {
         plugin_binary: plugin,
         agent_socket: SOCKET.into(),
         state_dir: None,
+        replace_istio_cni: false,
     };
     let first = install(&opts).unwrap();
     assert_eq!(
@@ -257,5 +258,151 @@ fn the_entry_names_a_state_dir_only_when_it_is_not_the_default() {
     assert_eq!(
         plugin_entry(socket, Some(Path::new("/var/lib/capture")))["state_dir"],
         "/var/lib/capture"
+    );
+}
+
+/// A node where Istio's install-cni chained istio-cni after Calico.
+const WITH_ISTIO_CNI: &str = include_str!("testdata/10-calico-istio-cni.conflist");
+
+struct ConfDir(PathBuf);
+
+impl ConfDir {
+    fn new(name: &str, config: &str) -> Self {
+        let root = std::env::temp_dir().join(format!("capture-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("net.d")).unwrap();
+        fs::create_dir_all(root.join("bin")).unwrap();
+        fs::write(root.join("net.d/10-calico.conflist"), config).unwrap();
+        fs::write(root.join("capture-cni-build"), b"#!/bin/true\n").unwrap();
+        Self(root)
+    }
+
+    fn opts(&self, replace_istio_cni: bool) -> InstallOptions {
+        InstallOptions {
+            cni_bin_dir: self.0.join("bin"),
+            cni_conf_dir: self.0.join("net.d"),
+            conf_file: None,
+            plugin_binary: self.0.join("capture-cni-build"),
+            agent_socket: SOCKET.into(),
+            state_dir: None,
+            replace_istio_cni,
+        }
+    }
+
+    fn config(&self) -> String {
+        fs::read_to_string(self.0.join("net.d/10-calico.conflist")).unwrap()
+    }
+
+    fn types(&self) -> Vec<String> {
+        json(&self.config())["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+impl Drop for ConfDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn install_refuses_to_chain_beside_istio_cni_and_changes_nothing() {
+    let dir = ConfDir::new("beside-istio-cni", WITH_ISTIO_CNI);
+    let e = install(&dir.opts(false)).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("10-calico.conflist")
+            && text.contains("istio-cni")
+            && text.contains("--replace-istio-cni"),
+        "{text}"
+    );
+    assert_eq!(dir.config(), WITH_ISTIO_CNI);
+    assert!(!istio::saved_path(&dir.0.join("net.d")).exists());
+}
+
+#[test]
+fn replacing_istio_cni_keeps_its_entry_and_uninstall_puts_it_back_where_it_was() {
+    let dir = ConfDir::new("replace-istio-cni", WITH_ISTIO_CNI);
+    let conf = dir.0.join("net.d");
+    let done = install(&dir.opts(true)).unwrap();
+    assert!(done.config_changed);
+    assert_eq!(dir.types(), ["calico", "portmap", "bandwidth", PLUGIN_TYPE]);
+    let kept = istio::load(&conf).unwrap().expect("the entry is kept");
+    assert_eq!(
+        (kept.config.as_str(), kept.index, &kept.entry),
+        ("10-calico.conflist", 3, &json(WITH_ISTIO_CNI)["plugins"][3])
+    );
+    // Runtimes read .conf, .conflist and .json only: the kept entry is not a configuration.
+    assert_eq!(
+        active_config(&conf).unwrap(),
+        conf.join("10-calico.conflist")
+    );
+    assert!(!is_config_name(istio::SAVED_FILE));
+
+    // Istio's DaemonSet writes its entry back: the node chose capture, so chaining again
+    // (the agent's watcher, no flag) replaces it again.
+    let mut rewritten = json(&dir.config());
+    rewritten["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(json(r#"{"type": "istio-cni"}"#));
+    fs::write(
+        conf.join("10-calico.conflist"),
+        serde_json::to_string_pretty(&rewritten).unwrap(),
+    )
+    .unwrap();
+    let (_, changed) = chain(&dir.opts(false)).unwrap();
+    assert!(changed);
+    assert_eq!(dir.types(), ["calico", "portmap", "bandwidth", PLUGIN_TYPE]);
+    let kept = istio::load(&conf).unwrap().unwrap();
+    assert_eq!(
+        kept.entry,
+        json(r#"{"type": "istio-cni"}"#),
+        "the newest is kept"
+    );
+    // Back to the original entry, as Istio wrote it, for the restore below.
+    istio::save(
+        &conf,
+        &istio::Replaced {
+            entry: json(WITH_ISTIO_CNI)["plugins"][3].clone(),
+            ..kept
+        },
+    )
+    .unwrap();
+
+    assert_eq!(
+        uninstall(&dir.opts(false)).unwrap(),
+        vec![conf.join("10-calico.conflist")]
+    );
+    assert_eq!(json(&dir.config()), json(WITH_ISTIO_CNI));
+    assert!(!istio::saved_path(&conf).exists());
+    assert!(uninstall(&dir.opts(false)).unwrap().is_empty());
+    // With istio-cni back, capture refuses again.
+    assert!(matches!(
+        install(&dir.opts(false)),
+        Err(InstallError::IstioCniChained { .. })
+    ));
+}
+
+#[test]
+fn a_kept_entry_that_does_not_parse_is_named_and_nothing_is_lost() {
+    let dir = ConfDir::new(
+        "kept-unreadable",
+        include_str!("testdata/10-calico.conflist"),
+    );
+    let conf = dir.0.join("net.d");
+    fs::write(istio::saved_path(&conf), "{ half").unwrap();
+    let e = install(&dir.opts(false)).unwrap_err().to_string();
+    assert!(
+        e.contains(istio::SAVED_FILE) && e.contains("by hand"),
+        "{e}"
+    );
+    assert_eq!(
+        fs::read_to_string(istio::saved_path(&conf)).unwrap(),
+        "{ half"
     );
 }
