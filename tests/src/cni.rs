@@ -21,6 +21,8 @@ use crate::{
 };
 
 pub const POD_SUBNET: &str = "10.88.0.0/24";
+/// The pod subnet of an IPv6-only node (`Node::ipv6_only`).
+pub const POD_SUBNET6: &str = "fd00:88::/64";
 
 /// The annotation the sidecar injector leaves on a pod with a proxy: what makes capture-cni act.
 pub const MESHED: &[(&str, &str)] = &[(
@@ -179,6 +181,14 @@ impl Node {
                 },
             ],
         })
+    }
+
+    /// Makes this node's pod network IPv6-only: its pods get an address from `POD_SUBNET6`
+    /// and none of IPv4.
+    pub fn ipv6_only(&self) {
+        let mut list = self.conflist();
+        list["plugins"][0]["ipam"]["ranges"] = json!([[{"subnet": POD_SUBNET6}]]);
+        *self.installed.lock().unwrap() = Some(list);
     }
 
     /// Writes the network plugin's own conflist (bridge + host-local) into a conf dir, runs
@@ -595,6 +605,24 @@ impl Pod {
             servers.push(ChildGuard::spawn_ready(&mut cmd));
         }
         servers
+    }
+
+    /// Istio's istio-validation check run in the pod as the proxy, as the injector runs it
+    /// (capture_tests::istio_validation); `Err` with its reason when it fails.
+    pub fn istio_validation(&self, ipv6: bool, timeout: Duration) -> Result<(), String> {
+        let mut cmd = probe_in(&self.netns.path(), Some(&self.cgroup), Some(&Who::proxy()));
+        cmd.arg("istio-validation")
+            .arg("--timeout-secs")
+            .arg(timeout.as_secs().to_string());
+        if ipv6 {
+            cmd.arg("--ipv6");
+        }
+        let out = cmd.output().expect("capture-probe");
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
     }
 
     /// A connection from the pod's app.

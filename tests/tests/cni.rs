@@ -7,6 +7,7 @@ use capture_tests::{
     topology::{cgroup_programs, pinned_map_len, pod_pins_left, POD_CGROUP_HOOKS},
 };
 use serde_json::json;
+use std::time::Duration;
 
 /// Connects from the node netns to `ip:port`.
 fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {
@@ -116,13 +117,13 @@ fn killed_agent_lets_nothing_escape_and_the_restarted_agent_adopts() {
             }
             landed
         });
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200));
         agent.kill_hard();
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(300));
         // New pods fail closed meanwhile.
         assert_eq!(code(&node.add(&mut late).expect_err("no agent")), Some(11));
         let restarted = node.start_agent("ebpf");
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (flow.join().unwrap(), restarted)
     });
@@ -229,6 +230,58 @@ fn the_pods_istio_cni_captures_and_no_others() {
         node.check(pod)
             .unwrap_or_else(|e| panic!("CHECK {}: {e}", pod.name));
         node.del(pod).expect("DEL");
+    }
+}
+
+/// Istio's istio-validation (tools/istio-iptables/pkg/validation/validator.go), which the
+/// injector runs as the proxy in every pod when Istio's CNI sets up capture, passes in each pod
+/// capture captures through the CNI path under either backend, and fails where capture is not in
+/// force: before ADD, and in a gateway, which capture leaves alone as istio-cni does. For IPv4
+/// and IPv6-only pods: the validator checks on `::1` and `::6` where the pod's address is IPv6.
+#[test]
+fn istio_validation_passes_in_every_pod_capture_captures() {
+    for (mode, ipv6) in [
+        ("ebpf", false),
+        ("iptables", false),
+        ("ebpf", true),
+        ("iptables", true),
+    ] {
+        let mode_and_family = format!("{mode}, {}", if ipv6 { "IPv6-only" } else { "IPv4" });
+        let mode_and_family = mode_and_family.as_str();
+        let node = Node::new();
+        if ipv6 {
+            node.ipv6_only();
+        }
+        let _agent = node.start_agent(mode);
+        let mut pod = node.pod("validated", CgroupDriver::Systemd, injected::SIDECAR);
+        let mut gateway = node.pod("gateway", CgroupDriver::Cgroupfs, injected::GATEWAY);
+        let before = pod.istio_validation(ipv6, Duration::from_secs(1));
+        assert!(
+            before
+                .as_ref()
+                .is_err_and(|why| why.contains("validation timeout")),
+            "{mode_and_family}: validation before ADD: {before:?}"
+        );
+        node.add(&mut pod).expect("ADD");
+        assert_eq!(
+            pod.ip().contains(':'),
+            ipv6,
+            "{mode_and_family}: {}",
+            pod.ip()
+        );
+        node.add(&mut gateway).expect("ADD gateway");
+        pod.istio_validation(ipv6, Duration::from_secs(30))
+            .unwrap_or_else(|why| {
+                panic!("{mode_and_family}: istio-validation failed in a captured pod: {why}")
+            });
+        assert!(
+            gateway
+                .istio_validation(ipv6, Duration::from_secs(1))
+                .is_err(),
+            "{mode_and_family}: validation passed in a gateway capture left alone"
+        );
+        node.del(&pod).expect("DEL");
+        node.del(&gateway).expect("DEL gateway");
     }
 }
 

@@ -128,6 +128,15 @@ enum Cmd {
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
+    /// Istio's istio-validation check (capture_tests::istio_validation): exit 0 when it
+    /// passes, 1 with the reason when it does not.
+    IstioValidation {
+        /// The pod's address is IPv6: check on ::1 and ::6.
+        #[arg(long)]
+        ipv6: bool,
+        #[arg(long, default_value_t = 5)]
+        timeout_secs: u64,
+    },
     /// Print `ready`, then connect once per line of stdin (`{"to": ADDR, "udp": BOOL,
     /// "v6_socket": BOOL}`) and print each outcome as `connect` does, until stdin ends: many
     /// connects of one identity from one place without a process each (capture_tests::probe::
@@ -550,6 +559,19 @@ fn main() {
             match capture_user::ebpf::netns_cookie::netns_cookie(&netns) {
                 Ok(cookie) => println!("{cookie}"),
                 Err(e) => die(format!("the netns-cookie reporter: {e}")),
+            }
+        }
+        Cmd::IstioValidation { ipv6, timeout_secs } => {
+            drop_privileges(&args);
+            match capture_tests::istio_validation::validate(
+                *ipv6,
+                Duration::from_secs(*timeout_secs),
+            ) {
+                Ok(()) => std::process::exit(0),
+                Err(why) => {
+                    eprintln!("istio-validation: {why}");
+                    std::process::exit(1)
+                }
             }
         }
         Cmd::Pause => {
