@@ -75,7 +75,14 @@ impl CniWatch {
             // Only an operator replaces istio-cni; a node that did stays so (install/istio.rs).
             replace_istio_cni: false,
         };
-        let (config, changed) = install::chain(&opts)?;
+        let install::Chained {
+            config,
+            changed,
+            replaced_istio_cni,
+        } = install::chain(&opts)?;
+        if replaced_istio_cni {
+            warn!(config = %config.display(), "istio-cni was chained again on a node that replaced it; replaced it again (its newest entry is kept for uninstall-cni)");
+        }
         // uninstall-cni removes the binary before it edits the configuration: one that went
         // while this check ran means the entry just written must go again.
         if changed && !install::plugin_installed(&self.bin_dir) {

@@ -177,6 +177,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 },
                 done.config.display()
             );
+            if done.replaced_istio_cni {
+                println!(
+                    "istio-cni's entry taken out of {} and kept in {}: `capture uninstall-cni` puts it back",
+                    done.config.display(),
+                    crate::install::istio::saved_path(done.config.parent().unwrap_or(&opts.cni_conf_dir)).display()
+                );
+            }
         }
         Command::UninstallCni { dirs } => {
             let opts = crate::install::InstallOptions {

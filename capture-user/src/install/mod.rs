@@ -247,6 +247,16 @@ pub struct Installed {
     pub config: PathBuf,
     pub config_changed: bool,
     pub binary_changed: bool,
+    /// istio-cni's entry was taken out of the chain (and kept: `istio::saved_path`).
+    pub replaced_istio_cni: bool,
+}
+
+/// What `chain` did to the active configuration.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Chained {
+    pub config: PathBuf,
+    pub changed: bool,
+    pub replaced_istio_cni: bool,
 }
 
 pub fn install(opts: &InstallOptions) -> Result<Installed, InstallError> {
@@ -257,17 +267,18 @@ pub fn install(opts: &InstallOptions) -> Result<Installed, InstallError> {
         fs::create_dir_all(&opts.cni_bin_dir).map_err(io_err(&opts.cni_bin_dir))?;
         write_atomic(&target, &binary, 0o755)?;
     }
-    let (config, config_changed) = chain(opts)?;
+    let chained = chain(opts)?;
     Ok(Installed {
-        config,
-        config_changed,
+        config: chained.config,
+        config_changed: chained.changed,
         binary_changed,
+        replaced_istio_cni: chained.replaced_istio_cni,
     })
 }
 
-/// Chains capture-cni last in the active configuration (or `conf_file`); returns the file and
-/// whether it had to change. A single-plugin .conf becomes a .conflist of the same name.
-pub fn chain(opts: &InstallOptions) -> Result<(PathBuf, bool), InstallError> {
+/// Chains capture-cni last in the active configuration (or `conf_file`). A single-plugin .conf
+/// becomes a .conflist of the same name.
+pub fn chain(opts: &InstallOptions) -> Result<Chained, InstallError> {
     let source = match &opts.conf_file {
         Some(f) => f.clone(),
         None => active_config(&opts.cni_conf_dir)?,
@@ -283,6 +294,7 @@ pub fn chain(opts: &InstallOptions) -> Result<(PathBuf, bool), InstallError> {
     } else {
         source.clone()
     };
+    let replaced_istio_cni = replaced.is_some();
     if let Some((index, entry)) = replaced {
         let config_name = config
             .file_name()
@@ -304,7 +316,11 @@ pub fn chain(opts: &InstallOptions) -> Result<(PathBuf, bool), InstallError> {
             fs::remove_file(&source).map_err(io_err(&source))?;
         }
     }
-    Ok((config, changed))
+    Ok(Chained {
+        config,
+        changed,
+        replaced_istio_cni,
+    })
 }
 
 /// Whether capture-cni is installed in the bin directory (`uninstall` removes it).
@@ -326,44 +342,42 @@ pub fn uninstall(opts: &InstallOptions) -> Result<Vec<PathBuf>, InstallError> {
         }
         _ => {}
     }
+    let conf_dir = &opts.cni_conf_dir;
+    let replaced = istio::load(conf_dir)?;
+    // istio-cni goes back in the same write that takes capture-cni out: no pod is set up by
+    // neither.
+    let restore_in = match &replaced {
+        Some(r) if conf_dir.join(&r.config).is_file() => Some(conf_dir.join(&r.config)),
+        Some(_) => Some(active_config(conf_dir)?),
+        None => None,
+    };
     let mut changed = Vec::new();
-    let entries = fs::read_dir(&opts.cni_conf_dir).map_err(io_err(&opts.cni_conf_dir))?;
+    let entries = fs::read_dir(conf_dir).map_err(io_err(conf_dir))?;
     for e in entries.flatten() {
         let path = e.path();
         if !is_config_name(&e.file_name().to_string_lossy()) {
             continue;
         }
-        if unchain(&path)? {
+        let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+        let mut updated = remove_from(&path, &text)?;
+        if let Some(r) = replaced
+            .as_ref()
+            .filter(|_| restore_in.as_ref() == Some(&path))
+        {
+            let base = updated.as_deref().unwrap_or(&text);
+            if let Some(restored) = restore_into(&path, base, r)? {
+                updated = Some(restored);
+            }
+        }
+        if let Some(updated) = updated {
+            write_atomic(&path, updated.as_bytes(), 0o644)?;
             changed.push(path);
         }
     }
-    if let Some(path) = restore_istio_cni(&opts.cni_conf_dir)? {
-        if !changed.contains(&path) {
-            changed.push(path);
-        }
+    if replaced.is_some() {
+        istio::forget(conf_dir)?;
     }
     Ok(changed)
-}
-
-/// Puts a replaced istio-cni entry back into the file it came from (the active configuration
-/// if that file is gone), then forgets it; the file it wrote.
-fn restore_istio_cni(conf_dir: &Path) -> Result<Option<PathBuf>, InstallError> {
-    let Some(replaced) = istio::load(conf_dir)? else {
-        return Ok(None);
-    };
-    let named = conf_dir.join(&replaced.config);
-    let path = if named.is_file() {
-        named
-    } else {
-        active_config(conf_dir)?
-    };
-    let text = fs::read_to_string(&path).map_err(io_err(&path))?;
-    let restored = restore_into(&path, &text, &replaced)?;
-    if let Some(updated) = &restored {
-        write_atomic(&path, updated.as_bytes(), 0o644)?;
-    }
-    istio::forget(conf_dir)?;
-    Ok(restored.map(|_| path))
 }
 
 /// Takes capture-cni out of one configuration file; whether it was there.

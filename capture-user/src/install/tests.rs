@@ -329,7 +329,8 @@ fn replacing_istio_cni_keeps_its_entry_and_uninstall_puts_it_back_where_it_was()
     let dir = ConfDir::new("replace-istio-cni", WITH_ISTIO_CNI);
     let conf = dir.0.join("net.d");
     let done = install(&dir.opts(true)).unwrap();
-    assert!(done.config_changed);
+    assert!(done.config_changed && done.replaced_istio_cni);
+    assert!(!install(&dir.opts(true)).unwrap().replaced_istio_cni);
     assert_eq!(dir.types(), ["calico", "portmap", "bandwidth", PLUGIN_TYPE]);
     let kept = istio::load(&conf).unwrap().expect("the entry is kept");
     assert_eq!(
@@ -355,8 +356,8 @@ fn replacing_istio_cni_keeps_its_entry_and_uninstall_puts_it_back_where_it_was()
         serde_json::to_string_pretty(&rewritten).unwrap(),
     )
     .unwrap();
-    let (_, changed) = chain(&dir.opts(false)).unwrap();
-    assert!(changed);
+    let chained = chain(&dir.opts(false)).unwrap();
+    assert!(chained.changed && chained.replaced_istio_cni);
     assert_eq!(dir.types(), ["calico", "portmap", "bandwidth", PLUGIN_TYPE]);
     let kept = istio::load(&conf).unwrap().unwrap();
     assert_eq!(
