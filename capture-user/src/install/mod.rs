@@ -260,6 +260,9 @@ pub struct Chained {
 }
 
 pub fn install(opts: &InstallOptions) -> Result<Installed, InstallError> {
+    // Refused before anything is written: a configuration that does not parse, istio-cni
+    // chained without --replace-istio-cni.
+    plan(opts)?;
     let binary = fs::read(&opts.plugin_binary).map_err(io_err(&opts.plugin_binary))?;
     let target = opts.cni_bin_dir.join(PLUGIN_TYPE);
     let binary_changed = fs::read(&target).map_or(true, |old| old != binary);
@@ -276,9 +279,16 @@ pub fn install(opts: &InstallOptions) -> Result<Installed, InstallError> {
     })
 }
 
-/// Chains capture-cni last in the active configuration (or `conf_file`). A single-plugin .conf
-/// becomes a .conflist of the same name.
-pub fn chain(opts: &InstallOptions) -> Result<Chained, InstallError> {
+/// What chaining would write.
+struct Plan {
+    source: PathBuf,
+    text: String,
+    updated: String,
+    /// istio-cni's entry taken out, and its place.
+    replaced: Option<(usize, Value)>,
+}
+
+fn plan(opts: &InstallOptions) -> Result<Plan, InstallError> {
     let source = match &opts.conf_file {
         Some(f) => f.clone(),
         None => active_config(&opts.cni_conf_dir)?,
@@ -289,6 +299,24 @@ pub fn chain(opts: &InstallOptions) -> Result<Chained, InstallError> {
     // A node that chose capture over istio-cni keeps that choice until uninstall-cni.
     let replace = opts.replace_istio_cni || istio::load(conf_dir)?.is_some();
     let (updated, replaced) = chain_text(&source, &text, &entry, replace)?;
+    Ok(Plan {
+        source,
+        text,
+        updated,
+        replaced,
+    })
+}
+
+/// Chains capture-cni last in the active configuration (or `conf_file`). A single-plugin .conf
+/// becomes a .conflist of the same name.
+pub fn chain(opts: &InstallOptions) -> Result<Chained, InstallError> {
+    let Plan {
+        source,
+        text,
+        updated,
+        replaced,
+    } = plan(opts)?;
+    let conf_dir = source.parent().unwrap_or(&opts.cni_conf_dir);
     let config = if source.extension().is_some_and(|e| e == "conf") {
         source.with_extension("conflist")
     } else {

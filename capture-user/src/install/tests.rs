@@ -322,6 +322,10 @@ fn install_refuses_to_chain_beside_istio_cni_and_changes_nothing() {
     );
     assert_eq!(dir.config(), WITH_ISTIO_CNI);
     assert!(!istio::saved_path(&dir.0.join("net.d")).exists());
+    assert!(
+        !plugin_installed(&dir.0.join("bin")),
+        "nothing is written when install-cni refuses"
+    );
 }
 
 #[test]
