@@ -84,6 +84,10 @@ fn null_is_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, 
 }
 
 impl InjectedContainers {
+    fn is_empty(&self) -> bool {
+        self.init_containers.is_empty() && self.containers.is_empty()
+    }
+
     fn has(&self, name: &str) -> bool {
         self.init_containers
             .iter()
@@ -116,7 +120,7 @@ pub fn sidecar_status(annotations: &BTreeMap<String, String>) -> Status {
     match annotations.get(ANN_SIDECAR_STATUS) {
         None => Status::Absent,
         Some(raw) => match serde_json::from_str::<InjectedContainers>(raw) {
-            Ok(injected) if !injected.all().is_empty() => Status::Injected(injected),
+            Ok(injected) if !injected.is_empty() => Status::Injected(injected),
             Ok(_) => Status::Unreadable(unreadable(raw, "it names no containers")),
             Err(e) => Status::Unreadable(unreadable(raw, &e.to_string())),
         },

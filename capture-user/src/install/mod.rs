@@ -115,13 +115,8 @@ fn is_capture(v: &Value) -> bool {
 }
 
 /// The configuration text with `entry` (capture-cni's) chained last (updated in place if
-/// present); refused where istio-cni is chained.
-pub fn insert_into(path: &Path, text: &str, entry: &Value) -> Result<String, InstallError> {
-    chain_text(path, text, entry, false).map(|(text, _)| text)
-}
-
-/// As `insert_into`, but with istio-cni's entry taken out when `replace_istio_cni`: the text,
-/// and the entry taken out with its place.
+/// present). Where istio-cni is chained, refused, or with its entry taken out when
+/// `replace_istio_cni`: the text, and the entry taken out with its place.
 pub fn chain_text(
     path: &Path,
     text: &str,

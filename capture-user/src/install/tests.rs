@@ -28,6 +28,11 @@ fn fixtures() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
+/// The text with capture-cni chained, where istio-cni is not.
+fn insert_into(path: &Path, text: &str, entry: &Value) -> Result<String, InstallError> {
+    chain_text(path, text, entry, false).map(|(text, _)| text)
+}
+
 fn json(text: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
