@@ -30,51 +30,6 @@ pub const MESHED: &[(&str, &str)] = &[(
     "{\"containers\":[\"istio-proxy\"]}",
 )];
 
-/// Pod annotations as Istio's injector writes them (the templates under
-/// `manifests/charts/istio-control/istio-discovery/files/` in istio/istio, the status as
-/// `pkg/kube/inject` serialises it), for each kind of pod istio-cni tells apart.
-pub mod injected {
-    /// The sidecar template with Istio's CNI on: istio-validation instead of istio-init.
-    pub const SIDECAR: &[(&str, &str)] = &[
-        ("istio.io/rev", "default"),
-        ("kubectl.kubernetes.io/default-container", "app"),
-        (
-            "sidecar.istio.io/status",
-            r#"{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["workload-socket","credential-socket","workload-certs","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}"#,
-        ),
-    ];
-    /// The same with Kubernetes' native sidecars: the proxy is an init container.
-    pub const NATIVE_SIDECAR: &[(&str, &str)] = &[
-        ("istio.io/rev", "default"),
-        (
-            "sidecar.istio.io/status",
-            r#"{"initContainers":["istio-validation","istio-proxy"],"containers":null,"volumes":["workload-socket","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}"#,
-        ),
-    ];
-    /// The sidecar template without Istio's CNI: istio-init writes Istio's rules itself.
-    pub const ISTIO_INIT: &[(&str, &str)] = &[
-        ("istio.io/rev", "default"),
-        (
-            "sidecar.istio.io/status",
-            r#"{"initContainers":["istio-init"],"containers":["istio-proxy"],"volumes":["workload-socket","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}"#,
-        ),
-    ];
-    /// A gateway of Istio's gateway chart (its podAnnotations), injected with the gateway
-    /// template: the proxy runs `proxy router` and serves the pod's ports itself.
-    pub const GATEWAY: &[(&str, &str)] = &[
-        ("inject.istio.io/templates", "gateway"),
-        ("sidecar.istio.io/inject", "true"),
-        ("prometheus.io/port", "15020"),
-        ("prometheus.io/scrape", "true"),
-        ("prometheus.io/path", "/stats/prometheus"),
-        ("istio.io/rev", "default"),
-        (
-            "sidecar.istio.io/status",
-            r#"{"initContainers":null,"containers":["istio-proxy"],"volumes":["workload-socket","credential-socket","workload-certs","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}"#,
-        ),
-    ];
-}
-
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 /// What the agent's /metrics says it serves: the Prometheus text format, version 0.0.4.
 pub use crate::agent::{Agent, HttpResponse};
@@ -224,6 +179,23 @@ impl Node {
             serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         *self.installed.lock().unwrap() = Some(installed.clone());
         Ok(installed)
+    }
+
+    /// `capture uninstall-cni` on this node's CNI directories; its stderr when it fails.
+    pub fn uninstall_cni(&self) -> Result<(), String> {
+        let out = Command::new(crate::topology::capture_bin())
+            .arg("uninstall-cni")
+            .arg("--cni-bin-dir")
+            .arg(&self.plugin_dir)
+            .arg("--cni-conf-dir")
+            .arg(self.conf_dir())
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
     }
 
     /// The node's CNI configuration directory (what stands for /etc/cni/net.d).
@@ -605,24 +577,6 @@ impl Pod {
             servers.push(ChildGuard::spawn_ready(&mut cmd));
         }
         servers
-    }
-
-    /// Istio's istio-validation check run in the pod as the proxy, as the injector runs it
-    /// (capture_tests::istio_validation); `Err` with its reason when it fails.
-    pub fn istio_validation(&self, ipv6: bool, timeout: Duration) -> Result<(), String> {
-        let mut cmd = probe_in(&self.netns.path(), Some(&self.cgroup), Some(&Who::proxy()));
-        cmd.arg("istio-validation")
-            .arg("--timeout-secs")
-            .arg(timeout.as_secs().to_string());
-        if ipv6 {
-            cmd.arg("--ipv6");
-        }
-        let out = cmd.output().expect("capture-probe");
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
     }
 
     /// A connection from the pod's app.

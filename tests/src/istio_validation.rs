@@ -26,10 +26,33 @@ use nix::sys::socket::{
     SockaddrStorage,
 };
 
+use crate::{
+    cni::Pod,
+    probe::{probe_in, Who},
+};
+
 /// Istio's defaults (`tools/istio-iptables/pkg/config`): the proxy's ports and the probe's.
 pub const PROXY_PORT: u16 = 15001;
 pub const INBOUND_CAPTURE_PORT: u16 = 15006;
 pub const PROBE_PORT: u16 = 15002;
+
+/// The check run in `pod` as its proxy, as the injector runs it (`capture-probe
+/// istio-validation`); `Err` with its reason when it fails.
+pub fn run_in(pod: &Pod, ipv6: bool, timeout: Duration) -> Result<(), String> {
+    let mut cmd = probe_in(&pod.netns.path(), Some(&pod.cgroup), Some(&Who::proxy()));
+    cmd.arg("istio-validation")
+        .arg("--timeout-secs")
+        .arg(timeout.as_secs().to_string());
+    if ipv6 {
+        cmd.arg("--ipv6");
+    }
+    let out = cmd.output().expect("capture-probe");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
 
 /// Runs the check; `Ok` once a connection to the probe address arrives with the probe port as
 /// its original destination, `Err(why)` when `timeout` passes first or nothing can listen.

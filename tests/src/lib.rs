@@ -7,6 +7,7 @@ pub mod accepted;
 pub mod flood;
 pub mod guards;
 pub mod haproxy;
+pub mod injected;
 pub mod istio_validation;
 pub mod kernel;
 pub mod pause;

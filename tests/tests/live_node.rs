@@ -4,7 +4,6 @@
 use std::{
     os::fd::AsFd as _,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -146,15 +145,7 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     );
 
     // uninstall-cni is the way out, and the watcher respects it.
-    let out = Command::new(capture_bin())
-        .arg("uninstall-cni")
-        .arg("--cni-bin-dir")
-        .arg(&node.plugin_dir)
-        .arg("--cni-conf-dir")
-        .arg(&conf_dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    node.uninstall_cni().expect("uninstall-cni");
     let out_of_both = || chain(&replacement) == ["bridge"] && chain(&file) == ["bridge"];
     assert!(
         within(LIMIT, out_of_both).is_some(),

@@ -2,15 +2,18 @@
 //! then capture-cni) run as a runtime runs it, real traffic, fail-closed behaviour, restarts.
 
 use capture_tests::{
-    cni::{error_code as code, injected, CgroupDriver, Node, Pod, MESHED},
+    cni::{error_code as code, CgroupDriver, Node, Pod, MESHED},
     probe::{connect_with, Outcome},
     topology::{cgroup_programs, pinned_map_len, pod_pins_left, POD_CGROUP_HOOKS},
 };
-use serde_json::json;
 use std::time::Duration;
 
+use serde_json::json;
+
+mod istio;
+
 /// Connects from the node netns to `ip:port`.
-fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {
+pub(crate) fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {
     connect_with(node.client(), &format!("{ip}:{port}"))
 }
 
@@ -184,107 +187,6 @@ fn pods_that_are_not_meshed_are_left_alone() {
     }
 }
 
-/// istio-cni's choice of pods (`cni/pkg/plugin/plugin.go` in istio/istio), from the annotations
-/// Istio's injector writes: sidecars are captured wherever the proxy container is; a gateway's
-/// inbound reaches its own listener; a pod injected with istio-init keeps Istio's own rules.
-#[test]
-fn the_pods_istio_cni_captures_and_no_others() {
-    let node = Node::new();
-    let _agent = node.start_agent("ebpf");
-    let mut sidecar = node.pod("reviews", CgroupDriver::Systemd, injected::SIDECAR);
-    let mut native = node.pod("ratings", CgroupDriver::Cgroupfs, injected::NATIVE_SIDECAR);
-    let mut gateway = node.pod("ingressgateway", CgroupDriver::Systemd, injected::GATEWAY);
-    let mut init = node.pod("details", CgroupDriver::Cgroupfs, injected::ISTIO_INIT);
-    for pod in [&mut sidecar, &mut native, &mut gateway, &mut init] {
-        node.add(pod)
-            .unwrap_or_else(|e| panic!("ADD {}: {e}", pod.name));
-    }
-    let _servers: Vec<_> = [&sidecar, &native, &gateway, &init]
-        .iter()
-        .map(|pod| pod.start_servers())
-        .collect();
-    for pod in [&sidecar, &native] {
-        assert_eq!(
-            cgroup_programs(&pod.cgroup).len(),
-            POD_CGROUP_HOOKS,
-            "{} was not captured",
-            pod.name
-        );
-        let got = from_node(&node, pod.ip(), 8080);
-        got.assert_served_by("inbound", "");
-        assert_eq!(got.orig(), Some(format!("{}:8080", pod.ip())));
-        connect_with(pod.app_client(), &format!("{}:8080", gateway.ip()))
-            .assert_served_by("outbound", "");
-    }
-    for pod in [&gateway, &init] {
-        assert!(
-            cgroup_programs(&pod.cgroup).is_empty(),
-            "{} was captured",
-            pod.name
-        );
-        from_node(&node, pod.ip(), 8080).assert_served_by("app", "");
-        connect_with(pod.app_client(), &format!("{}:8080", sidecar.ip()))
-            .assert_served_by("inbound", "");
-    }
-    for pod in [&sidecar, &native, &gateway, &init] {
-        node.check(pod)
-            .unwrap_or_else(|e| panic!("CHECK {}: {e}", pod.name));
-        node.del(pod).expect("DEL");
-    }
-}
-
-/// Istio's istio-validation (tools/istio-iptables/pkg/validation/validator.go), which the
-/// injector runs as the proxy in every pod when Istio's CNI sets up capture, passes in each pod
-/// capture captures through the CNI path under either backend, and fails where capture is not in
-/// force: before ADD, and in a gateway, which capture leaves alone as istio-cni does. For IPv4
-/// and IPv6-only pods: the validator checks on `::1` and `::6` where the pod's address is IPv6.
-#[test]
-fn istio_validation_passes_in_every_pod_capture_captures() {
-    for (mode, ipv6) in [
-        ("ebpf", false),
-        ("iptables", false),
-        ("ebpf", true),
-        ("iptables", true),
-    ] {
-        let mode_and_family = format!("{mode}, {}", if ipv6 { "IPv6-only" } else { "IPv4" });
-        let mode_and_family = mode_and_family.as_str();
-        let node = Node::new();
-        if ipv6 {
-            node.ipv6_only();
-        }
-        let _agent = node.start_agent(mode);
-        let mut pod = node.pod("validated", CgroupDriver::Systemd, injected::SIDECAR);
-        let mut gateway = node.pod("gateway", CgroupDriver::Cgroupfs, injected::GATEWAY);
-        let before = pod.istio_validation(ipv6, Duration::from_secs(1));
-        assert!(
-            before
-                .as_ref()
-                .is_err_and(|why| why.contains("validation timeout")),
-            "{mode_and_family}: validation before ADD: {before:?}"
-        );
-        node.add(&mut pod).expect("ADD");
-        assert_eq!(
-            pod.ip().contains(':'),
-            ipv6,
-            "{mode_and_family}: {}",
-            pod.ip()
-        );
-        node.add(&mut gateway).expect("ADD gateway");
-        pod.istio_validation(ipv6, Duration::from_secs(30))
-            .unwrap_or_else(|why| {
-                panic!("{mode_and_family}: istio-validation failed in a captured pod: {why}")
-            });
-        assert!(
-            gateway
-                .istio_validation(ipv6, Duration::from_secs(1))
-                .is_err(),
-            "{mode_and_family}: validation passed in a gateway capture left alone"
-        );
-        node.del(&pod).expect("DEL");
-        node.del(&gateway).expect("DEL gateway");
-    }
-}
-
 #[test]
 fn bad_input_gets_a_cni_error_and_attaches_nothing() {
     let node = Node::new();
@@ -435,69 +337,6 @@ fn install_cni_chains_a_working_plugin() {
         .expect("ADD through the installed conflist");
     assert_eq!(cgroup_programs(&pod.cgroup).len(), POD_CGROUP_HOOKS);
     node.del(&pod).expect("DEL");
-}
-
-/// A node where istio-cni is chained (its binary is not on this test node, so a runtime that
-/// still ran it would fail every ADD): install-cni refuses to chain beside it, takes its place
-/// when told to, and uninstall-cni puts it back.
-#[test]
-fn install_cni_replaces_istio_cni_only_when_told_and_uninstall_puts_it_back() {
-    let node = Node::new();
-    let file = node.write_network_conflist();
-    let mut network: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    let istio_cni = json!({
-        "type": "istio-cni",
-        "log_level": "info",
-        "kubernetes": {"kubeconfig": "/etc/cni/net.d/ZZZ-istio-cni-kubeconfig", "cni_bin_dir": "/opt/cni/bin"},
-        "cni_agent_run_dir": "/var/run/istio-cni",
-        "exclude_namespaces": ["kube-system"],
-        "pod_namespace": "istio-system",
-    });
-    network["plugins"]
-        .as_array_mut()
-        .unwrap()
-        .push(istio_cni.clone());
-    std::fs::write(&file, serde_json::to_string_pretty(&network).unwrap()).unwrap();
-
-    let refused = node.run_install_cni(&[]).unwrap_err();
-    assert!(
-        refused.contains("istio-cni") && refused.contains("--replace-istio-cni"),
-        "{refused}"
-    );
-    let list = node
-        .run_install_cni(&["--replace-istio-cni"])
-        .expect("install-cni --replace-istio-cni");
-    let types: Vec<&str> = list["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["type"].as_str().unwrap())
-        .collect();
-    assert_eq!(types, ["bridge", "capture-cni"], "{list}");
-    let _agent = node.start_agent("ebpf");
-    let mut pod = node.pod("replaced", CgroupDriver::Systemd, injected::SIDECAR);
-    node.add(&mut pod)
-        .expect("ADD through the conflist without istio-cni");
-    assert_eq!(cgroup_programs(&pod.cgroup).len(), POD_CGROUP_HOOKS);
-    node.del(&pod).expect("DEL");
-
-    let out = std::process::Command::new(capture_tests::topology::capture_bin())
-        .arg("uninstall-cni")
-        .arg("--cni-bin-dir")
-        .arg(&node.plugin_dir)
-        .arg("--cni-conf-dir")
-        .arg(node.conf_dir())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let restored: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    assert_eq!(restored, network, "istio-cni back where it was");
 }
 
 #[test]

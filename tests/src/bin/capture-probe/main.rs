@@ -7,13 +7,13 @@
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{SocketAddr, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     path::PathBuf,
     time::Duration,
 };
 
-use capture_tests::accepted::{errno_name, serve_tcp, serve_udp};
+use capture_tests::accepted::errno_name;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
@@ -170,6 +170,10 @@ enum Cmd {
     },
 }
 
+mod serve;
+
+use serve::{serve, set_transparent, ServeOptions};
+
 fn die(msg: impl std::fmt::Display) -> ! {
     eprintln!("capture-probe: {msg}");
     std::process::exit(2)
@@ -208,108 +212,6 @@ fn drop_privileges(args: &Args) {
     } else if args.uid.is_some() || args.gid.is_some() {
         become_ids(real.0, real.1, &args.groups);
     }
-}
-
-fn parse_named(spec: &str) -> (String, SocketAddr) {
-    let (name, addr) = spec
-        .split_once('=')
-        .unwrap_or_else(|| die(format!("{spec}: want NAME=ADDR")));
-    (
-        name.to_string(),
-        addr.parse().unwrap_or_else(|e| die(format!("{addr}: {e}"))),
-    )
-}
-
-/// IP_TRANSPARENT (IPV6_TRANSPARENT for IPv6 sockets).
-fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
-    let on: libc::c_int = 1;
-    let (level, opt) = if ipv6 {
-        (libc::SOL_IPV6, libc::IPV6_TRANSPARENT)
-    } else {
-        (libc::SOL_IP, libc::IP_TRANSPARENT)
-    };
-    // SAFETY: an int option on an owned socket.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (&raw const on).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    check(rc, "IP_TRANSPARENT");
-}
-
-/// How `serve` opens its listeners.
-#[derive(Clone, Copy, Default)]
-struct ServeOptions {
-    transparent: bool,
-    reuseport: bool,
-    dual_stack: bool,
-}
-
-thread_local! {
-    static SERVE_OPTIONS: std::cell::Cell<ServeOptions> = std::cell::Cell::default();
-}
-
-/// A bound socket; IPv6 ones are v6-only (so that `0.0.0.0` and `[::]` can share a port) unless
-/// `serve --dual-stack` asked otherwise.
-fn bound(addr: SocketAddr, ty: nix::sys::socket::SockType) -> std::os::fd::OwnedFd {
-    use nix::sys::socket::{
-        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockaddrStorage,
-    };
-    let family = if addr.is_ipv6() {
-        AddressFamily::Inet6
-    } else {
-        AddressFamily::Inet
-    };
-    let fd = socket(family, ty, SockFlag::SOCK_CLOEXEC, None).unwrap_or_else(|e| die(e));
-    setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap_or_else(|e| die(e));
-    // The remote owns its addresses through local routes, not interface addresses; IPv6 binds
-    // such an address only with freebind.
-    setsockopt(&fd, sockopt::IpFreebind, &true).unwrap_or_else(|e| die(e));
-    let options = SERVE_OPTIONS.with(std::cell::Cell::get);
-    if options.transparent {
-        set_transparent(&fd, addr.is_ipv6());
-    }
-    if options.reuseport {
-        setsockopt(&fd, sockopt::ReusePort, &true).unwrap_or_else(|e| die(e));
-    }
-    if addr.is_ipv6() {
-        setsockopt(&fd, sockopt::Ipv6V6Only, &!options.dual_stack).unwrap_or_else(|e| die(e));
-    }
-    bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))
-        .unwrap_or_else(|e| die(format!("bind {addr}: {e}")));
-    fd
-}
-
-fn bind_tcp(addr: SocketAddr) -> TcpListener {
-    use nix::sys::socket::{listen, Backlog, SockType};
-    let fd = bound(addr, SockType::Stream);
-    listen(&fd, Backlog::new(128).expect("backlog")).unwrap_or_else(|e| die(e));
-    TcpListener::from(fd)
-}
-
-fn serve(tcp: &[String], udp: &[String], options: ServeOptions) -> ! {
-    SERVE_OPTIONS.with(|o| o.set(options));
-    let mut threads = Vec::new();
-    for spec in tcp {
-        let (name, addr) = parse_named(spec);
-        let listener = bind_tcp(addr);
-        threads.push(std::thread::spawn(move || serve_tcp(name, listener)));
-    }
-    for spec in udp {
-        let (name, addr) = parse_named(spec);
-        let socket = UdpSocket::from(bound(addr, nix::sys::socket::SockType::Datagram));
-        threads.push(std::thread::spawn(move || serve_udp(name, socket)));
-    }
-    println!("ready");
-    let _ = std::io::stdout().flush();
-    for t in threads {
-        let _ = t.join();
-    }
-    std::process::exit(0)
 }
 
 fn new_socket(to: SocketAddr, udp: bool, v6_socket: bool) -> std::os::fd::OwnedFd {
