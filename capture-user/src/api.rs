@@ -46,6 +46,11 @@ pub enum Request {
     Status,
     /// Release every CNI-attached pod not in the list (CNI GC).
     Gc { valid_container_ids: Vec<String> },
+    /// A pod Istio injected that capture-cni left alone (ADD), for status and metrics. Older
+    /// agents answer it as a bad request; the plugin goes on either way.
+    LeftAlone {
+        report: crate::left_alone::LeftAlone,
+    },
 }
 
 /// Why a request failed, so the plugin can pick the CNI error code.
@@ -214,7 +219,7 @@ mod tests {
         }
         ops.sort();
         ops.dedup();
-        assert_eq!(ops, ["add", "check", "del", "gc", "status"]);
+        assert_eq!(ops, ["add", "check", "del", "gc", "left_alone", "status"]);
     }
 
     #[test]

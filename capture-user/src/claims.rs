@@ -8,23 +8,15 @@
 
 use std::{fs, io, path::PathBuf};
 
-use crate::{fsutil::write_atomic, paths::Paths, record};
+use crate::{
+    fsutil::{container_file_name, write_atomic},
+    paths::Paths,
+    record,
+};
 
-/// The claim file of a container. CNI container ids are letters, digits, `_`, `.` and `-`; any
-/// other id is hex-encoded, so that no id can name a path outside the directory.
+/// The claim file of a container.
 fn claim_path(paths: &Paths, container_id: &str) -> PathBuf {
-    let plain = !container_id.is_empty()
-        && !container_id.starts_with('.')
-        && container_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    let name = if plain {
-        container_id.to_string()
-    } else {
-        let hex: String = container_id.bytes().map(|b| format!("{b:02x}")).collect();
-        format!("x-{hex}")
-    };
-    paths.claims_dir().join(name)
+    paths.claims_dir().join(container_file_name(container_id))
 }
 
 /// Records that capture may hold state for the container from now on.

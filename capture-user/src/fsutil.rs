@@ -18,6 +18,23 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: Option<u32>) -> io::Result<(
     fs::rename(&tmp, path)
 }
 
+/// A file name for a CNI container id. Container ids are letters, digits, `_`, `.` and `-`; any
+/// other id is hex-encoded, so that no id can name a path outside the directory.
+#[must_use]
+pub fn container_file_name(container_id: &str) -> String {
+    let plain = !container_id.is_empty()
+        && !container_id.starts_with('.')
+        && container_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if plain {
+        container_id.to_string()
+    } else {
+        let hex: String = container_id.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("x-{hex}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@ pub mod ebpf;
 pub mod fsutil;
 pub mod install;
 pub mod iptables;
+pub mod left_alone;
 pub mod lock;
 pub mod netns;
 pub mod ops;

@@ -456,6 +456,8 @@ pub struct NodeStatus {
     pub damaged_records: Vec<record::DamagedRecord>,
     pub node_errors: BTreeMap<&'static str, u64>,
     pub pending_handoffs: usize,
+    /// Pods Istio injected that capture leaves alone (an istio-init pod, a gateway, ...).
+    pub left_alone: Vec<crate::left_alone::LeftAlone>,
 }
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
@@ -489,5 +491,6 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         damaged_records,
         node_errors,
         pending_handoffs: ebpf.as_ref().map_or(0, EbpfBackend::pending_handoffs),
+        left_alone: crate::left_alone::list(paths),
     })
 }

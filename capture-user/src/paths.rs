@@ -80,6 +80,13 @@ impl Paths {
         self.state_dir.join("cni-claims")
     }
 
+    /// The pods Istio injected that capture leaves alone, one report per container id (see
+    /// `left_alone`).
+    #[must_use]
+    pub fn left_alone_dir(&self) -> PathBuf {
+        self.state_dir.join("left-alone")
+    }
+
     #[must_use]
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join("lock")

@@ -66,6 +66,7 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         damaged_records: Vec::new(),
         node_errors: [("unknown_pod", 3), ("handoff_failed", 0)].into(),
         pending_handoffs: 0,
+        left_alone: Vec::new(),
     }
 }
 

@@ -135,6 +135,7 @@ impl Agent {
             Request::Gc {
                 valid_container_ids,
             } => ("gc", self.gc(&valid_container_ids)),
+            Request::LeftAlone { report } => ("left_alone", self.left_alone(report)),
         };
         self.metrics.count_request(op, response.ok);
         response
@@ -219,12 +220,39 @@ impl Agent {
             }
             Ok(None) => {
                 self.withdraw_claim(&container_id);
+                self.forget_left_alone(&container_id);
                 Response::ok("not captured")
             }
             Err(e) => {
                 warn!(container = %container_id, error = %e, "release failed");
                 Response::failed(FailureKind::CaptureFailed, e.to_string())
             }
+        }
+    }
+
+    /// Keeps capture-cni's report of a pod Istio injected and capture left alone, for status and
+    /// metrics.
+    fn left_alone(&self, mut report: crate::left_alone::LeftAlone) -> Response {
+        report.reported_at_unix = crate::record::now_unix();
+        let pod = &report.pod;
+        info!(namespace = %pod.namespace, pod = %pod.name, reason = report.reason.as_str(), detail = %report.detail, "left alone");
+        match crate::left_alone::save(&self.cfg.paths, &report) {
+            Ok(()) => Response::ok("recorded"),
+            Err(e) => Response::failed(
+                FailureKind::CaptureFailed,
+                format!(
+                    "cannot record that {}/{} is left alone in {}: {e}",
+                    pod.namespace,
+                    pod.name,
+                    self.cfg.paths.left_alone_dir().display()
+                ),
+            ),
+        }
+    }
+
+    fn forget_left_alone(&self, container_id: &str) {
+        if let Err(e) = crate::left_alone::forget(&self.cfg.paths, container_id) {
+            warn!(container = %container_id, error = %e, "cannot remove the pod's left-alone report");
         }
     }
 
@@ -270,6 +298,7 @@ impl Agent {
                         self.withdraw_claim(&id);
                     }
                 }
+                crate::left_alone::retain(&self.cfg.paths, |r| valid.contains(&r.pod.container_id));
                 Response::ok(format!("released {} pod(s)", released.len()))
             }
             Err(e) => Response::failed(FailureKind::CaptureFailed, e.to_string()),
@@ -295,6 +324,9 @@ async fn retry_failed_releases(paths: Paths) {
         let p = paths.clone();
         let abandoned = tokio::task::spawn_blocking(move || {
             crate::cgroup::remove_stale_scratch();
+            // Reports of pods whose DEL never came (the agent was down and the runtime sends no
+            // GC): their sandbox, and with it their netns, is gone.
+            crate::left_alone::retain(&p, crate::left_alone::netns_exists);
             ops::release_abandoned_attaches(&p)
         });
         match abandoned.await {

@@ -127,6 +127,27 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         &loopback,
     )?;
 
+    let left_alone: Vec<_> = node
+        .left_alone
+        .iter()
+        .map(|l| {
+            let labels = [
+                ("namespace", l.pod.namespace.as_str()),
+                ("pod", l.pod.name.as_str()),
+                ("reason", l.reason.as_str()),
+            ];
+            (labels, ConstGauge::new(1))
+        })
+        .collect();
+    family(
+        encoder,
+        "capture_pod_left_alone",
+        "Pods Istio injected that capture leaves alone, as istio-cni does, by reason (istio_init: \
+         Istio's own rules redirect the pod; gateway; no_proxy_container; injection_disabled; \
+         excluded_namespace).",
+        &left_alone,
+    )?;
+
     let node_build: Vec<_> = node
         .node_build
         .iter()

@@ -263,6 +263,17 @@ pub fn render_status(status: &NodeStatus) -> String {
             );
         }
     }
+    for left in &status.left_alone {
+        let _ = writeln!(
+            out,
+            "left alone: pod {}/{} (container {}), {}: {}",
+            left.pod.namespace,
+            left.pod.name,
+            left.pod.container_id,
+            left.reason.as_str(),
+            left.detail
+        );
+    }
     out
 }
 

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     api::{self, CallError, FailureKind, PodRequest, Request, Response},
-    claims,
+    claims, left_alone,
     paths::{Paths, DEFAULT_BPFFS_DIR},
     record::PodRef,
 };
@@ -118,6 +118,45 @@ fn del_without_agent(cfg: &PluginConfig, container_id: &str, why: String) -> Res
     }
 }
 
+/// The longest a report of a pod left alone may hold up its ADD.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Tells the agent about a pod Istio injected that capture leaves alone, for its status and
+/// metrics. Best effort: the pod needs nothing from capture, so an agent that is down, slow or
+/// too old to know the request costs the report only.
+fn report_left_alone(
+    cfg: &PluginConfig,
+    args: &Args,
+    k8s: K8sArgs,
+    reason: left_alone::Reason,
+    skip: &Skip,
+) {
+    let report = left_alone::LeftAlone {
+        pod: PodRef {
+            namespace: k8s.namespace,
+            name: k8s.name,
+            uid: k8s.uid,
+            container_id: args
+                .container_id()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        },
+        netns: args.netns().cloned(),
+        reason,
+        detail: skip.to_string(),
+        reported_at_unix: 0,
+    };
+    let timeout = REPORT_TIMEOUT.min(Duration::from_secs(cfg.timeout_seconds));
+    match api::call(&cfg.agent_socket, &Request::LeftAlone { report }, timeout) {
+        Ok(r) if r.ok => {}
+        Ok(r) => eprintln!(
+            "capture-cni: the agent did not record the pod as left alone: {}",
+            r.error.unwrap_or_default()
+        ),
+        Err(e) => eprintln!("capture-cni: cannot report the pod as left alone: {e}"),
+    }
+}
+
 /// What ADD reads from its input (stdin's configuration and prevResult, `CNI_ARGS`, the
 /// runtime's capabilities) before it looks at the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -182,11 +221,14 @@ impl Cni for CapturePlugin {
             skip,
             pod_ips,
         } = add_input(&args)?;
-        if let Some(reason) = skip {
+        if let Some(skip) = skip {
             eprintln!(
-                "capture-cni: not capturing {}/{}: {reason}",
+                "capture-cni: not capturing {}/{}: {skip}",
                 k8s.namespace, k8s.name
             );
+            if let Some(reason) = left_alone::Reason::to_report(&skip, &annotations) {
+                report_left_alone(&cfg, &args, k8s, reason, &skip);
+            }
             return Ok(prev);
         }
         let netns: PathBuf = args

@@ -16,10 +16,12 @@ use super::from_node;
 /// istio-cni's choice of pods (`cni/pkg/plugin/plugin.go` in istio/istio), from the annotations
 /// Istio's injector writes: sidecars are captured wherever the proxy container is; a gateway's
 /// inbound reaches its own listener; a pod injected with istio-init keeps Istio's own rules.
+/// The pods left alone are in `capture status` and the agent's metrics with their reason until
+/// their DEL.
 #[test]
 fn the_pods_istio_cni_captures_and_no_others() {
     let node = Node::new();
-    let _agent = node.start_agent("ebpf");
+    let agent = node.start_agent("ebpf");
     let mut sidecar = node.pod("reviews", CgroupDriver::Systemd, injected::SIDECAR);
     let mut native = node.pod("ratings", CgroupDriver::Cgroupfs, injected::NATIVE_SIDECAR);
     let mut gateway = node.pod("ingressgateway", CgroupDriver::Systemd, injected::GATEWAY);
@@ -55,11 +57,44 @@ fn the_pods_istio_cni_captures_and_no_others() {
         connect_with(pod.app_client(), &format!("{}:8080", sidecar.ip()))
             .assert_served_by("inbound", "");
     }
+    let reasons = |status: &serde_json::Value| -> Vec<(String, String)> {
+        status["left_alone"]
+            .as_array()
+            .expect("left_alone in status")
+            .iter()
+            .map(|l| {
+                (
+                    l["pod"]["name"].as_str().unwrap().to_string(),
+                    l["reason"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let mut left = reasons(&node.status());
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            ("details".to_string(), "istio_init".to_string()),
+            ("ingressgateway".to_string(), "gateway".to_string())
+        ]
+    );
+    let metrics = agent.checked_metrics();
+    for (pod, reason) in [("details", "istio_init"), ("ingressgateway", "gateway")] {
+        let series = format!(
+            "capture_pod_left_alone{{namespace=\"{}\",pod=\"{pod}\",reason=\"{reason}\"}} 1",
+            init.namespace
+        );
+        assert!(metrics.contains(&series), "no {series} in\n{metrics}");
+    }
+    assert!(!metrics.contains("pod=\"reviews\",reason"), "{metrics}");
     for pod in [&sidecar, &native, &gateway, &init] {
         node.check(pod)
             .unwrap_or_else(|e| panic!("CHECK {}: {e}", pod.name));
         node.del(pod).expect("DEL");
     }
+    let after = reasons(&node.status());
+    assert!(after.is_empty(), "reports outlived their DEL: {after:?}");
 }
 
 /// Istio's istio-validation (tools/istio-iptables/pkg/validation/validator.go), which the
