@@ -77,7 +77,7 @@ fn lock(paths: &Paths) -> Result<NodeLock, Error> {
 
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
 pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
-    let mut config = CaptureConfig::from_pod(&req.spec)?;
+    let (mut config, settings) = CaptureConfig::from_pod_with_settings(&req.spec)?;
     let (mode, fallback) = match (req.mode, config.ebpf_unsupported()) {
         (Mode::Ebpf, Some(gap)) if req.allow_fallback => (Mode::Iptables, Some(gap)),
         (Mode::Ebpf, Some(gap)) => return Err(Error::EbpfUnsupported(gap.reason)),
@@ -125,6 +125,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         fallback_reason: fallback.map(|gap| gap.reason),
         release_failed: None,
         iptables: None,
+        settings,
     };
     let added_v6 = match record.config.pod_ip6 {
         Some(_) => crate::netns::add_inbound_passthrough_v6(&req.netns)?,
@@ -458,6 +459,8 @@ pub struct NodeStatus {
     pub pending_handoffs: usize,
     /// Pods Istio injected that capture leaves alone (an istio-init pod, a gateway, ...).
     pub left_alone: Vec<crate::left_alone::LeftAlone>,
+    /// The mesh configuration the agent reads, if it reads one.
+    pub mesh_config: Option<crate::config::mesh_config::MeshConfigReport>,
 }
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
@@ -492,5 +495,8 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         node_errors,
         pending_handoffs: ebpf.as_ref().map_or(0, EbpfBackend::pending_handoffs),
         left_alone: crate::left_alone::list(paths),
+        mesh_config: std::fs::read(paths.mesh_config_report_path())
+            .ok()
+            .and_then(|data| serde_json::from_slice(&data).ok()),
     })
 }

@@ -87,6 +87,12 @@ impl Paths {
         self.state_dir.join("left-alone")
     }
 
+    /// The agent's mesh configuration as status shows it (see `agent::mesh_watch`).
+    #[must_use]
+    pub fn mesh_config_report_path(&self) -> PathBuf {
+        self.state_dir.join("mesh-config.json")
+    }
+
     #[must_use]
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join("lock")

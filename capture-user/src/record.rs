@@ -70,6 +70,10 @@ pub struct PodRecord {
     /// from builds before the choice, which wrote with the unsuffixed names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iptables: Option<crate::iptables::flavour::Flavour>,
+    /// The settings more than one place decides (annotation, mesh, flag), and where each came
+    /// from; empty in records from builds before they were kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<crate::config::Setting>,
 }
 
 impl PodRecord {

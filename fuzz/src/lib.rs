@@ -172,6 +172,10 @@ pub fn check_error(spec: &PodSpec, error: &ConfigError) {
             assert!(!reason.is_empty(), "no reason given: {shown}");
         }
         ConfigError::Pod(reason) => assert!(!reason.is_empty()),
+        ConfigError::Mesh(reason) => assert!(
+            spec.mesh_config.is_some() && !reason.is_empty(),
+            "a mesh configuration's error for a pod without one: {shown}"
+        ),
     }
 }
 

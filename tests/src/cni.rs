@@ -198,6 +198,15 @@ impl Node {
         }
     }
 
+    /// A file of the test's own, under the node's scratch directory (removed with the node); its
+    /// directory is created.
+    #[must_use]
+    pub fn scratch_file(&self, relative: &str) -> PathBuf {
+        let path = self.plugin_dir.parent().unwrap().join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        path
+    }
+
     /// The node's CNI configuration directory (what stands for /etc/cni/net.d).
     #[must_use]
     pub fn conf_dir(&self) -> PathBuf {

@@ -53,8 +53,10 @@ pub struct HttpProbe {
     pub period_seconds: u64,
 }
 
-/// The DaemonSet of `manifest` (the first one), with `node_ip` standing for `status.hostIP`.
-pub fn node_agent(manifest: &Path, node_ip: &str) -> NodeAgentPod {
+/// The DaemonSet of `manifest` (the first one), with `node_ip` standing for `status.hostIP` and
+/// each ConfigMap volume `NAME` projected from the directory `config_maps/NAME`, where the test
+/// writes its keys as kubelet would.
+pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAgentPod {
     let text = std::fs::read_to_string(manifest)
         .unwrap_or_else(|e| panic!("reading {}: {e}", manifest.display()));
     let daemonset = serde_yaml_ng::Deserializer::from_str(&text)
@@ -70,10 +72,11 @@ pub fn node_agent(manifest: &Path, node_ip: &str) -> NodeAgentPod {
         .into_iter()
         .flatten()
         .filter_map(|v| {
-            Some((
-                v["name"].as_str()?.to_string(),
-                v["hostPath"]["path"].as_str()?.to_string(),
-            ))
+            let source = match v["configMap"]["name"].as_str() {
+                Some(config_map) => config_maps.join(config_map).display().to_string(),
+                None => v["hostPath"]["path"].as_str()?.to_string(),
+            };
+            Some((v["name"].as_str()?.to_string(), source))
         })
         .collect();
     let containers = |key: &str| -> Vec<ContainerSpec> {
@@ -130,7 +133,9 @@ fn container(c: &Value, volumes: &BTreeMap<String, String>, node_ip: &str) -> Co
             Mount {
                 host_path: volumes
                     .get(volume)
-                    .unwrap_or_else(|| panic!("{name}: volume {volume} is not a hostPath"))
+                    .unwrap_or_else(|| {
+                        panic!("{name}: volume {volume} is not a hostPath or ConfigMap")
+                    })
                     .clone(),
                 container_path: m["mountPath"].as_str().unwrap_or_default().to_string(),
                 read_only: m["readOnly"] == true,
@@ -212,7 +217,7 @@ mod tests {
     #[test]
     fn the_manifests_pod_reads_with_its_mounts_and_probe() {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml");
-        let pod = node_agent(&manifest, "192.0.2.7");
+        let pod = node_agent(&manifest, "192.0.2.7", Path::new("/configmaps"));
         assert!(pod.host_network && pod.host_pid);
         let [init] = &pod.init_containers[..] else {
             panic!("one init container: {pod:?}");

@@ -18,6 +18,9 @@ use capture_tests::{
     kernel::{has_or_skip, Feature},
 };
 
+/// The `mesh` key of the `istio` ConfigMap as istiod's chart writes it, with DNS capture on.
+const ISTIOD_MESH: &str = "defaultConfig:\n  discoveryAddress: istiod.istio-system.svc:15012\n  proxyMetadata:\n    ISTIO_META_DNS_CAPTURE: \"true\"\nenablePrometheusMerge: true\nrootNamespace: istio-system\ntrustDomain: cluster.local\n";
+
 fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml")
 }
@@ -74,7 +77,11 @@ fn node_with_the_daemonset(
     runtime.import_archive(&capture_tests::image_archive());
     // The node's address for the downward API: the node netns's own loopback, where the metrics
     // listener can bind before any pod network exists.
-    let pod = daemonset::node_agent(&manifest(), "127.0.0.1");
+    // Istio's mesh configuration, as kubelet projects the `istio` ConfigMap's `mesh` key.
+    let config_maps = node.scratch_file("configmaps/istio/mesh");
+    std::fs::write(&config_maps, ISTIOD_MESH).expect("the mesh configuration");
+    let config_maps = config_maps.parent().unwrap().parent().unwrap();
+    let pod = daemonset::node_agent(&manifest(), "127.0.0.1", config_maps);
     let agent = runtime.run_node_agent(&pod, "capture-node-test")?;
     wait_ready(node, &runtime, &pod);
     Some((runtime, pod, agent, conflist))

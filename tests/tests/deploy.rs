@@ -42,7 +42,11 @@ fn manifest_commands_parse() {
     // Kubernetes substitutes `$(NODE_IP)` from the downward API, with a node's address of either
     // family (an IPv6 one without brackets).
     for node_ip in ["10.0.0.5", "fd00::5"] {
-        let pod = capture_tests::daemonset::node_agent(&manifest, node_ip);
+        let pod = capture_tests::daemonset::node_agent(
+            &manifest,
+            node_ip,
+            std::path::Path::new("/configmaps"),
+        );
         let containers: Vec<_> = pod.init_containers.iter().chain(&pod.containers).collect();
         assert_eq!(
             containers.len(),
@@ -86,6 +90,8 @@ fn the_daemonset_mounts_what_the_agent_needs() {
         "--metrics=$(NODE_IP):15301",
         "prometheus.io/port: \"15301\"",
         "containerPort: 15301",
+        "--mesh-config=/etc/istio/config/mesh",
+        "name: istio\n",
     ] {
         assert!(yaml.contains(needle), "capture.yaml lacks {needle:?}");
     }

@@ -45,6 +45,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
             fallback_cause: fallback.map(|_| FallbackCause::Tproxy),
             release_failed: None,
             iptables: None,
+            settings: Vec::new(),
         },
         in_force: true,
         missing: Vec::new(),
@@ -67,6 +68,7 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         node_errors: [("unknown_pod", 3), ("handoff_failed", 0)].into(),
         pending_handoffs: 0,
         left_alone: Vec::new(),
+        mesh_config: None,
     }
 }
 

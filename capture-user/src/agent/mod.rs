@@ -7,6 +7,7 @@
 
 mod cni_watch;
 mod http;
+mod mesh_watch;
 mod metrics;
 mod node_metrics;
 mod socket;
@@ -53,6 +54,8 @@ pub struct AgentConfig {
     pub proxy_uids: Vec<u32>,
     pub proxy_gids: Vec<u32>,
     pub mesh: crate::config::MeshDefaults,
+    /// Istio's mesh configuration file (`--mesh-config`).
+    pub mesh_config: Option<PathBuf>,
     /// Keep capture-cni chained in the node's CNI configuration.
     pub cni_watch: Option<CniWatch>,
     /// Allow the app-to-proxy acceleration (`--accelerate`).
@@ -87,21 +90,35 @@ pub struct Agent {
     ready: AtomicBool,
     /// Why the agent is not ready although it started (a takeover it cannot do).
     stopped: std::sync::Mutex<Option<String>>,
+    mesh: Option<mesh_watch::MeshWatch>,
     metrics: metrics::Metrics,
 }
 
 impl Agent {
+    /// Serving, with a mesh configuration for new pods where it reads one.
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
+            && self.mesh.as_ref().is_none_or(|m| m.unusable().is_none())
     }
 
     fn not_ready_reason(&self) -> Option<String> {
-        self.stopped.lock().ok().and_then(|s| s.clone())
+        self.stopped
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .or_else(|| self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable))
     }
 
     fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Release);
-        self.metrics.set_ready(ready);
+        self.metrics.set_ready(self.is_ready());
+    }
+
+    /// Reads the mesh configuration again if it changed (and the readiness that follows).
+    fn refresh_mesh(&self) -> Option<crate::config::MeshConfig> {
+        let mesh = self.mesh.as_ref()?.refresh();
+        self.metrics.set_ready(self.is_ready());
+        mesh
     }
 
     /// One scrape's exposition, encoded on a blocking thread: the node's series are read from
@@ -142,6 +159,8 @@ impl Agent {
     }
 
     fn add(&self, pod: PodRequest) -> Response {
+        // Before the readiness check: a file fixed since the last poll serves this pod already.
+        let mesh_config = self.refresh_mesh();
         if !self.is_ready() {
             let why = self.not_ready_reason().map_or_else(
                 || "the capture agent is starting; retry".to_string(),
@@ -173,6 +192,7 @@ impl Agent {
                 proxy_uids: self.cfg.proxy_uids.clone(),
                 proxy_gids: self.cfg.proxy_gids.clone(),
                 mesh: self.cfg.mesh.clone(),
+                mesh_config,
                 // Only capture-cni asks the agent to attach.
                 defaults: crate::config::Defaults::IstioCni,
             },
@@ -354,6 +374,15 @@ async fn retry_failed_releases(paths: Paths) {
     }
 }
 
+async fn poll_mesh_config(agent: Arc<Agent>) {
+    let mut tick = tokio::time::interval(mesh_watch::POLL);
+    loop {
+        tick.tick().await;
+        let a = Arc::clone(&agent);
+        let _ = tokio::task::spawn_blocking(move || a.refresh_mesh()).await;
+    }
+}
+
 async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AgentError> {
     TcpListener::bind(addr)
         .await
@@ -402,11 +431,20 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             .inspect_err(|e| warn!(error = %e, "reading the node's status for /metrics"))
             .ok()
     });
+    let mesh = match &cfg.mesh_config {
+        Some(path) => Some(mesh_watch::MeshWatch::new(path.clone(), &cfg.paths)),
+        None => {
+            // A report of an earlier agent's file would say a configuration is in use.
+            let _ = std::fs::remove_file(cfg.paths.mesh_config_report_path());
+            None
+        }
+    };
     let agent = Arc::new(Agent {
         cfg,
         mode,
         ready: AtomicBool::new(false),
         stopped: std::sync::Mutex::new(None),
+        mesh,
         metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
     });
     // Served from now on, so that /healthz answers and /readyz says "not ready" while the
@@ -443,13 +481,21 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     }
     if !stopped {
         tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
+        if agent.mesh.is_some() {
+            // A small file: read here, so that readiness is told right from the start.
+            agent.refresh_mesh();
+            tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
+        }
         agent.set_ready(true);
-        info!(
-            socket = %socket_path.display(),
-            http = %agent.cfg.http,
-            metrics = ?agent.cfg.metrics,
-            "ready"
-        );
+        match agent.not_ready_reason() {
+            None => info!(
+                socket = %socket_path.display(),
+                http = %agent.cfg.http,
+                metrics = ?agent.cfg.metrics,
+                "ready"
+            ),
+            Some(why) => error!(reason = %why, "not ready"),
+        }
     }
 
     let clients = socket::Clients::new();

@@ -192,6 +192,12 @@ fn parse_duration(arg: &str) -> Result<std::time::Duration, String> {
 /// annotations (a pod's `proxy.istio.io/config` still turns DNS capture on or off).
 #[derive(Debug, Default, clap::Args)]
 pub struct MeshArgs {
+    /// Istio's mesh configuration (the `istio` ConfigMap's `mesh` key, mounted as a file): its
+    /// defaultConfig's interception mode, ISTIO_META_DNS_CAPTURE and INVALID_DROP apply to pods
+    /// that do not set their own, over the flags below. The agent reads it again when it
+    /// changes, for the pods created afterwards.
+    #[arg(long, value_name = "FILE")]
+    pub mesh_config: Option<PathBuf>,
     /// Capture DNS (ISTIO_META_DNS_CAPTURE) for pods that do not say otherwise.
     #[arg(long)]
     pub redirect_dns: bool,
@@ -218,9 +224,10 @@ pub struct MeshArgs {
 }
 
 impl MeshArgs {
+    /// The flags' defaults, and the mesh configuration file, if one is given.
     #[must_use]
-    pub fn into_defaults(self) -> crate::config::MeshDefaults {
-        crate::config::MeshDefaults {
+    pub fn into_parts(self) -> (crate::config::MeshDefaults, Option<PathBuf>) {
+        let defaults = crate::config::MeshDefaults {
             redirect_dns: self.redirect_dns,
             capture_all_dns: self.capture_all_dns,
             nameservers: self.dns_nameservers,
@@ -228,7 +235,8 @@ impl MeshArgs {
             owner_groups_exclude: self.owner_groups_exclude,
             ipv4_loopback_cidr: self.ipv4_loopback_cidr,
             drop_invalid: self.drop_invalid,
-        }
+        };
+        (defaults, self.mesh_config)
     }
 }
 

@@ -47,6 +47,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     (m, true)
                 }
             };
+            let (mesh, mesh_config) = mesh.into_parts();
+            let mesh_config = match mesh_config {
+                Some(path) => {
+                    Some(crate::config::mesh_config::read(&path).map_err(anyhow::Error::msg)?)
+                }
+                None => None,
+            };
             let req = AttachRequest {
                 netns,
                 cgroup,
@@ -55,7 +62,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     annotations: annotations.into_iter().collect(),
                     proxy_uids: proxy_uid.unwrap_or_default().0,
                     proxy_gids: proxy_gid.unwrap_or_default().0,
-                    mesh: mesh.into_defaults(),
+                    mesh,
+                    mesh_config,
                     defaults: crate::config::Defaults::IstioInit,
                 },
                 mode: node_mode,
@@ -118,7 +126,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             accelerate_accepting,
             cni,
         } => {
-            let mut mesh = mesh.into_defaults();
+            let (mut mesh, mesh_config) = mesh.into_parts();
             mesh.capture_all_dns |= mesh.nameservers.is_empty();
             let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
             let cni_watch = watch_cni_config.then(|| crate::agent::CniWatch {
@@ -136,6 +144,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 proxy_uids: proxy_uid.unwrap_or_default().0,
                 proxy_gids: proxy_gid.unwrap_or_default().0,
                 mesh,
+                mesh_config,
                 cni_watch,
                 accelerate,
                 accelerate_accepting,

@@ -207,6 +207,9 @@ pub fn render_status(status: &NodeStatus) -> String {
         status.pods.len(),
         status.node_errors
     );
+    if let Some(mesh) = &status.mesh_config {
+        out.push_str(&render_mesh_config(mesh));
+    }
     for damaged in &status.damaged_records {
         let _ = writeln!(
             out,
@@ -255,6 +258,10 @@ pub fn render_status(status: &NodeStatus) -> String {
             r.config.include_outbound_ports,
             r.config.exclude_outbound_ports
         );
+        if !r.settings.is_empty() {
+            let settings: Vec<String> = r.settings.iter().map(render_setting).collect();
+            let _ = writeln!(out, "  settings: {}", settings.join("; "));
+        }
         if let Some(c) = &pod.counters {
             let _ = writeln!(
                 out,
@@ -273,6 +280,50 @@ pub fn render_status(status: &NodeStatus) -> String {
             left.reason.as_str(),
             left.detail
         );
+    }
+    out
+}
+
+/// `dns_capture=true (mesh defaultConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE)`, with what it
+/// overrides.
+fn render_setting(s: &crate::config::Setting) -> String {
+    let mut line = format!("{}={} ({}", s.name, s.value, s.source.as_str());
+    if !s.from.is_empty() {
+        line.push(' ');
+        line.push_str(&s.from);
+    }
+    line.push(')');
+    for o in &s.overrides {
+        line.push_str(&format!(
+            ", over {} {}={}",
+            o.source.as_str(),
+            o.from,
+            o.value
+        ));
+    }
+    line
+}
+
+fn render_mesh_config(mesh: &crate::config::mesh_config::MeshConfigReport) -> String {
+    let mut out = format!("mesh configuration {}: ", mesh.path.display());
+    match (&mesh.in_use, mesh.loaded_at_unix) {
+        (Some(m), Some(at)) => out.push_str(&format!(
+            "in use for new pods since {at} (unix): interceptionMode {}, proxyMetadata {:?}\n",
+            m.interception_mode.as_deref().unwrap_or("unset"),
+            m.proxy_metadata
+        )),
+        _ => out.push_str("NONE IN USE: the agent is not ready\n"),
+    }
+    if let Some(m) = &mesh.in_use {
+        for w in &m.warnings {
+            out.push_str(&format!("  warning: {w}\n"));
+        }
+    }
+    if let Some(problem) = &mesh.problem {
+        out.push_str(&format!(
+            "  the file's present content cannot be used (since {} unix): {problem}\n",
+            mesh.problem_since_unix.unwrap_or_default()
+        ));
     }
     out
 }

@@ -8,13 +8,16 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+pub mod mesh_config;
 mod owner_groups;
 mod proxy_config;
+pub mod settings;
 pub(crate) mod values;
+
+pub use self::{mesh_config::MeshConfig, settings::Setting};
 
 use self::{
     owner_groups::owner_groups,
-    proxy_config::dns_capture,
     values::{
         bad, host_loopback_cidr, parse_cidr_selection, parse_cidrs, parse_interfaces, parse_port,
         parse_port_selection, parse_ports,
@@ -38,9 +41,10 @@ pub const ANN_STATUS_PORT: &str = "status.sidecar.istio.io/port";
 /// capture's own: `"true"` asks for the app-to-proxy acceleration (sk_msg). The node must allow
 /// it too (the agent's `--accelerate`, and a kernel that passed the acceleration's checks).
 pub const ANN_ACCELERATE: &str = "capture.dev/accelerate";
-/// Proxy configuration; capture reads `proxyMetadata.ISTIO_META_DNS_CAPTURE` from it.
+/// Proxy configuration merged over the mesh's `defaultConfig`; capture reads `interceptionMode`
+/// and `proxyMetadata.ISTIO_META_DNS_CAPTURE` and `INVALID_DROP` from it.
 pub const ANN_PROXY_CONFIG: &str = "proxy.istio.io/config";
-pub const DNS_CAPTURE_METADATA: &str = "ISTIO_META_DNS_CAPTURE";
+pub const DNS_CAPTURE_METADATA: &str = mesh_config::DNS_CAPTURE;
 
 pub const DEFAULT_PROXY_ID: u32 = 1337;
 pub const OUTBOUND_PORT: u16 = 15001;
@@ -74,6 +78,8 @@ pub enum ConfigError {
     Pod(String),
     #[error("owner groups {value:?}: {reason}")]
     OwnerGroups { value: String, reason: String },
+    #[error("the mesh configuration's {0}")]
+    Mesh(String),
 }
 
 /// `*` or an explicit list.
@@ -211,12 +217,20 @@ pub struct PodSpec {
     /// Empty means "the same as the uids", as with `istio-iptables -g`.
     pub proxy_gids: Vec<u32>,
     pub mesh: MeshDefaults,
+    /// Istio's mesh configuration, where the agent reads one (`--mesh-config`).
+    pub mesh_config: Option<MeshConfig>,
     pub defaults: Defaults,
 }
 
 impl CaptureConfig {
     /// Validates a pod's annotations and addresses into its capture configuration.
     pub fn from_pod(spec: &PodSpec) -> Result<Self, ConfigError> {
+        Self::from_pod_with_settings(spec).map(|(config, _)| config)
+    }
+
+    /// As [`Self::from_pod`], with the settings more than one place decides and where each came
+    /// from (see `settings`).
+    pub fn from_pod_with_settings(spec: &PodSpec) -> Result<(Self, Vec<Setting>), ConfigError> {
         let ann = |key: &str| spec.annotations.get(key).map(String::as_str);
 
         let exclude_interfaces = ann(ANN_EXCLUDE_INTERFACES).map_or(Ok(Vec::new()), |v| {
@@ -231,15 +245,13 @@ impl CaptureConfig {
             (None, Some(v)) => parse_interfaces(ANN_KUBEVIRT_INTERFACES, v)?,
             (None, None) => Vec::new(),
         };
-        // The error names the value as given, untrimmed, as every other annotation's does.
-        let interception_mode = match ann(ANN_INTERCEPTION_MODE) {
-            None => InterceptionMode::Redirect,
-            Some(v) => match v.trim() {
-                "REDIRECT" => InterceptionMode::Redirect,
-                "TPROXY" => InterceptionMode::Tproxy,
-                _ => return Err(bad(ANN_INTERCEPTION_MODE, v, "must be REDIRECT or TPROXY")),
-            },
-        };
+        // Errors name the value as given, untrimmed, as every other annotation's do.
+        let settings::Resolved {
+            interception_mode,
+            dns,
+            drop_invalid,
+            settings,
+        } = settings::resolve_pod(spec)?;
 
         let accelerate = match ann(ANN_ACCELERATE) {
             None => false,
@@ -339,11 +351,10 @@ impl CaptureConfig {
             }
         });
 
-        let dns = dns_capture(spec, ann(ANN_PROXY_CONFIG))?;
         let owner_groups = owner_groups(&spec.mesh)?;
         let host_loopback_cidr = host_loopback_cidr(spec.mesh.ipv4_loopback_cidr.as_deref())?;
 
-        Ok(Self {
+        let config = Self {
             dns,
             owner_groups,
             pod_ip4,
@@ -363,10 +374,11 @@ impl CaptureConfig {
             host_loopback_cidr,
             exclude_interfaces,
             reroute_virtual_interfaces,
-            drop_invalid: spec.mesh.drop_invalid,
+            drop_invalid,
             host_ids: None,
             accelerate,
-        })
+        };
+        Ok((config, settings))
     }
 
     /// Why the ebpf backend cannot capture this pod (the agent's `auto` mode then falls back to
@@ -412,6 +424,9 @@ impl CaptureConfig {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod settings_tests;
 
 /// Why a pod runs on iptables in a node whose mode is ebpf: one of a few fixed causes (a metric's
 /// label), the words for people being in [`EbpfUnsupported::reason`].

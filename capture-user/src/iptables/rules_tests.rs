@@ -25,6 +25,7 @@ fn pod_config(
         proxy_gids: Vec::new(),
         defaults: crate::config::Defaults::IstioInit,
         mesh,
+        mesh_config: None,
     })
     .unwrap()
 }

@@ -35,7 +35,7 @@ impl Containerd {
     pub fn run_node_agent(&self, pod: &NodeAgentPod, name: &str) -> Option<NodeAgentRun> {
         let spec = PodSpec {
             name,
-            namespace: "capture-system",
+            namespace: "istio-system",
             annotations: &[],
             proxy: false,
         };

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 mod istio;
+mod mesh;
 
 /// Connects from the node netns to `ip:port`.
 pub(crate) fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {
