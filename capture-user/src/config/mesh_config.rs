@@ -57,6 +57,13 @@ impl MeshConfig {
             serde_yaml_ng::Value::Mapping(m) => m,
             other => return Err(format!("not a MeshConfig mapping but {}", kind(other))),
         };
+        // The ConfigMap itself (`kubectl get configmap istio -o yaml`) rather than its key.
+        if root.get("kind").and_then(serde_yaml_ng::Value::as_str) == Some("ConfigMap") {
+            return match root.get("data").and_then(|d| d.get("mesh")) {
+                Some(serde_yaml_ng::Value::String(mesh)) => Self::parse(mesh),
+                _ => Err("a ConfigMap without a data.mesh key".into()),
+            };
+        }
         let Some(default_config) = root.get("defaultConfig") else {
             return Ok(Self::default());
         };
@@ -190,6 +197,16 @@ trustDomain: cluster.local
                 .unwrap();
         assert_eq!(tproxy.interception_mode.as_deref(), Some("TPROXY"));
         assert_eq!(tproxy.metadata(INVALID_DROP), Some(true));
+        let config_map = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: istio\n  namespace: istio-system\ndata:\n  mesh: |-\n{}",
+            ISTIOD_CHART_MESH.lines().map(|l| format!("    {l}\n")).collect::<String>()
+        );
+        assert_eq!(MeshConfig::parse(&config_map).unwrap(), mesh);
+        assert!(
+            MeshConfig::parse("kind: ConfigMap\ndata:\n  meshNetworks: x\n")
+                .unwrap_err()
+                .contains("data.mesh")
+        );
         for empty in ["", "{}", "defaultConfig:", "trustDomain: cluster.local"] {
             assert_eq!(
                 MeshConfig::parse(empty).unwrap(),
