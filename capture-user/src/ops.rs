@@ -411,9 +411,14 @@ fn status_of(paths: &Paths, backends: &mut ExistingBackends<'_>, record: PodReco
         &record,
         record.config.accelerate.then(accel_counters).flatten(),
     );
+    let notes = match crate::cni::selection::sidecar_status(&record.annotations) {
+        crate::cni::selection::Status::Unreadable(why) => vec![why],
+        _ => Vec::new(),
+    };
     PodStatus {
         in_force: missing.is_empty(),
         missing,
+        notes,
         counters,
         program_build,
         loopback_destinations,
@@ -441,6 +446,10 @@ pub struct PodStatus {
     /// For pods that ask for the app-to-proxy acceleration: whether they have it, and why not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acceleration: Option<crate::accel::PodAcceleration>,
+    /// What an operator should know about the pod's input (an injector status capture could not
+    /// read, say), though capture is in force.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]

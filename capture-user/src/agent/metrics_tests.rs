@@ -52,6 +52,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
         program_build: (mode == Mode::Ebpf).then(|| "0.1.0+0123456789ab".into()),
         loopback_destinations: (mode == Mode::Ebpf).then_some(3),
         acceleration: None,
+        notes: Vec::new(),
         counters,
     }
 }

@@ -258,6 +258,9 @@ pub fn render_status(status: &NodeStatus) -> String {
             r.config.include_outbound_ports,
             r.config.exclude_outbound_ports
         );
+        for note in &pod.notes {
+            let _ = writeln!(out, "  note: {note}");
+        }
         if !r.settings.is_empty() {
             let settings: Vec<String> = r.settings.iter().map(render_setting).collect();
             let _ = writeln!(out, "  settings: {}", settings.join("; "));

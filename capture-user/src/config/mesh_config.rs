@@ -64,15 +64,26 @@ impl MeshConfig {
                 _ => Err("a ConfigMap without a data.mesh key".into()),
             };
         }
-        let Some(default_config) = root.get("defaultConfig") else {
-            return Ok(Self::default());
-        };
-        let default_config = match default_config {
-            serde_yaml_ng::Value::Null => return Ok(Self::default()),
-            serde_yaml_ng::Value::Mapping(m) => m,
-            other => return Err(format!("defaultConfig is {}, not a mapping", kind(other))),
-        };
         let mut mesh = Self::default();
+        // istio-init redirects to these ports; istio-cni redirects to 15001 and 15006 whatever
+        // they say (`sidecar_redirect.go`), and so does capture.
+        for (key, istio_cni_port) in [
+            ("proxyListenPort", 15001),
+            ("proxyInboundListenPort", 15006),
+        ] {
+            if let Some(port) = root.get(key).and_then(serde_yaml_ng::Value::as_u64) {
+                if port != istio_cni_port {
+                    mesh.warnings.push(format!(
+                        "{key}={port} is not used: istio-cni and capture redirect to {istio_cni_port}"
+                    ));
+                }
+            }
+        }
+        let default_config = match root.get("defaultConfig") {
+            None | Some(serde_yaml_ng::Value::Null) => return Ok(mesh),
+            Some(serde_yaml_ng::Value::Mapping(m)) => m,
+            Some(other) => return Err(format!("defaultConfig is {}, not a mapping", kind(other))),
+        };
         if let Some(mode) = default_config.get("interceptionMode") {
             let mode = mode.as_str().ok_or_else(|| {
                 format!(
@@ -224,6 +235,10 @@ trustDomain: cluster.local
         .unwrap();
         assert_eq!(mesh.metadata(DNS_CAPTURE), Some(false));
         assert!(mesh.warnings[0].contains("\"yes\""), "{:?}", mesh.warnings);
+        let ports =
+            MeshConfig::parse("proxyListenPort: 15001\nproxyInboundListenPort: 16006\n").unwrap();
+        assert_eq!(ports.warnings.len(), 1, "{:?}", ports.warnings);
+        assert!(ports.warnings[0].starts_with("proxyInboundListenPort=16006"));
     }
 
     #[test]

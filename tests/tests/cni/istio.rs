@@ -26,15 +26,27 @@ fn the_pods_istio_cni_captures_and_no_others() {
     let mut native = node.pod("ratings", CgroupDriver::Cgroupfs, injected::NATIVE_SIDECAR);
     let mut gateway = node.pod("ingressgateway", CgroupDriver::Systemd, injected::GATEWAY);
     let mut init = node.pod("details", CgroupDriver::Cgroupfs, injected::ISTIO_INIT);
-    for pod in [&mut sidecar, &mut native, &mut gateway, &mut init] {
+    // A status that is not the injector's JSON: istio-cni only asks whether it is there.
+    let mut unreadable = node.pod(
+        "productpage",
+        CgroupDriver::Systemd,
+        &[("sidecar.istio.io/status", "injected")],
+    );
+    for pod in [
+        &mut sidecar,
+        &mut native,
+        &mut gateway,
+        &mut init,
+        &mut unreadable,
+    ] {
         node.add(pod)
             .unwrap_or_else(|e| panic!("ADD {}: {e}", pod.name));
     }
-    let _servers: Vec<_> = [&sidecar, &native, &gateway, &init]
+    let _servers: Vec<_> = [&sidecar, &native, &gateway, &init, &unreadable]
         .iter()
         .map(|pod| pod.start_servers())
         .collect();
-    for pod in [&sidecar, &native] {
+    for pod in [&sidecar, &native, &unreadable] {
         assert_eq!(
             cgroup_programs(&pod.cgroup).len(),
             POD_CGROUP_HOOKS,
@@ -70,7 +82,26 @@ fn the_pods_istio_cni_captures_and_no_others() {
             })
             .collect()
     };
-    let mut left = reasons(&node.status());
+    let status = node.status();
+    let notes = |name: &str| {
+        status["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pod"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not in {status}"))
+            .get("notes")
+            .cloned()
+    };
+    assert_eq!(notes("reviews"), None, "a readable status needs no note");
+    let note = notes("productpage").expect("a note on the unreadable status");
+    assert!(
+        note[0]
+            .as_str()
+            .is_some_and(|n| n.contains("sidecar.istio.io/status=\"injected\"")),
+        "{note}"
+    );
+    let mut left = reasons(&status);
     left.sort();
     assert_eq!(
         left,
@@ -88,7 +119,7 @@ fn the_pods_istio_cni_captures_and_no_others() {
         assert!(metrics.contains(&series), "no {series} in\n{metrics}");
     }
     assert!(!metrics.contains("pod=\"reviews\",reason"), "{metrics}");
-    for pod in [&sidecar, &native, &gateway, &init] {
+    for pod in [&sidecar, &native, &gateway, &init, &unreadable] {
         node.check(pod)
             .unwrap_or_else(|e| panic!("CHECK {}: {e}", pod.name));
         node.del(pod).expect("DEL");
