@@ -164,3 +164,48 @@ fn dns_capture_from_the_mesh_configuration_and_a_pods_own() {
     node.del(&resolver).expect("DEL resolver");
     agent.stop();
 }
+
+/// The mesh's interception mode for a pod without its own: TPROXY, which the ebpf backend does
+/// not implement, so the agent's `auto` mode captures the pod with iptables and says why; a pod
+/// whose annotation says REDIRECT stays on ebpf.
+#[test]
+fn the_mesh_interception_mode_applies_to_pods_without_their_own() {
+    let node = Node::new();
+    let mesh = node.scratch_file("istio/mesh");
+    std::fs::write(&mesh, "defaultConfig:\n  interceptionMode: TPROXY\n").unwrap();
+    let _agent = node.start_agent_with("auto", &["--mesh-config", mesh.to_str().unwrap()]);
+    let mut tproxy = node.pod("tproxy", CgroupDriver::Systemd, injected::SIDECAR);
+    let mut redirect = node.pod(
+        "redirect",
+        CgroupDriver::Cgroupfs,
+        &sidecar_with(&[("sidecar.istio.io/interceptionMode", "REDIRECT")]),
+    );
+    node.add(&mut tproxy).expect("ADD");
+    node.add(&mut redirect).expect("ADD redirect");
+    let status = node.status();
+    let pod = |name: &str| {
+        status["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pod"]["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        (&pod("tproxy")["mode"], &pod("tproxy")["fallback_cause"]),
+        (&"iptables".into(), &"tproxy".into())
+    );
+    let mode = setting(&status, "tproxy", "interception_mode");
+    assert_eq!(
+        (&mode["value"], &mode["source"]),
+        (&"TPROXY".into(), &"mesh".into())
+    );
+    assert_eq!(pod("redirect")["mode"], "ebpf");
+    let mode = setting(&status, "redirect", "interception_mode");
+    assert_eq!(mode["source"], "annotation");
+    assert_eq!(mode["overrides"][0]["value"], "TPROXY", "{mode}");
+    for p in [&tproxy, &redirect] {
+        node.del(p).expect("DEL");
+    }
+}
