@@ -1,11 +1,10 @@
 //! Pods that Istio's injector marked but capture leaves alone, as istio-cni does (an istio-init
-//! pod, whose own rules redirect it; a gateway; a pod without an istio-proxy container). capture-cni
-//! tells the agent about each one; the agent counts them and keeps one file per pod in the state
+//! pod, whose own rules redirect it; a gateway; a pod without an istio-proxy container;
+//! `Skip::left_alone_reason` says which). capture-cni tells the agent about each one; the agent counts them and keeps one file per pod in the state
 //! directory, so that `capture status` lists them until the pod's DEL (or GC, or its netns
 //! vanishing) ends them.
 
 use std::{
-    collections::BTreeMap,
     fs, io,
     path::{Path, PathBuf},
 };
@@ -13,7 +12,6 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cni::selection::{sidecar_status, Skip, Status},
     fsutil::{container_file_name, write_atomic},
     paths::Paths,
     record::PodRef,
@@ -36,14 +34,6 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Self; 5] = [
-        Self::IstioInit,
-        Self::Gateway,
-        Self::NoProxyContainer,
-        Self::InjectionDisabled,
-        Self::ExcludedNamespace,
-    ];
-
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -53,24 +43,6 @@ impl Reason {
             Self::InjectionDisabled => "injection_disabled",
             Self::ExcludedNamespace => "excluded_namespace",
         }
-    }
-
-    /// The reason to report a skipped pod for: only pods the injector marked
-    /// (`sidecar.istio.io/status`) are, since every other pod on the node is left alone too and
-    /// its absence from capture says nothing.
-    #[must_use]
-    pub fn to_report(skip: &Skip, annotations: &BTreeMap<String, String>) -> Option<Self> {
-        if sidecar_status(annotations) == Status::Absent {
-            return None;
-        }
-        Some(match skip {
-            Skip::IstioInit => Self::IstioInit,
-            Skip::NotASidecar(_) => Self::Gateway,
-            Skip::NoProxyContainer(_) => Self::NoProxyContainer,
-            Skip::InjectionDisabled(_) => Self::InjectionDisabled,
-            Skip::ExcludedNamespace(_) => Self::ExcludedNamespace,
-            Skip::NoSidecar => return None,
-        })
     }
 }
 
@@ -144,37 +116,6 @@ pub fn netns_exists(report: &LeftAlone) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ann(status: Option<&str>) -> BTreeMap<String, String> {
-        status
-            .map(|s| ("sidecar.istio.io/status".to_string(), s.to_string()))
-            .into_iter()
-            .collect()
-    }
-
-    #[test]
-    fn only_pods_the_injector_marked_are_reported() {
-        let marked = ann(Some(
-            r#"{"initContainers":["istio-init"],"containers":["istio-proxy"]}"#,
-        ));
-        assert_eq!(
-            Reason::to_report(&Skip::IstioInit, &marked),
-            Some(Reason::IstioInit)
-        );
-        assert_eq!(
-            Reason::to_report(&Skip::NotASidecar("gateway".into()), &marked),
-            Some(Reason::Gateway)
-        );
-        assert_eq!(
-            Reason::to_report(&Skip::ExcludedNamespace("kube-system".into()), &ann(None)),
-            None
-        );
-        assert_eq!(
-            Reason::to_report(&Skip::InjectionDisabled("false".into()), &ann(None)),
-            None
-        );
-        assert_eq!(Reason::to_report(&Skip::NoSidecar, &ann(None)), None);
-    }
 
     #[test]
     fn reports_are_kept_listed_and_ended() {

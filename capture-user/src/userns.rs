@@ -19,9 +19,7 @@ use std::{
     process::Command,
 };
 
-use serde::{Deserialize, Serialize};
-
-use crate::config::{CaptureConfig, OwnerGroups};
+use crate::config::{CaptureConfig, HostIds, OwnerGroups};
 
 /// `NS_GET_USERNS` and `NS_GET_PARENT` (linux/nsfs.h): `_IO(0xb7, 1)` and `_IO(0xb7, 2)`.
 const NS_GET_USERNS: libc::c_ulong = 0xb701;
@@ -42,16 +40,6 @@ pub enum UsernsError {
         file: &'static str,
         map: String,
     },
-}
-
-/// The configured ids as the host (and so the ebpf programs) sees them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostIds {
-    pub proxy_uids: Vec<u32>,
-    pub proxy_gids: Vec<u32>,
-    /// The owner-group list's gids, in its order.
-    #[serde(default)]
-    pub owner_groups: Vec<u32>,
 }
 
 /// One line of an id map: `count` ids from `inside` are `outside` onwards in the parent.

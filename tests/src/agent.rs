@@ -8,7 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::cni::METRICS_CONTENT_TYPE;
+/// What the agent's /metrics says it serves: the Prometheus text format, version 0.0.4.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// How long an agent may take to answer, and to become ready. Generous: a deadline costs nothing
 /// when the agent is quick, and under emulation (the kernel matrix) it is not. On 5.10 a

@@ -31,10 +31,7 @@ pub const MESHED: &[(&str, &str)] = &[(
 )];
 
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
-/// What the agent's /metrics says it serves: the Prometheus text format, version 0.0.4.
-pub use crate::agent::{Agent, HttpResponse};
-
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub use crate::agent::{Agent, HttpResponse, METRICS_CONTENT_TYPE};
 
 /// The CNI error code of a failed plugin run (its error object as `exec_plugin` returns it).
 #[must_use]

@@ -164,8 +164,7 @@ impl NetnsGuard {
     /// A netns owned by a new user namespace whose ids 0..65536 are `outer_base` onwards on the
     /// node (a Kubernetes pod with `hostUsers: false`), named like any other.
     pub fn with_userns(prefix: &str, outer_base: u32) -> Self {
-        let holder =
-            ChildGuard::spawn_ready(Command::new(crate::probe::probe_bin()).arg("userns-holder"));
+        let holder = ChildGuard::spawn_ready(Command::new(crate::probe_bin()).arg("userns-holder"));
         let pid = holder.pid();
         for map in ["uid_map", "gid_map"] {
             let path = format!("/proc/{pid}/{map}");

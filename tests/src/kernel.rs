@@ -62,6 +62,16 @@ pub fn features() -> KernelFeatures {
 }
 
 /// Whether the kernel has `feature`; if not, records the skip with `reason` and returns false.
+/// Where a node has what the DaemonSet's hostPath volumes name: the CNI bin and configuration
+/// directories, capture's state directory, bpffs (`Feature::WritableNodePaths` asks whether
+/// they can be made here).
+pub const NODE_MOUNT_POINTS: [&str; 4] = [
+    "/opt/cni/bin",
+    "/etc/cni/net.d",
+    "/run/capture",
+    "/sys/fs/bpf",
+];
+
 #[must_use]
 pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
     let present = match feature {
@@ -72,7 +82,7 @@ pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
             .ok()
             .and_then(|m| std::fs::read_to_string(m.join("cgroup.controllers")).ok())
             .is_some_and(|c| c.split_whitespace().any(|c| c == "cpu")),
-        Feature::WritableNodePaths => crate::containerd::node_agent::NODE_MOUNT_POINTS
+        Feature::WritableNodePaths => NODE_MOUNT_POINTS
             .iter()
             .all(|p| can_be_made(std::path::Path::new(p))),
         // Known only from a failure or a node's load: see record_skip.

@@ -73,6 +73,12 @@ where
     learned
 }
 
+/// The test's probe binary (tests/src/bin/capture-probe).
+#[must_use]
+pub fn probe_bin() -> PathBuf {
+    built_binary("capture-probe", "CAPTURE_PROBE_BIN")
+}
+
 /// A binary built next to the test executable (target/<profile>/NAME), or `$ENV` if set.
 pub fn built_binary(name: &str, env: &str) -> PathBuf {
     if let Some(p) = std::env::var_os(env) {

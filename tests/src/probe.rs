@@ -1,15 +1,10 @@
 //! Running the probe as a pod's process, and reading what it saw.
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
 use serde_json::Value;
 
-use crate::built_binary;
-
-#[must_use]
-pub fn probe_bin() -> PathBuf {
-    built_binary("capture-probe", "CAPTURE_PROBE_BIN")
-}
+pub use crate::probe_bin;
 
 /// A process identity inside the pod.
 #[derive(Clone, Debug)]

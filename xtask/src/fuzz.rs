@@ -14,7 +14,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
 
-use crate::{output, run};
+use crate::{output, run, workspace};
 
 /// Seconds one input may take before libFuzzer reports a hang.
 const INPUT_TIMEOUT_SECS: u64 = 10;
@@ -67,13 +67,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err("a fuzz run needs at least one second".into());
     }
     Ok(Duration::from_secs(secs))
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace")
-        .to_path_buf()
 }
 
 /// Under the caller's target directory, beside the workspace's own builds: the fuzz build has

@@ -5,6 +5,7 @@
 
 mod builds;
 mod ci;
+mod cycles;
 mod fuzz;
 mod image;
 mod lint;
@@ -340,4 +341,12 @@ fn run_task(task: Task) -> Result<()> {
                 .args(["--bin", "capture-demo"]))
         }
     }
+}
+
+/// The workspace's root directory.
+fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_path_buf()
 }

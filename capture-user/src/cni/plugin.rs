@@ -226,7 +226,7 @@ impl Cni for CapturePlugin {
                 "capture-cni: not capturing {}/{}: {skip}",
                 k8s.namespace, k8s.name
             );
-            if let Some(reason) = left_alone::Reason::to_report(&skip, &annotations) {
+            if let Some(reason) = skip.left_alone_reason(&annotations) {
                 report_left_alone(&cfg, &args, k8s, reason, &skip);
             }
             return Ok(prev);

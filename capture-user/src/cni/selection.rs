@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{K8sArgs, PluginConfig};
+use crate::left_alone::Reason;
 
 pub const ANN_SIDECAR_STATUS: &str = "sidecar.istio.io/status";
 pub const ANN_INJECT: &str = "sidecar.istio.io/inject";
@@ -65,6 +66,26 @@ impl std::fmt::Display for Skip {
                 "no {ANN_SIDECAR_STATUS} annotation (no sidecar was injected)"
             ),
         }
+    }
+}
+
+impl Skip {
+    /// The reason to report a skipped pod for: only pods the injector marked
+    /// (`sidecar.istio.io/status`) are, since every other pod on the node is left alone too and
+    /// its absence from capture says nothing.
+    #[must_use]
+    pub fn left_alone_reason(&self, annotations: &BTreeMap<String, String>) -> Option<Reason> {
+        if sidecar_status(annotations) == Status::Absent {
+            return None;
+        }
+        Some(match self {
+            Self::IstioInit => Reason::IstioInit,
+            Self::NotASidecar(_) => Reason::Gateway,
+            Self::NoProxyContainer(_) => Reason::NoProxyContainer,
+            Self::InjectionDisabled(_) => Reason::InjectionDisabled,
+            Self::ExcludedNamespace(_) => Reason::ExcludedNamespace,
+            Self::NoSidecar => return None,
+        })
     }
 }
 
@@ -261,6 +282,26 @@ mod tests {
             ),
             Some(Skip::ExcludedNamespace("kube-system".into()))
         );
+    }
+
+    #[test]
+    fn only_pods_the_injector_marked_are_reported_as_left_alone() {
+        let marked = ann(&[(ANN_SIDECAR_STATUS, SIDECAR_INIT)]);
+        assert_eq!(
+            Skip::IstioInit.left_alone_reason(&marked),
+            Some(Reason::IstioInit)
+        );
+        assert_eq!(
+            Skip::NotASidecar("gateway".into()).left_alone_reason(&marked),
+            Some(Reason::Gateway)
+        );
+        for unmarked in [
+            Skip::ExcludedNamespace("kube-system".into()),
+            Skip::InjectionDisabled("false".into()),
+            Skip::NoSidecar,
+        ] {
+            assert_eq!(unmarked.left_alone_reason(&ann(&[])), None, "{unmarked}");
+        }
     }
 
     #[test]

@@ -159,11 +159,22 @@ pub struct CaptureConfig {
     /// The proxy's ids (and the owner groups) as the host sees them, for a pod with a user
     /// namespace of its own; absent for every other pod (see userns.rs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_ids: Option<crate::userns::HostIds>,
+    pub host_ids: Option<HostIds>,
     /// The app-to-proxy acceleration is on for the pod: it asked (`ANN_ACCELERATE`) and, when
     /// attached, its node allowed it (see `ops::attach`).
     #[serde(default)]
     pub accelerate: bool,
+}
+
+/// The configured ids as the host (and so the ebpf programs) sees them, for a pod with a user
+/// namespace of its own (`userns` maps them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostIds {
+    pub proxy_uids: Vec<u32>,
+    pub proxy_gids: Vec<u32>,
+    /// The owner-group list's gids, in its order.
+    #[serde(default)]
+    pub owner_groups: Vec<u32>,
 }
 
 fn all_owner_groups() -> OwnerGroups {

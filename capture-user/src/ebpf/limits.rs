@@ -43,11 +43,11 @@ impl PodUsage {
     /// Distinct entries, as the maps key them (a repeated port or CIDR is one entry).
     #[must_use]
     pub fn of(cfg: &CaptureConfig) -> Self {
-        let ports: BTreeSet<_> = super::pod_maps::port_entries(cfg)
+        let ports: BTreeSet<_> = super::list_entries::port_entries(cfg)
             .into_iter()
             .map(|(list, port)| (list as u8, port))
             .collect();
-        let cidrs: BTreeSet<_> = super::pod_maps::cidr_entries(cfg)
+        let cidrs: BTreeSet<_> = super::list_entries::cidr_entries(cfg)
             .into_iter()
             .map(|(list, net)| (list as u8, net.trunc()))
             .collect();

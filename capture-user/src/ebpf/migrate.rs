@@ -6,13 +6,31 @@ use std::{
     path::Path,
 };
 
-use capture_common::layout::{node_error_from, pod_counters_from, Carry};
+use capture_common::layout::{node_error_from, pod_counters_from, Carry, MapLayout};
 
-use super::{
-    loader::LoadError,
-    sys,
-    takeover::{Carried, MapPlan},
-};
+use super::{loader::LoadError, sys};
+
+/// What became of one map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Carried {
+    /// The same map, contents and all.
+    Kept,
+    /// A new map, written from the pod records or the pods' sockets.
+    Rebuilt,
+    /// A new map, with the old one's entries converted into it.
+    Migrated,
+    /// A new map starting empty: counters of a layout this build does not know.
+    Reset,
+}
+
+/// One map of a takeover: the new build's layout, the old build's pin, and what to do.
+pub struct MapPlan {
+    pub layout: &'static MapLayout,
+    /// The pinned map of the old build and its layout version, if it is pinned.
+    pub old: Option<(OwnedFd, u32)>,
+    pub carried: Carried,
+}
 
 /// Copies the entries of a migrated live map that the new one lacks (before the swap, and again
 /// after it for what the old programs wrote meanwhile).

@@ -7,6 +7,7 @@ pub mod foreign;
 pub mod hook_probe;
 pub mod hooks;
 pub mod limits;
+mod list_entries;
 pub mod loader;
 mod migrate;
 pub mod netns_cookie;
@@ -90,6 +91,8 @@ impl EbpfBackend {
         if let Some(missing) = self.node.missing_for(cfg) {
             return Err(EbpfError::MissingHook(missing.clone()));
         }
+        // Before anything of the pod is written: a pod over its share leaves the node as it was.
+        // Checked here only: a takeover or refill writes pods admitted before.
         limits::check(cfg).map_err(pod_maps::PodMapsError::from)?;
         // Leftovers of an attach that died half-way (no record survived it) go first. Only then:
         // the purge walks the node's maps, and attach must not slow down as the node fills up.

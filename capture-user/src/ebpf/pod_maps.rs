@@ -20,7 +20,10 @@ use capture_common::{
 };
 use ipnet::IpNet;
 
-use super::node::Maps;
+use super::{
+    list_entries::{cidr_entries, port_entries},
+    node::Maps,
+};
 use crate::config::{CaptureConfig, OwnerGroups, Selection};
 
 #[derive(Debug, thiserror::Error)]
@@ -145,29 +148,6 @@ pub fn cidr_key(netns_cookie: u64, list: ListKind, net: &IpNet) -> Key<CidrKey> 
     )
 }
 
-pub(super) fn port_entries(cfg: &CaptureConfig) -> Vec<(ListKind, u16)> {
-    let with = |kind| move |p: &u16| (kind, *p);
-    let mut out: Vec<_> = cfg
-        .exclude_outbound_ports
-        .iter()
-        .map(with(ListKind::ExcludeOutboundPorts))
-        .chain(
-            cfg.include_outbound_ports
-                .iter()
-                .map(with(ListKind::IncludeOutboundPorts)),
-        )
-        .collect();
-    match &cfg.include_inbound_ports {
-        Selection::All => out.extend(
-            cfg.exclude_inbound_ports
-                .iter()
-                .map(with(ListKind::ExcludeInboundPorts)),
-        ),
-        Selection::List(l) => out.extend(l.iter().map(with(ListKind::IncludeInboundPorts))),
-    }
-    out
-}
-
 /// The pod's addresses as inbound capture looks them up.
 fn pod_addr_keys(cfg: &CaptureConfig) -> Vec<PodAddrKey> {
     pod_addrs(cfg).into_iter().map(|(_, key)| key).collect()
@@ -206,28 +186,6 @@ pub fn addresses_not_owned(maps: &Maps, netns_cookie: u64, cfg: &CaptureConfig) 
         .collect()
 }
 
-pub(super) fn cidr_entries(cfg: &CaptureConfig) -> Vec<(ListKind, IpNet)> {
-    let include: &[IpNet] = match &cfg.include_outbound_cidrs {
-        Selection::All => &[],
-        Selection::List(l) => l,
-    };
-    let nameservers = cfg
-        .dns
-        .as_ref()
-        .map(|d| d.nameservers.as_slice())
-        .unwrap_or_default();
-    cfg.exclude_outbound_cidrs
-        .iter()
-        .map(|n| (ListKind::ExcludeOutboundCidrs, *n))
-        .chain(include.iter().map(|n| (ListKind::IncludeOutboundCidrs, *n)))
-        .chain(
-            nameservers
-                .iter()
-                .map(|a| (ListKind::DnsNameservers, IpNet::from(*a))),
-        )
-        .collect()
-}
-
 /// `BPF_NOEXIST`.
 const NOEXIST: u64 = 1;
 
@@ -247,8 +205,6 @@ pub fn install(
             hint: FULL_HINT,
         }
     };
-    // Before any write: a pod over its share leaves the maps as they were.
-    super::limits::check(cfg)?;
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| PodMapsError::Cpus(e))?;
     let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("non-empty");
     // NOEXIST: a takeover refills the maps of pods whose counters it keeps.

@@ -20,13 +20,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use capture_common::layout::{node_error_from, pod_counters_from, Carry, MapLayout, MAP_LAYOUTS};
+use capture_common::layout::{node_error_from, pod_counters_from, Carry, MAP_LAYOUTS};
+
+pub use super::migrate::Carried;
 
 use super::{
     adopt,
     hooks::{Hook, Target},
     loader::{build_name, object_id, object_maps, LoadError},
-    migrate,
+    migrate::{self, MapPlan},
     node::{self, load_and_pin, open_maps, NodeRecord},
     pod_maps,
     sys::{self, MapDefinition},
@@ -36,20 +38,6 @@ use crate::{
     paths::Paths,
     record::{self, Mode, PodRecord},
 };
-
-/// What became of one map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Carried {
-    /// The same map, contents and all.
-    Kept,
-    /// A new map, written from the pod records or the pods' sockets.
-    Rebuilt,
-    /// A new map, with the old one's entries converted into it.
-    Migrated,
-    /// A new map starting empty: counters of a layout this build does not know.
-    Reset,
-}
 
 /// What a takeover did.
 #[derive(Debug, serde::Serialize)]
@@ -61,13 +49,6 @@ pub struct Takeover {
     pub pods: usize,
     /// Pods some link of which could not be moved (they keep the old build's program there).
     pub failed: Vec<String>,
-}
-
-pub(super) struct MapPlan {
-    pub(super) layout: &'static MapLayout,
-    /// The pinned map of the old build and its layout version, if it is pinned.
-    pub(super) old: Option<(OwnedFd, u32)>,
-    pub(super) carried: Carried,
 }
 
 fn same_definition(pinned: &MapDefinition, ours: &aya_obj::Map) -> bool {

@@ -143,14 +143,7 @@ impl Containerd {
     }
 }
 
-/// Where a node has what the DaemonSet's hostPath volumes name: the CNI bin and configuration
-/// directories, capture's state directory, bpffs.
-pub const NODE_MOUNT_POINTS: [&str; 4] = [
-    "/opt/cni/bin",
-    "/etc/cni/net.d",
-    "/run/capture",
-    "/sys/fs/bpf",
-];
+pub use crate::kernel::NODE_MOUNT_POINTS;
 
 /// The mount points the host lacked for the node runtimes' binds, outermost first, and how many
 /// such runtimes run. Only the last to stop removes them: removing a directory another mount
