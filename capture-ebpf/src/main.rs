@@ -30,6 +30,14 @@ use aya_ebpf::{
     },
 };
 
+/// The object's license, as the kernel reads it. GPL-compatible: the owner-from-file and
+/// stateless-redirect programs read kernel structures through BTF pointers, which the verifier
+/// allows GPL-compatible programs only (without it they fail to load, and the loader falls back
+/// to the paths that do without them). The kernel crates are MIT OR GPL-2.0 (Cargo.toml).
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
 const PROCEED: i32 = 1;
 const REFUSE: i32 = 0;
 

@@ -15,6 +15,11 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 
+/// The object's license, as the kernel reads it: that of the kernel crate (see main.rs).
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
 /// The slot the cookie is recorded in (the map is the reporter's own, its cgroup the child's).
 const SLOT: u32 = 0;
 

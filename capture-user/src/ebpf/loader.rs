@@ -315,3 +315,39 @@ pub(super) fn summarize(e: &ProgramError) -> String {
         other => other.to_string(),
     }
 }
+
+/// The license an object declares to the kernel: its `license` section (aya-obj assumes "GPL"
+/// where there is none).
+#[cfg(test)]
+pub(super) fn declared_license(object: &[u8]) -> String {
+    assert!(!object.is_empty(), "the kernel object was not built");
+    aya_obj::Object::parse(object)
+        .expect("the object parses")
+        .license
+        .into_string()
+        .expect("an ASCII license")
+}
+
+/// The strings the kernel takes as GPL-compatible (`license_is_gpl_compatible`,
+/// include/linux/license.h).
+#[cfg(test)]
+pub(super) const GPL_COMPATIBLE: [&str; 6] = [
+    "GPL",
+    "GPL v2",
+    "GPL and additional rights",
+    "Dual BSD/GPL",
+    "Dual MIT/GPL",
+    "Dual MPL/GPL",
+];
+
+#[cfg(test)]
+mod tests {
+    /// The object says its license itself, and one the kernel takes as GPL-compatible: the
+    /// owner-from-file and stateless-redirect programs do not load otherwise.
+    #[test]
+    fn the_object_declares_its_gpl_compatible_license() {
+        let license = super::declared_license(super::OBJECT);
+        assert_eq!(license, "Dual MIT/GPL");
+        assert!(super::GPL_COMPATIBLE.contains(&license.as_str()));
+    }
+}

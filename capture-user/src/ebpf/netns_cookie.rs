@@ -104,3 +104,14 @@ fn create_socket_in(join: &CgroupJoin, netns: &File) -> io::Result<()> {
         _ => Err(io::Error::other("the child was killed")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_object_declares_the_kernel_crates_license() {
+        assert_eq!(
+            super::super::loader::declared_license(super::OBJECT),
+            "Dual MIT/GPL"
+        );
+    }
+}
