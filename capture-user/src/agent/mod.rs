@@ -20,10 +20,7 @@ use std::{
     io,
     net::SocketAddr,
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -66,10 +63,15 @@ pub struct AgentConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The kernel offers no mode the agent may run in (the probe's reason, in words).
     #[error("choosing the capture mode: {0}")]
     Mode(String),
-    #[error("preparing the node: {0}")]
-    Node(String),
+    #[error("preparing the node's directories: {0}")]
+    Paths(#[from] crate::paths::PathsError),
+    #[error("loading the node's kernel programs: {0}")]
+    Programs(#[source] crate::ebpf::EbpfError),
+    #[error("reading the node's captured pods: {0}")]
+    Status(#[source] ops::Error),
     #[error("listening on {what} {addr}: {source}")]
     Listen {
         what: &'static str,
@@ -78,39 +80,65 @@ pub enum AgentError {
     },
     #[error("starting the async runtime: {0}")]
     Runtime(io::Error),
+    #[error("a start-up task of the agent failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
     /// The node's programs are another build's and this one cannot take them over: they stay in
     /// force, and the agent stays up (not ready) to say why rather than crash-looping.
     #[error("{0}")]
-    TakeoverStopped(String),
+    TakeoverStopped(#[source] crate::ebpf::loader::LoadError),
+}
+
+/// Where the agent is in its life; it serves capture requests in `Serving` only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Loading (or taking over) the node's kernel programs.
+    Starting,
+    Serving,
+    /// The node's programs are another build's and this one cannot take them over: they stay in
+    /// force, and the agent stays up to say why rather than crash-looping.
+    CannotServe(String),
+    Stopping,
 }
 
 pub struct Agent {
     cfg: AgentConfig,
     mode: Mode,
-    ready: AtomicBool,
-    /// Why the agent is not ready although it started (a takeover it cannot do).
-    stopped: std::sync::Mutex<Option<String>>,
+    phase: Mutex<Phase>,
     mesh: Option<mesh_watch::MeshWatch>,
     metrics: metrics::Metrics,
 }
 
 impl Agent {
-    /// Serving, with a mesh configuration for new pods where it reads one.
+    /// Ready, or why not: serving, with a mesh configuration for new pods where it reads one.
+    fn readiness(&self) -> Result<(), String> {
+        let phase = self
+            .phase
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match phase {
+            Phase::Starting => {
+                Err("the agent is starting (loading the node's kernel programs)".into())
+            }
+            Phase::CannotServe(why) => Err(format!("the agent cannot serve this node: {why}")),
+            Phase::Stopping => Err("the agent is stopping".into()),
+            Phase::Serving => match self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable) {
+                Some(why) => Err(why),
+                None => Ok(()),
+            },
+        }
+    }
+
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-            && self.mesh.as_ref().is_none_or(|m| m.unusable().is_none())
+        self.readiness().is_ok()
     }
 
     fn not_ready_reason(&self) -> Option<String> {
-        self.stopped
-            .lock()
-            .ok()
-            .and_then(|s| s.clone())
-            .or_else(|| self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable))
+        self.readiness().err()
     }
 
-    fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
+    fn enter(&self, phase: Phase) {
+        *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = phase;
         self.metrics.set_ready(self.is_ready());
     }
 
@@ -147,7 +175,10 @@ impl Agent {
             }
             Request::Status => (
                 "status",
-                Response::failed(FailureKind::NotReady, "the agent is starting"),
+                Response::failed(
+                    FailureKind::NotReady,
+                    self.not_ready_reason().unwrap_or_default(),
+                ),
             ),
             Request::Gc {
                 valid_container_ids,
@@ -161,12 +192,8 @@ impl Agent {
     fn add(&self, pod: PodRequest) -> Response {
         // Before the readiness check: a file fixed since the last poll serves this pod already.
         let mesh_config = self.refresh_mesh();
-        if !self.is_ready() {
-            let why = self.not_ready_reason().map_or_else(
-                || "the capture agent is starting; retry".to_string(),
-                |why| format!("the capture agent cannot serve this node: {why}"),
-            );
-            return Response::failed(FailureKind::NotReady, why);
+        if let Err(why) = self.readiness() {
+            return Response::failed(FailureKind::NotReady, format!("{why}; retry"));
         }
         let start = Instant::now();
         let container_id = pod.pod.container_id.clone();
@@ -394,14 +421,10 @@ async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, 
 }
 
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
-    let probe = tokio::task::spawn_blocking(probe::probe)
-        .await
-        .map_err(|e| AgentError::Mode(e.to_string()))?;
+    let probe = tokio::task::spawn_blocking(probe::probe).await?;
     let (mode, why) = probe::choose(cfg.mode, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
-    let iptables = tokio::task::spawn_blocking(crate::iptables::flavour::node)
-        .await
-        .map_err(|e| AgentError::Mode(e.to_string()))?;
+    let iptables = tokio::task::spawn_blocking(crate::iptables::flavour::node).await?;
     info!(
         variant = iptables.flavour.name(),
         reason = %iptables.reason,
@@ -442,8 +465,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let agent = Arc::new(Agent {
         cfg,
         mode,
-        ready: AtomicBool::new(false),
-        stopped: std::sync::Mutex::new(None),
+        phase: Mutex::new(Phase::Starting),
         mesh,
         metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
     });
@@ -460,17 +482,13 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
 
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
     let a = Arc::clone(&agent);
-    let prepared = tokio::task::spawn_blocking(move || prepare(&a))
-        .await
-        .map_err(|e| AgentError::Node(e.to_string()))?;
-    let stopped = match prepared {
-        Ok(()) => false,
+    let prepared = tokio::task::spawn_blocking(move || prepare(&a)).await?;
+    let serving = match prepared {
+        Ok(()) => true,
         Err(AgentError::TakeoverStopped(why)) => {
             error!(error = %why, "cannot take the node over; its programs stay in force and this agent serves no pod");
-            if let Ok(mut s) = agent.stopped.lock() {
-                *s = Some(why);
-            }
-            true
+            agent.enter(Phase::CannotServe(why.to_string()));
+            false
         }
         Err(e) => return Err(e),
     };
@@ -479,14 +497,14 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             .spawn(agent.metrics.cni_rechained())
             .map_err(AgentError::Runtime)?;
     }
-    if !stopped {
+    if serving {
         tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
         if agent.mesh.is_some() {
             // A small file: read here, so that readiness is told right from the start.
             agent.refresh_mesh();
             tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
         }
-        agent.set_ready(true);
+        agent.enter(Phase::Serving);
         match agent.not_ready_reason() {
             None => info!(
                 socket = %socket_path.display(),
@@ -511,7 +529,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             _ = int.recv() => break,
         }
     }
-    agent.set_ready(false);
+    agent.enter(Phase::Stopping);
     let _ = std::fs::remove_file(&socket_path);
     info!("stopping; captured pods stay captured");
     Ok(())
@@ -519,9 +537,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
 
 fn prepare(agent: &Agent) -> Result<(), AgentError> {
     let paths = &agent.cfg.paths;
-    paths
-        .prepare()
-        .map_err(|e| AgentError::Node(e.to_string()))?;
+    paths.prepare()?;
     if agent.mode == Mode::Ebpf {
         use crate::ebpf::{loader::LoadError, EbpfError};
         match crate::ebpf::adopt_or_load(paths) {
@@ -534,8 +550,8 @@ fn prepare(agent: &Agent) -> Result<(), AgentError> {
             Ok(None) => {}
             Err(EbpfError::Load(
                 e @ (LoadError::NewerLayout { .. } | LoadError::CannotCarry { .. }),
-            )) => return Err(AgentError::TakeoverStopped(e.to_string())),
-            Err(e) => return Err(AgentError::Node(e.to_string())),
+            )) => return Err(AgentError::TakeoverStopped(e)),
+            Err(e) => return Err(AgentError::Programs(e)),
         }
     }
     prepare_acceleration(
@@ -543,7 +559,7 @@ fn prepare(agent: &Agent) -> Result<(), AgentError> {
         agent.cfg.accelerate && agent.mode == Mode::Ebpf,
         &agent.cfg.accelerate_accepting,
     );
-    let status = ops::status(paths).map_err(|e| AgentError::Node(e.to_string()))?;
+    let status = ops::status(paths).map_err(AgentError::Status)?;
     for pod in &status.pods {
         let r = &pod.record;
         if pod.in_force {

@@ -24,6 +24,8 @@ pub enum LoadError {
     Parse(#[source] aya::EbpfError),
     #[error("the object has no program {0}")]
     MissingProgram(&'static str),
+    #[error("the object has no map {0}")]
+    MissingMap(&'static str),
     #[error("the kernel rejected {hook} (program {program}): {reason}; capture needs a kernel with BTF and this hook (see README, kernel requirements)")]
     Rejected {
         hook: &'static str,

@@ -50,6 +50,12 @@ pub enum EbpfError {
     MissingHook(hooks::UnavailableHook),
     #[error(transparent)]
     Adopt(#[from] adopt::AdoptError),
+    #[error("taking the node lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("pinning the {hook} link at {path}: {source}")]
     PinLink {
         hook: &'static str,
@@ -345,13 +351,11 @@ impl EbpfBackend {
 /// node that has none, takes over in place from the build that pinned them, and moves any pod
 /// whose links still run another program. Then registers the listeners the maps do not hold.
 pub fn adopt_or_load(paths: &Paths) -> Result<Option<takeover::Takeover>, EbpfError> {
-    let _lock = crate::lock::NodeLock::acquire(&paths.lock_path()).map_err(|source| {
-        EbpfError::PinLink {
-            hook: "node lock",
+    let _lock =
+        crate::lock::NodeLock::acquire(&paths.lock_path()).map_err(|source| EbpfError::Lock {
             path: paths.lock_path(),
             source,
-        }
-    })?;
+        })?;
     let record = node::record_or_load(paths)?;
     let report = if record.is_this_build() {
         let moved = takeover::converge(paths, &record)?;

@@ -125,7 +125,7 @@ fn plan(
         .map(|layout| {
             let definition = ours
                 .get(layout.name)
-                .ok_or(LoadError::MissingProgram(layout.name))?;
+                .ok_or(LoadError::MissingMap(layout.name))?;
             let version = from.layout_version(layout.name);
             let running = (layout.carry == Carry::Live)
                 .then(|| {
@@ -193,7 +193,8 @@ fn plan(
         .collect()
 }
 
-const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
+const BPF_MAP_TYPE_SK_STORAGE: u32 =
+    aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_SK_STORAGE as u32;
 
 /// Takes the node over from the build that `from` names. The caller holds the node lock.
 pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError> {
