@@ -32,10 +32,18 @@ pub enum LoadError {
         program: &'static str,
         reason: String,
     },
-    #[error("pinning {path}: {reason}")]
-    Pin { path: PathBuf, reason: String },
-    #[error("opening pinned {path}: {reason}; if the pins are damaged, run `capture detach` for every pod and remove the directory")]
-    Adopt { path: PathBuf, reason: String },
+    #[error("pinning {path}: {source}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
+    #[error("opening pinned {path}: {source}; if the pins are damaged, run `capture detach` for every pod and remove the directory")]
+    Adopt {
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
     #[error("this node's programs are capture build {node}, and {pods} pod(s) use them; this is build {this}. Start this build's agent (it takes the node over in place, see README \"Upgrade and rollback\"), or use the `capture` binary of build {node}")]
     OtherBuild {
         node: String,
@@ -59,9 +67,16 @@ pub enum LoadError {
     },
     #[error("not loaded: no node record at {0}")]
     NotLoaded(PathBuf),
-    #[error("taking over {path}: {reason}")]
-    Takeover { path: PathBuf, reason: String },
+    #[error("taking over {path}: {source}")]
+    Takeover {
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
 }
+
+/// The cause of a failure on a pinned object: the system call's, aya's, or the record's.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Identifies the embedded object, so that pins from another build are recognised: FNV-1a of
 /// its bytes, which build.rs computes once (at run time it cost every command a pass over a

@@ -45,14 +45,14 @@ pub(super) fn copy_live(plans: &[MapPlan], new_dir: &Path, name: &str) -> Result
     let path = new_dir.join(name);
     let new = sys::obj_get(&path).map_err(|e| LoadError::Takeover {
         path: path.clone(),
-        reason: e.to_string(),
+        source: e.into(),
     })?;
     for_each_entry(old, |key, value| {
         let _ = sys::map_update(new.as_fd(), key, value, NOEXIST);
     })
     .map_err(|e| LoadError::Takeover {
         path,
-        reason: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -61,7 +61,7 @@ pub(super) fn copy_live(plans: &[MapPlan], new_dir: &Path, name: &str) -> Result
 pub(super) fn add_counters(plans: &[MapPlan], new_dir: &Path) -> Result<(), LoadError> {
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| LoadError::Takeover {
         path: "/sys/devices/system/cpu/possible".into(),
-        reason: e.to_string(),
+        source: e.into(),
     })?;
     for plan in plans.iter().filter(|p| p.carried == Carried::Migrated) {
         let (Carry::Counters, Some((old, version))) = (plan.layout.carry, plan.old.as_ref()) else {
@@ -70,7 +70,7 @@ pub(super) fn add_counters(plans: &[MapPlan], new_dir: &Path) -> Result<(), Load
         let path = new_dir.join(plan.layout.name);
         let error = |e: std::io::Error| LoadError::Takeover {
             path: path.clone(),
-            reason: e.to_string(),
+            source: e.into(),
         };
         let new = sys::obj_get(&path).map_err(error)?;
         let new_size = sys::map_definition(new.as_fd()).map_err(error)?.value_size as usize;

@@ -19,7 +19,7 @@ use capture_common::{
 
 use super::{
     hooks::{Hook, UnavailableHook, HOOKS, HOOKS_ADDED_SINCE_LISTED},
-    loader::{adapted_object, build_name, load_hook, object_id, LoadError},
+    loader::{adapted_object, build_name, load_hook, object_id, BoxError, LoadError},
     sys,
 };
 use crate::{config::CaptureConfig, paths::Paths};
@@ -73,15 +73,15 @@ pub(super) fn load_and_pin(
     dir: &Path,
     map_pins: &[(&'static str, PathBuf)],
 ) -> Result<Vec<UnavailableHook>, LoadError> {
-    let pin_error = |path: &Path, reason: String| LoadError::Pin {
+    let pin_error = |path: &Path, source: BoxError| LoadError::Pin {
         path: path.to_path_buf(),
-        reason,
+        source,
     };
     let programs_dir = dir.join("programs");
-    fs::create_dir_all(&programs_dir).map_err(|e| pin_error(&programs_dir, e.to_string()))?;
+    fs::create_dir_all(&programs_dir).map_err(|e| pin_error(&programs_dir, e.into()))?;
     for (_, path) in map_pins {
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| pin_error(parent, e.to_string()))?;
+            fs::create_dir_all(parent).map_err(|e| pin_error(parent, e.into()))?;
         }
     }
     let (mut ebpf, features) = adapted_object(map_pins)?;
@@ -110,9 +110,7 @@ pub(super) fn load_and_pin(
             .program_mut(hook.program)
             .ok_or(LoadError::MissingProgram(hook.program))?;
         let path = programs_dir.join(hook.program);
-        program
-            .pin(&path)
-            .map_err(|e| pin_error(&path, e.to_string()))?;
+        program.pin(&path).map_err(|e| pin_error(&path, e.into()))?;
     }
     if let Err(reason) = super::accel::load_and_attach(&mut ebpf, &programs_dir) {
         tracing::warn!(%reason, "the kernel refused the acceleration's sk_msg program; no pod is accelerated");
@@ -156,16 +154,16 @@ pub fn unpin_node(paths: &Paths) {
 fn open_map<T>(dir: &Path, name: &str) -> Result<T, LoadError>
 where
     T: TryFrom<Map>,
-    <T as TryFrom<Map>>::Error: std::fmt::Display,
+    <T as TryFrom<Map>>::Error: std::error::Error + Send + Sync + 'static,
 {
     let path = dir.join(name);
-    let adopt = |e: String| LoadError::Adopt {
+    let adopt = |source: BoxError| LoadError::Adopt {
         path: path.clone(),
-        reason: e,
+        source,
     };
-    let data = MapData::from_pin(&path).map_err(|e| adopt(e.to_string()))?;
-    let map = Map::from_map_data(data).map_err(|e| adopt(e.to_string()))?;
-    T::try_from(map).map_err(|e| adopt(e.to_string()))
+    let data = MapData::from_pin(&path).map_err(|e| adopt(e.into()))?;
+    let map = Map::from_map_data(data).map_err(|e| adopt(e.into()))?;
+    T::try_from(map).map_err(|e| adopt(e.into()))
 }
 
 /// The typed maps pinned in `dir`.
@@ -198,7 +196,7 @@ pub(super) fn open_programs(
                 .map(|fd| (*hook, fd))
                 .map_err(|e| LoadError::Adopt {
                     path,
-                    reason: e.to_string(),
+                    source: e.into(),
                 })
         })
         .collect()
@@ -335,7 +333,7 @@ impl NodeRecord {
         let json = serde_json::to_string(self).expect("serialisable");
         crate::fsutil::write_atomic(&path, json.as_bytes(), None).map_err(|e| LoadError::Pin {
             path,
-            reason: e.to_string(),
+            source: e.into(),
         })
     }
 

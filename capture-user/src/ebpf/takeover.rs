@@ -27,7 +27,7 @@ pub use super::migrate::Carried;
 use super::{
     adopt,
     hooks::{Hook, Target},
-    loader::{build_name, object_id, object_maps, LoadError},
+    loader::{build_name, object_id, object_maps, BoxError, LoadError},
     migrate::{self, MapPlan},
     node::{self, load_and_pin, open_maps, NodeRecord},
     pod_maps,
@@ -198,11 +198,11 @@ const BPF_MAP_TYPE_SK_STORAGE: u32 =
 
 /// Takes the node over from the build that `from` names. The caller holds the node lock.
 pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError> {
-    let takeover_error = |path: &Path, reason: String| LoadError::Takeover {
+    let takeover_error = |path: &Path, source: BoxError| LoadError::Takeover {
         path: path.to_path_buf(),
-        reason,
+        source,
     };
-    let pods = ebpf_pods(paths).map_err(|e| takeover_error(&paths.records_dir(), e.to_string()))?;
+    let pods = ebpf_pods(paths).map_err(|e| takeover_error(&paths.records_dir(), e.into()))?;
     let plans = plan(paths, from, maps_in_use(paths, &pods))?;
     tracing::info!(from = %from.build(), to = %build_name(), "taking the node over");
     let dir = paths.build_pin_dir(&object_id());
@@ -211,11 +211,11 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
     // Kept maps are pinned under the new directory first, where the loader finds and uses them;
     // the others are created there.
     let maps_dir = dir.join("maps");
-    fs::create_dir_all(&maps_dir).map_err(|e| takeover_error(&maps_dir, e.to_string()))?;
+    fs::create_dir_all(&maps_dir).map_err(|e| takeover_error(&maps_dir, e.into()))?;
     for p in plans.iter().filter(|p| p.carried == Carried::Kept) {
         let (fd, _) = p.old.as_ref().expect("kept maps are open");
         let path = maps_dir.join(p.layout.name);
-        sys::obj_pin(fd.as_fd(), &path).map_err(|e| takeover_error(&path, e.to_string()))?;
+        sys::obj_pin(fd.as_fd(), &path).map_err(|e| takeover_error(&path, e.into()))?;
     }
     let map_pins: Vec<(&'static str, PathBuf)> = plans
         .iter()
@@ -429,7 +429,7 @@ pub fn converge(paths: &Paths, record: &NodeRecord) -> Result<usize, LoadError> 
     let mut maps = open_maps(&record.maps_dir(paths))?;
     let pods = ebpf_pods(paths).map_err(|e| LoadError::Takeover {
         path: paths.records_dir(),
-        reason: e.to_string(),
+        source: e.into(),
     })?;
     let mut moved = 0;
     for pod in pods.iter().filter(|r| r.netns.exists()) {
