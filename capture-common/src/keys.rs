@@ -81,6 +81,41 @@ pub struct HandoffKey {
 }
 const _: () = assert!(size_of::<HandoffKey>() == 48);
 
+impl HandoffKey {
+    /// A connection's key as one of its sockets sees it: `local` and `remote` are that socket's
+    /// (address, port), IPv4 in word 0.
+    #[inline(always)]
+    #[must_use]
+    pub const fn new(
+        netns_cookie: u64,
+        family: u16,
+        local: ([u32; 4], u16),
+        remote: ([u32; 4], u16),
+    ) -> Self {
+        Self {
+            netns_cookie,
+            local_addr: local.0,
+            remote_addr: remote.0,
+            local_port: local.1,
+            remote_port: remote.1,
+            family,
+            _pad: 0,
+        }
+    }
+
+    /// The same connection as its other end sees it.
+    #[inline(always)]
+    #[must_use]
+    pub const fn reversed(&self) -> Self {
+        Self::new(
+            self.netns_cookie,
+            self.family,
+            (self.remote_addr, self.remote_port),
+            (self.local_addr, self.local_port),
+        )
+    }
+}
+
 /// One of a pod's loopback addresses (`LOOPBACK_DESTS`: -> the original destination it stands
 /// for; see `loopback`).
 #[repr(C)]

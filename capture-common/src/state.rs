@@ -60,3 +60,12 @@ pub struct SockState {
     pub _pad32: u32,
 }
 const _: () = assert!(size_of::<SockState>() == 48);
+
+impl SockState {
+    /// Whether any of `flags` is set.
+    #[inline(always)]
+    #[must_use]
+    pub const fn has(&self, flags: u32) -> bool {
+        self.flags & flags != 0
+    }
+}

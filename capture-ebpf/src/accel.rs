@@ -41,29 +41,18 @@ impl Conn {
     /// The key the socket joins the map under.
     #[inline(always)]
     fn own_key(&self) -> HandoffKey {
-        HandoffKey {
-            netns_cookie: self.netns_cookie,
-            local_addr: self.local,
-            remote_addr: self.remote,
-            local_port: self.local_port,
-            remote_port: self.remote_port,
-            family: self.family,
-            _pad: 0,
-        }
+        HandoffKey::new(
+            self.netns_cookie,
+            self.family,
+            (self.local, self.local_port),
+            (self.remote, self.remote_port),
+        )
     }
 
     /// The key its peer joined under: the same connection seen from the other end.
     #[inline(always)]
     fn peer_key(&self) -> HandoffKey {
-        HandoffKey {
-            netns_cookie: self.netns_cookie,
-            local_addr: self.remote,
-            remote_addr: self.local,
-            local_port: self.remote_port,
-            remote_port: self.local_port,
-            family: self.family,
-            _pad: 0,
-        }
+        self.own_key().reversed()
     }
 }
 
@@ -149,7 +138,7 @@ pub fn on_msg(ctx: &SkMsgContext) -> u32 {
     let Some(state) = storage::get(sk.cast()) else {
         return SK_PASS;
     };
-    if state.flags & SOCK_ACCEL_PASSING != 0 {
+    if state.has(SOCK_ACCEL_PASSING) {
         return SK_PASS;
     }
     let Some(conn) = msg_conn(md, state.netns_cookie) else {
@@ -159,7 +148,7 @@ pub fn on_msg(ctx: &SkMsgContext) -> u32 {
     let redirected =
         ACCEL_PEERS.redirect_msg(ctx, &mut peer, u64::from(BPF_F_INGRESS)) == i64::from(SK_PASS);
     let size = u64::from(ctx.size());
-    match (redirected, state.flags & SOCK_ACCEL_REDIRECTING != 0) {
+    match (redirected, state.has(SOCK_ACCEL_REDIRECTING)) {
         (true, already) => {
             state.flags |= SOCK_ACCEL_REDIRECTING;
             count(conn.netns_cookie, |n| {

@@ -6,7 +6,7 @@
 //! no socket storage to remember the original destination) is refused, never passed uncaptured.
 
 use aya_ebpf::{
-    bindings::{bpf_sock, bpf_sock_addr, sockaddr},
+    bindings::{bpf_sock, sockaddr},
     helpers::generated::{bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie},
     programs::SockAddrContext,
     EbpfContext as _,
@@ -27,7 +27,7 @@ use crate::{
     counters::{bump_node, bump_pod},
     creator, loopback,
     maps::{MapLists, POD_CONFIGS},
-    sockaddr::{sock_addr, SockaddrIn, SockaddrIn6},
+    sockaddr::{sock_addr, SockAddr, SockaddrIn, SockaddrIn6},
     storage,
 };
 
@@ -61,18 +61,12 @@ struct Redirect {
     stateless: Option<u32>,
 }
 
-#[inline(always)]
-fn sock(sa: &bpf_sock_addr) -> *mut bpf_sock {
-    // SAFETY: `sk` is the union's only pointer member in sock_addr programs.
-    unsafe { sa.__bindgen_anon_1.sk }
-}
-
 /// The socket's owner as iptables' `-m owner` sees it, where it is not read from the socket
 /// itself (`creator`): its creator's uid and primary gid, recorded by `sock_create`; for a socket
 /// created before capture was attached, the caller's.
 #[inline(always)]
 fn owner(state: &SockState) -> (u32, u32) {
-    if state.flags & SOCK_CREATOR_KNOWN != 0 {
+    if state.has(SOCK_CREATOR_KNOWN) {
         (state.creator_uid, state.creator_gid)
     } else {
         // SAFETY: a plain helper call.
@@ -117,10 +111,10 @@ fn port_of(user_port: u32) -> u16 {
 
 /// Is this call one capture decides? `Some(udp)` if so: every TCP connect, and UDP to port 53.
 #[inline(always)]
-fn admitted(sa: &bpf_sock_addr, call: Call) -> Option<bool> {
-    match sa.type_ {
+fn admitted(sa: SockAddr, call: Call) -> Option<bool> {
+    match sa.sock_type() {
         SOCK_STREAM if call == Call::Connect => Some(false),
-        SOCK_DGRAM if port_of(sa.user_port) == DNS_PORT => Some(true),
+        SOCK_DGRAM if port_of(sa.user_port()) == DNS_PORT => Some(true),
         _ => None,
     }
 }
@@ -318,13 +312,13 @@ pub fn try_outbound4(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
     let Some(udp) = admitted(sa, call) else {
         return Ok(());
     };
-    let sk = sock(sa);
+    let sk = sa.sk();
     // SAFETY: `sk` is the context's socket, never null in sock_addr programs.
     let src = unsafe { (*sk).src_ip4 };
     let conn = Connect {
         ipv6: false,
-        dst: [sa.user_ip4, 0, 0, 0],
-        dst_port: port_of(sa.user_port),
+        dst: [sa.user_ip4(), 0, 0, 0],
+        dst_port: port_of(sa.user_port()),
         src: [src, 0, 0, 0],
         uid: 0,
         gid: 0,
@@ -341,8 +335,8 @@ pub fn try_outbound4(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
         None => loopback_target(ctx, &redirect),
     };
     let sa = sock_addr(ctx);
-    sa.user_ip4 = to;
-    sa.user_port = u32::from(redirect.port.to_be());
+    sa.set_user_ip4(to);
+    sa.set_port(redirect.port);
     Ok(())
 }
 
@@ -354,13 +348,8 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
     let Some(udp) = admitted(sa, call) else {
         return Ok(());
     };
-    let sk = sock(sa);
-    let dst = [
-        sa.user_ip6[0],
-        sa.user_ip6[1],
-        sa.user_ip6[2],
-        sa.user_ip6[3],
-    ];
+    let sk = sa.sk();
+    let dst = sa.user_ip6();
     // SAFETY: as in try_outbound4.
     let src = unsafe {
         [
@@ -371,7 +360,7 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
         ]
     };
     let mapped = unmap(&dst);
-    let dst_port = port_of(sa.user_port);
+    let dst_port = port_of(sa.user_port());
     let conn = if let Some(dst4) = mapped {
         let src4 = unmap(&src).unwrap_or(0);
         Connect {
@@ -410,12 +399,8 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
         bind_source(ctx, true, addr);
     }
     let sa = sock_addr(ctx);
-    // The verifier accepts only 4-byte stores into user_ip6.
-    sa.user_ip6[0] = to[0];
-    sa.user_ip6[1] = to[1];
-    sa.user_ip6[2] = to[2];
-    sa.user_ip6[3] = to[3];
-    sa.user_port = u32::from(redirect.port.to_be());
+    sa.set_user_ip6(to);
+    sa.set_port(redirect.port);
     Ok(())
 }
 

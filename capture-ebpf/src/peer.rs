@@ -18,23 +18,21 @@ use crate::{ends::ends4, loopback, sockaddr::sock_addr, storage};
 /// The redirected original destination of the context's socket, if any.
 #[inline(always)]
 fn redirected_orig(ctx: &SockAddrContext) -> Option<OriginalDst> {
-    // SAFETY: the context and its socket pointer are valid for the whole program run.
-    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
+    let sk = sock_addr(ctx).sk();
     let state = storage::get(sk.cast())?;
-    (state.flags & SOCK_REDIRECTED != 0).then_some(state.orig)
+    state.has(SOCK_REDIRECTED).then_some(state.orig)
 }
 
 #[inline(always)]
 pub fn on_getpeername4(ctx: &SockAddrContext) {
     let sa = sock_addr(ctx);
-    let (peer, port) = (sa.user_ip4, u16::from_be(sa.user_port as u16));
+    let (peer, port) = (sa.user_ip4(), u16::from_be(sa.user_port() as u16));
     // The proxy's socket of a stateless redirect (also what accept() reports): its peer is the app.
-    // SAFETY: `sk` is the union's only pointer member in sock_addr programs.
-    let sk = unsafe { sa.__bindgen_anon_1.sk };
+    let sk = sa.sk();
     if let Some(pod) =
         ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
     {
-        sock_addr(ctx).user_ip4 = pod;
+        sock_addr(ctx).set_user_ip4(pod);
         return;
     }
     // The app's socket of a stateless redirect: its peer is the proxy's end.
@@ -46,30 +44,19 @@ pub fn on_getpeername4(ctx: &SockAddrContext) {
         return;
     }
     let sa = sock_addr(ctx);
-    sa.user_ip4 = orig.addr[0];
-    sa.user_port = u32::from(orig.port.to_be());
-}
-
-/// Writes an IPv6 address into the context; the verifier accepts only 4-byte stores there.
-#[inline(always)]
-fn set_user_ip6(ctx: &SockAddrContext, addr: [u32; 4]) {
-    let sa = sock_addr(ctx);
-    sa.user_ip6[0] = addr[0];
-    sa.user_ip6[1] = addr[1];
-    sa.user_ip6[2] = addr[2];
-    sa.user_ip6[3] = addr[3];
+    sa.set_user_ip4(orig.addr[0]);
+    sa.set_port(orig.port);
 }
 
 #[inline(always)]
 pub fn on_getpeername6(ctx: &SockAddrContext) {
     // A dual-stack listener's socket of a stateless redirect: its peer, v4-mapped, is the app.
     let sa = sock_addr(ctx);
-    // SAFETY: as in on_getpeername4.
-    let sk = unsafe { sa.__bindgen_anon_1.sk };
+    let sk = sa.sk();
     if let Some(pod) =
         ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
     {
-        set_user_ip6(ctx, v4_mapped(pod));
+        sock_addr(ctx).set_user_ip6(v4_mapped(pod));
         return;
     }
     let Some(orig) = redirected_orig(ctx) else {
@@ -80,20 +67,19 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
     } else {
         orig.addr
     };
-    set_user_ip6(ctx, addr);
-    sock_addr(ctx).user_port = u32::from(orig.port.to_be());
+    sock_addr(ctx).set_user_ip6(addr);
+    sock_addr(ctx).set_port(orig.port);
 }
 
 /// The app's socket of a stateless redirect: its own address is the pod's, as under iptables.
 /// (The redirect is IPv4's only, so IPv6 sockets need no such hook.)
 #[inline(always)]
 pub fn on_getsockname4(ctx: &SockAddrContext) {
-    // SAFETY: as in on_getpeername4.
-    let sk = unsafe { sock_addr(ctx).__bindgen_anon_1.sk };
+    let sk = sock_addr(ctx).sk();
     if let Some(pod) =
         ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.local, e.remote, e.remote_port))
     {
-        sock_addr(ctx).user_ip4 = pod;
+        sock_addr(ctx).set_user_ip4(pod);
     }
 }
 
@@ -101,10 +87,9 @@ pub fn on_getsockname4(ctx: &SockAddrContext) {
 /// the context reports it) came from where capture sent the socket's queries.
 #[inline(always)]
 fn dns_reply_origin(ctx: &SockAddrContext, from_proxy: bool, port: u16) -> Option<OriginalDst> {
-    // SAFETY: the context and its socket pointer are valid for the whole program run.
-    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
+    let sk = sock_addr(ctx).sk();
     let state = storage::get(sk.cast())?;
-    let redirected = state.flags & (SOCK_DNS_SENT | SOCK_REDIRECTED) != 0;
+    let redirected = state.has(SOCK_DNS_SENT | SOCK_REDIRECTED);
     (redirected && from_proxy && port == state.redirected_port && state.orig.port == 53)
         .then_some(state.orig)
 }
@@ -112,29 +97,24 @@ fn dns_reply_origin(ctx: &SockAddrContext, from_proxy: bool, port: u16) -> Optio
 #[inline(always)]
 pub fn on_recvmsg4(ctx: &SockAddrContext) {
     let sa = sock_addr(ctx);
-    let port = u16::from_be(sa.user_port as u16);
-    let Some(orig) = dns_reply_origin(ctx, sa.user_ip4 == LOCALHOST4, port) else {
+    let port = u16::from_be(sa.user_port() as u16);
+    let Some(orig) = dns_reply_origin(ctx, sa.user_ip4() == LOCALHOST4, port) else {
         return;
     };
     if orig.family != AF_INET {
         return;
     }
-    sa.user_ip4 = orig.addr[0];
-    sa.user_port = u32::from(orig.port.to_be());
+    sa.set_user_ip4(orig.addr[0]);
+    sa.set_port(orig.port);
 }
 
 #[inline(always)]
 pub fn on_recvmsg6(ctx: &SockAddrContext) {
     let sa = sock_addr(ctx);
-    let from = [
-        sa.user_ip6[0],
-        sa.user_ip6[1],
-        sa.user_ip6[2],
-        sa.user_ip6[3],
-    ];
+    let from = sa.user_ip6();
     let mapped_localhost = v4_mapped(LOCALHOST4);
     let from_proxy = from == LOOPBACK6 || from == mapped_localhost;
-    let port = u16::from_be(sa.user_port as u16);
+    let port = u16::from_be(sa.user_port() as u16);
     let Some(orig) = dns_reply_origin(ctx, from_proxy, port) else {
         return;
     };
@@ -143,6 +123,6 @@ pub fn on_recvmsg6(ctx: &SockAddrContext) {
     } else {
         orig.addr
     };
-    set_user_ip6(ctx, addr);
-    sock_addr(ctx).user_port = u32::from(orig.port.to_be());
+    sock_addr(ctx).set_user_ip6(addr);
+    sock_addr(ctx).set_port(orig.port);
 }

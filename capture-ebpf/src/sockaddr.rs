@@ -2,7 +2,10 @@
 //! `SO_ORIGINAL_DST` returns them), and the sock_addr programs' view of the address a call
 //! carries.
 
-use aya_ebpf::{bindings::bpf_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{
+    bindings::{bpf_sock, bpf_sock_addr},
+    programs::SockAddrContext,
+};
 
 #[repr(C)]
 pub struct SockaddrIn {
@@ -25,13 +28,77 @@ pub struct SockaddrIn6 {
     pub scope_id: u32,
 }
 
-/// The sock_addr program's context: the address the call carries, which the program may rewrite.
+/// The address a sock_addr program's call carries, which the program may rewrite. Read and
+/// written field by field through the kernel's pointer, never as a Rust reference: two live
+/// `&mut` to the same context would be unsound even where the generated code is the same.
+#[derive(Clone, Copy)]
+pub struct SockAddr(*mut bpf_sock_addr);
+
+/// The context's address.
 #[inline(always)]
-#[expect(
-    clippy::mut_from_ref,
-    reason = "the context wraps the kernel's raw pointer; the program is its only user"
-)]
-pub fn sock_addr(ctx: &SockAddrContext) -> &mut bpf_sock_addr {
-    // SAFETY: the context pointer is valid for the whole program run.
-    unsafe { &mut *ctx.sock_addr }
+pub fn sock_addr(ctx: &SockAddrContext) -> SockAddr {
+    SockAddr(ctx.sock_addr)
+}
+
+// SAFETY (every method): the pointer is the kernel's context, valid for the whole program run;
+// each access is a place expression on it (no reference is made), of the field's own size, as
+// the verifier requires of context accesses.
+impl SockAddr {
+    /// The calling socket (`sk` is the union's only pointer member in sock_addr programs).
+    #[inline(always)]
+    pub fn sk(self) -> *mut bpf_sock {
+        unsafe { (*self.0).__bindgen_anon_1.sk }
+    }
+
+    /// `SOCK_STREAM` or `SOCK_DGRAM`.
+    #[inline(always)]
+    pub fn sock_type(self) -> u32 {
+        unsafe { (*self.0).type_ }
+    }
+
+    /// Network order.
+    #[inline(always)]
+    pub fn user_ip4(self) -> u32 {
+        unsafe { (*self.0).user_ip4 }
+    }
+
+    #[inline(always)]
+    pub fn set_user_ip4(self, addr: u32) {
+        unsafe { (*self.0).user_ip4 = addr }
+    }
+
+    /// Network order, word by word (the verifier accepts only 4-byte accesses there).
+    #[inline(always)]
+    pub fn user_ip6(self) -> [u32; 4] {
+        unsafe {
+            [
+                (*self.0).user_ip6[0],
+                (*self.0).user_ip6[1],
+                (*self.0).user_ip6[2],
+                (*self.0).user_ip6[3],
+            ]
+        }
+    }
+
+    #[inline(always)]
+    pub fn set_user_ip6(self, addr: [u32; 4]) {
+        unsafe {
+            (*self.0).user_ip6[0] = addr[0];
+            (*self.0).user_ip6[1] = addr[1];
+            (*self.0).user_ip6[2] = addr[2];
+            (*self.0).user_ip6[3] = addr[3];
+        }
+    }
+
+    /// The port in network order, in the low half of the word.
+    #[inline(always)]
+    pub fn user_port(self) -> u32 {
+        unsafe { (*self.0).user_port }
+    }
+
+    /// `port` in host order.
+    #[inline(always)]
+    pub fn set_port(self, port: u16) {
+        unsafe { (*self.0).user_port = u32::from(port.to_be()) }
+    }
 }

@@ -109,7 +109,7 @@ static SOCK_OPS_NETNS_COOKIE: u8 = 1;
 #[inline(always)]
 fn netns_of(ctx: &SockOpsContext, state: Option<&SockState>) -> u64 {
     match state {
-        Some(s) if s.flags & (SOCK_CREATOR_KNOWN | SOCK_NETNS_KNOWN) != 0 => s.netns_cookie,
+        Some(s) if s.has(SOCK_CREATOR_KNOWN | SOCK_NETNS_KNOWN) => s.netns_cookie,
         _ if constant(&SOCK_OPS_NETNS_COOKIE) != 0 => {
             // SAFETY: a plain helper call on the program's context.
             unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
@@ -170,18 +170,21 @@ fn on_listen(ctx: &SockOpsContext) -> Option<()> {
     Some(())
 }
 
+/// The hand-off key of a socket's connection, as the socket sees it.
+#[inline(always)]
+fn handoff_key(netns_cookie: u64, t: &Tuple) -> HandoffKey {
+    HandoffKey::new(
+        netns_cookie,
+        t.family,
+        (t.local, t.local_port),
+        (t.remote, t.remote_port),
+    )
+}
+
 /// The hand-off key of an app's socket: its tuple as the proxy's socket sees it.
 #[inline(always)]
 fn app_handoff_key(netns_cookie: u64, t: &Tuple) -> HandoffKey {
-    HandoffKey {
-        netns_cookie,
-        local_addr: t.remote,
-        remote_addr: t.local,
-        local_port: t.remote_port,
-        remote_port: t.local_port,
-        family: t.family,
-        _pad: 0,
-    }
+    handoff_key(netns_cookie, t).reversed()
 }
 
 /// A socket of the pod joins the acceleration if its connection is one it takes.
@@ -215,12 +218,12 @@ fn accel_join(
 #[inline(always)]
 fn connecting_side(cfg: &PodConfig, state: Option<&SockState>, sk: *mut core::ffi::c_void) -> Side {
     let owner = match state {
-        Some(s) if s.flags & SOCK_CREATOR_KNOWN != 0 => Some((s.creator_uid, s.creator_gid)),
+        Some(s) if s.has(SOCK_CREATOR_KNOWN) => Some((s.creator_uid, s.creator_gid)),
         _ if creator::from_file() => creator::tcp_owner(sk),
         _ => None,
     };
     Side::Connecting {
-        redirected: state.is_some_and(|s| s.flags & SOCK_REDIRECTED != 0),
+        redirected: state.is_some_and(|s| s.has(SOCK_REDIRECTED)),
         by_proxy: owner.is_some_and(|(uid, gid)| is_proxy(cfg, uid, gid)),
     }
 }
@@ -230,7 +233,7 @@ fn connecting_side(cfg: &PodConfig, state: Option<&SockState>, sk: *mut core::ff
 #[inline(always)]
 fn on_active_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
     let state = storage::get(sock(ctx)?)?;
-    if state.flags & SOCK_REDIRECTED == 0 {
+    if !state.has(SOCK_REDIRECTED) {
         return None;
     }
     let key = app_handoff_key(state.netns_cookie, t);
@@ -251,7 +254,7 @@ fn on_active_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
 #[inline(always)]
 fn on_state_change(ctx: &SockOpsContext) -> Option<()> {
     let state = storage::get(sock(ctx)?)?;
-    if state.flags & SOCK_REDIRECTED == 0 {
+    if !state.has(SOCK_REDIRECTED) {
         return None;
     }
     let t = tuple(ctx)?;
@@ -275,11 +278,9 @@ fn looks_redirected(cfg: &PodConfig, t: &Tuple) -> bool {
         return false;
     }
     if t.family == AF_INET6 {
-        cfg.flags & FLAG_HAS_POD_IP6 != 0
-            && same(&t.remote, &cfg.pod_ip6)
-            && same(&t.local, &LOOPBACK6)
+        cfg.has(FLAG_HAS_POD_IP6) && same(&t.remote, &cfg.pod_ip6) && same(&t.local, &LOOPBACK6)
     } else {
-        cfg.flags & FLAG_HAS_POD_IP4 != 0 && t.remote[0] == cfg.pod_ip4 && is_loopback4(t.local[0])
+        cfg.has(FLAG_HAS_POD_IP4) && t.remote[0] == cfg.pod_ip4 && is_loopback4(t.local[0])
     }
 }
 
@@ -291,21 +292,13 @@ fn on_passive_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
     let state = storage::get(sk);
     let inbound = state
         .as_deref()
-        .is_some_and(|s| s.flags & SOCK_INBOUND_LISTENER != 0);
+        .is_some_and(|s| s.has(SOCK_INBOUND_LISTENER));
     // A connection of the stateless redirect: nothing to take.
     if !inbound && of_stateless_redirect(t, true) {
         return None;
     }
     let netns_cookie = netns_of(ctx, state.as_deref());
-    let key = HandoffKey {
-        netns_cookie,
-        local_addr: t.local,
-        remote_addr: t.remote,
-        local_port: t.local_port,
-        remote_port: t.remote_port,
-        family: t.family,
-        _pad: 0,
-    };
+    let key = handoff_key(netns_cookie, t);
     // SAFETY: the value is read before the entry is removed.
     if let Some(orig) = unsafe { HANDOFF.get(key) } {
         let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {

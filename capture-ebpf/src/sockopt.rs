@@ -40,7 +40,7 @@ fn reply(ctx: &SockoptContext) -> Reply {
     let lost = so.optname == SO_ORIGINAL_DST
         && matches!(so.level, SOL_IP | SOL_IPV6)
         && !sk.is_null()
-        && storage::get(sk.cast()).is_some_and(|s| s.flags & SOCK_HANDOFF_LOST != 0);
+        && storage::get(sk.cast()).is_some_and(|s| s.has(SOCK_HANDOFF_LOST));
     if lost {
         return Reply::Refuse;
     }
@@ -61,9 +61,7 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
         return None;
     }
     let orig = match storage::get(sk.cast()) {
-        Some(state) if state.flags & (SOCK_REDIRECTED | SOCK_ACCEPTED_REDIRECTED) != 0 => {
-            state.orig
-        }
+        Some(state) if state.has(SOCK_REDIRECTED | SOCK_ACCEPTED_REDIRECTED) => state.orig,
         _ => stateless_orig(ctx, sk)?,
     };
     let family_matches = match so.level {
