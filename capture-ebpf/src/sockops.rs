@@ -58,6 +58,42 @@ struct Tuple {
     remote_port: u16,
 }
 
+/// Why a sock_ops event left nothing behind: mostly a socket capture has nothing to do with;
+/// the failures are counted by [`record`], as connect's refusals are.
+enum Skipped {
+    /// Not a socket, connection or pod capture hands anything off for.
+    NotOurs,
+    /// A redirected connection whose original destination could not be handed to the proxy's
+    /// socket (the entry not written, or found and not kept): the proxy cannot forward it.
+    HandoffFailed { netns_cookie: u64 },
+    /// The pod's inbound listener found no free slot: inbound connections to it are refused.
+    ListenerSlots { netns_cookie: u64 },
+}
+
+/// A missing socket, tuple, config or entry: not a socket capture handles.
+trait OrNotOurs<T> {
+    fn ours(self) -> Result<T, Skipped>;
+}
+
+impl<T> OrNotOurs<T> for Option<T> {
+    #[inline(always)]
+    fn ours(self) -> Result<T, Skipped> {
+        self.ok_or(Skipped::NotOurs)
+    }
+}
+
+/// Counts a failure where the node's and the pod's error counters show it.
+#[inline(always)]
+fn record(skipped: &Skipped) {
+    let (kind, netns_cookie) = match *skipped {
+        Skipped::NotOurs => return,
+        Skipped::HandoffFailed { netns_cookie } => (NodeError::HandoffFailed, netns_cookie),
+        Skipped::ListenerSlots { netns_cookie } => (NodeError::ListenerRegistration, netns_cookie),
+    };
+    bump_node(kind);
+    bump_pod(netns_cookie, PodCounter::Errors);
+}
+
 #[inline(always)]
 fn tuple(ctx: &SockOpsContext) -> Option<Tuple> {
     // `local_port` is in host order; `remote_port` holds the network-order port in its upper half.
@@ -121,14 +157,14 @@ fn netns_of(ctx: &SockOpsContext, state: Option<&SockState>) -> u64 {
 /// The proxy listens: if this is the pod's inbound listener (its inbound port, on the wildcard or
 /// the pod address), register it for inbound capture.
 #[inline(always)]
-fn on_listen(ctx: &SockOpsContext) -> Option<()> {
-    let sk = sock(ctx)?;
+fn try_listen(ctx: &SockOpsContext) -> Result<(), Skipped> {
+    let sk = sock(ctx).ours()?;
     let netns_cookie = netns_of(ctx, storage::get(sk).as_deref());
     // SAFETY: a plain value read once.
-    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
-    let t = tuple(ctx)?;
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }.ours()?;
+    let t = tuple(ctx).ours()?;
     if t.local_port != cfg.inbound_port {
-        return None;
+        return Err(Skipped::NotOurs);
     }
     let any = is_unspecified(&t.local);
     let pod_addr = if t.family == AF_INET6 {
@@ -138,7 +174,7 @@ fn on_listen(ctx: &SockOpsContext) -> Option<()> {
     };
     let own = same(&t.local, &pod_addr);
     if !any && !own {
-        return None;
+        return Err(Skipped::NotOurs);
     }
     // The socket's own family: a dual-stack IPv6 listener is found as such for IPv4 traffic.
     // The first free slot: a slot whose socket closed was freed by the kernel.
@@ -160,14 +196,12 @@ fn on_listen(ctx: &SockOpsContext) -> Option<()> {
         }
     }
     if !registered {
-        bump_node(NodeError::ListenerRegistration);
-        bump_pod(netns_cookie, PodCounter::Errors);
-        return None;
+        return Err(Skipped::ListenerSlots { netns_cookie });
     }
-    let state = storage::get_or_create(sk)?;
+    let state = storage::get_or_create(sk).ours()?;
     state.netns_cookie = netns_cookie;
     state.flags |= SOCK_INBOUND_LISTENER;
-    Some(())
+    Ok(())
 }
 
 /// The hand-off key of a socket's connection, as the socket sees it.
@@ -193,14 +227,14 @@ fn accel_join(
     ctx: &SockOpsContext,
     t: &Tuple,
     side: impl FnOnce(&PodConfig, Option<&SockState>, *mut core::ffi::c_void) -> Side,
-) -> Option<()> {
-    let sk = sock(ctx)?;
+) -> Result<(), Skipped> {
+    let sk = sock(ctx).ours()?;
     let state = storage::get(sk);
     let netns_cookie = netns_of(ctx, state.as_deref());
     // SAFETY: a plain value read once.
-    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }.ours()?;
     if !cfg.has(FLAG_ACCELERATE) {
-        return None;
+        return Err(Skipped::NotOurs);
     }
     let conn = accel::Conn {
         netns_cookie,
@@ -211,7 +245,7 @@ fn accel_join(
         remote_port: t.remote_port,
     };
     accel::join(ctx.ops, sk, cfg, &conn, side(cfg, state.as_deref(), sk));
-    Some(())
+    Ok(())
 }
 
 /// The connecting side: capture sent it to the proxy, or the proxy made it.
@@ -231,19 +265,21 @@ fn connecting_side(cfg: &PodConfig, state: Option<&SockState>, sk: *mut core::ff
 /// The app's socket is connected (to the proxy): publish its original destination, and ask to
 /// hear when the socket closes, to take back an entry the proxy never took.
 #[inline(always)]
-fn on_active_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
-    let state = storage::get(sock(ctx)?)?;
+fn try_active_established(ctx: &SockOpsContext, t: &Tuple) -> Result<(), Skipped> {
+    let state = storage::get(sock(ctx).ours()?).ours()?;
     if !state.has(SOCK_REDIRECTED) {
-        return None;
+        return Err(Skipped::NotOurs);
     }
     let key = app_handoff_key(state.netns_cookie, t);
     if HANDOFF.insert(key, state.orig, 0).is_err() {
-        bump_node(NodeError::HandoffFailed);
-        bump_pod(state.netns_cookie, PodCounter::Errors);
-        return None;
+        return Err(Skipped::HandoffFailed {
+            netns_cookie: state.netns_cookie,
+        });
     }
+    // Failing, the kernel only keeps not calling at the socket's state changes: its entry is
+    // then left to the map's LRU.
     let _ = ctx.set_cb_flags(BPF_SOCK_OPS_STATE_CB_FLAG as i32);
-    Some(())
+    Ok(())
 }
 
 /// A redirected app socket changed state. Closed: its entry goes if the proxy never took it (the
@@ -252,22 +288,24 @@ fn on_active_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
 /// the kernel stops calling for this socket's later state changes (each is a program run per
 /// connection).
 #[inline(always)]
-fn on_state_change(ctx: &SockOpsContext) -> Option<()> {
-    let state = storage::get(sock(ctx)?)?;
+fn try_state_change(ctx: &SockOpsContext) -> Result<(), Skipped> {
+    let state = storage::get(sock(ctx).ours()?).ours()?;
     if !state.has(SOCK_REDIRECTED) {
-        return None;
+        return Err(Skipped::NotOurs);
     }
-    let t = tuple(ctx)?;
+    let t = tuple(ctx).ours()?;
     let key = app_handoff_key(state.netns_cookie, &t);
     if ctx.arg(1) == BPF_TCP_CLOSE {
+        // Absent when the proxy took it: nothing to do either way.
         let _ = HANDOFF.remove(key);
-        return Some(());
+        return Ok(());
     }
     // SAFETY: a plain lookup; the value is not read.
     if unsafe { HANDOFF.get(key) }.is_none() {
+        // Failing, the kernel keeps calling: a wasted run per state change, nothing worse.
         let _ = ctx.set_cb_flags(0);
     }
-    Some(())
+    Ok(())
 }
 
 /// A connection from the pod's own address to a loopback address on its outbound port: what a
@@ -287,24 +325,22 @@ fn looks_redirected(cfg: &PodConfig, t: &Tuple) -> bool {
 /// The proxy accepted a connection: take the original destination the app published, or, for
 /// a connection that inbound capture steered to it, its own local address.
 #[inline(always)]
-fn on_passive_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
-    let sk = sock(ctx)?;
+fn try_passive_established(ctx: &SockOpsContext, t: &Tuple) -> Result<(), Skipped> {
+    let sk = sock(ctx).ours()?;
     let state = storage::get(sk);
     let inbound = state
         .as_deref()
         .is_some_and(|s| s.has(SOCK_INBOUND_LISTENER));
     // A connection of the stateless redirect: nothing to take.
     if !inbound && of_stateless_redirect(t, true) {
-        return None;
+        return Err(Skipped::NotOurs);
     }
     let netns_cookie = netns_of(ctx, state.as_deref());
     let key = handoff_key(netns_cookie, t);
     // SAFETY: the value is read before the entry is removed.
     if let Some(orig) = unsafe { HANDOFF.get(key) } {
         let Some(state) = state.or_else(|| storage::get_or_create(sk)) else {
-            bump_node(NodeError::HandoffFailed);
-            bump_pod(netns_cookie, PodCounter::Errors);
-            return None;
+            return Err(Skipped::HandoffFailed { netns_cookie });
         };
         // Field by field: a struct copy between two map values compiles to memmove, which BPF lacks.
         state.orig.addr[0] = orig.addr[0];
@@ -314,28 +350,30 @@ fn on_passive_established(ctx: &SockOpsContext, t: &Tuple) -> Option<()> {
         state.orig.port = orig.port;
         state.orig.family = orig.family;
         state.flags = (state.flags & !SOCK_INBOUND_LISTENER) | SOCK_ACCEPTED_REDIRECTED;
+        // The entry is taken: removing it only spares the map.
         let _ = HANDOFF.remove(key);
-        return Some(());
+        return Ok(());
     }
     if !inbound {
         // SAFETY: a plain value read once.
-        let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
-        if looks_redirected(cfg, t) {
-            bump_node(NodeError::HandoffFailed);
-            bump_pod(netns_cookie, PodCounter::Errors);
-            let state = state.or_else(|| storage::get_or_create(sk))?;
+        let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }.ours()?;
+        if !looks_redirected(cfg, t) {
+            return Err(Skipped::NotOurs);
+        }
+        // Marked lost, so that SO_ORIGINAL_DST is refused rather than answered wrong.
+        if let Some(state) = state.or_else(|| storage::get_or_create(sk)) {
             state.netns_cookie = netns_cookie;
             state.flags |= SOCK_HANDOFF_LOST;
         }
-        return None;
+        return Err(Skipped::HandoffFailed { netns_cookie });
     }
     // Accepted by the inbound listener (its storage was cloned into this socket).
-    let state = state?;
+    let state = state.ours()?;
     state.orig.addr = t.local;
     state.orig.port = t.local_port;
     state.orig.family = t.family;
     state.flags = (state.flags & !SOCK_INBOUND_LISTENER) | SOCK_ACCEPTED_REDIRECTED;
-    Some(())
+    Ok(())
 }
 
 /// A connection of the stateless redirect, seen from either end: its proxy end (the remote one
@@ -348,6 +386,8 @@ fn of_stateless_redirect(t: &Tuple, passive: bool) -> bool {
     t.family == AF_INET && loopback::enabled() && in_range(proxy_end)
 }
 
+/// One sock_ops event; each step's failure is counted, and a failed hand-off does not keep the
+/// socket out of the acceleration (which needs no hand-off).
 #[inline(always)]
 pub fn on_sock_ops(ctx: &SockOpsContext) {
     match ctx.op() {
@@ -356,22 +396,25 @@ pub fn on_sock_ops(ctx: &SockOpsContext) {
             if of_stateless_redirect(&t, false) {
                 return;
             }
-            let _ = on_active_established(ctx, &t);
-            let _ = accel_join(ctx, &t, connecting_side);
+            note(try_active_established(ctx, &t));
+            note(accel_join(ctx, &t, connecting_side));
         }
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
             let Some(t) = tuple(ctx) else { return };
-            let _ = on_passive_established(ctx, &t);
+            note(try_passive_established(ctx, &t));
             if !of_stateless_redirect(&t, true) {
-                let _ = accel_join(ctx, &t, |_, _, _| Side::Accepted);
+                note(accel_join(ctx, &t, |_, _, _| Side::Accepted));
             }
         }
-        BPF_SOCK_OPS_TCP_LISTEN_CB => {
-            let _ = on_listen(ctx);
-        }
-        BPF_SOCK_OPS_STATE_CB => {
-            let _ = on_state_change(ctx);
-        }
+        BPF_SOCK_OPS_TCP_LISTEN_CB => note(try_listen(ctx)),
+        BPF_SOCK_OPS_STATE_CB => note(try_state_change(ctx)),
         _ => {}
+    }
+}
+
+#[inline(always)]
+fn note(result: Result<(), Skipped>) {
+    if let Err(skipped) = result {
+        record(&skipped);
     }
 }
