@@ -28,8 +28,132 @@ pub enum Carry {
     Live,
 }
 
+/// Every map of the kernel objects, each declared once: its name (the kernel object's static of
+/// that name), its layout version, how a takeover carries it and its key and value sizes. Adding
+/// or changing a map is an edit here, which the compiler holds every user to, and the unit
+/// tests hold to the sizes each version had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MapId {
+    PodConfigs,
+    PodCounters,
+    NodeErrors,
+    PortLists,
+    CidrLists,
+    InboundPods,
+    InboundListeners,
+    Handoff,
+    SocketStates,
+    AccelCounters,
+    AccelPeers,
+    LoopbackDests,
+}
+
+impl MapId {
+    /// This build's maps, in the order user space pins them.
+    pub const ALL: [Self; 12] = [
+        Self::PodConfigs,
+        Self::PodCounters,
+        Self::NodeErrors,
+        Self::PortLists,
+        Self::CidrLists,
+        Self::InboundPods,
+        Self::InboundListeners,
+        Self::Handoff,
+        Self::SocketStates,
+        Self::AccelCounters,
+        Self::AccelPeers,
+        Self::LoopbackDests,
+    ];
+
+    /// The map's name in the object (and its pin's file name).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::PodConfigs => "POD_CONFIGS",
+            Self::PodCounters => "POD_COUNTERS",
+            Self::NodeErrors => "NODE_ERRORS",
+            Self::PortLists => "PORT_LISTS",
+            Self::CidrLists => "CIDR_LISTS",
+            Self::InboundPods => "INBOUND_PODS",
+            Self::InboundListeners => "INBOUND_LISTENERS",
+            Self::Handoff => "HANDOFF",
+            Self::SocketStates => "SOCKET_STATES",
+            Self::AccelCounters => "ACCEL_COUNTERS",
+            Self::AccelPeers => "ACCEL_PEERS",
+            Self::LoopbackDests => "LOOPBACK_DESTS",
+        }
+    }
+
+    /// The name as the kernel keeps it (15 bytes of it).
+    #[must_use]
+    pub fn kernel_name(self) -> &'static str {
+        let name = self.name();
+        &name[..name.len().min(15)]
+    }
+
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// The version of its key and value layout in this build.
+    #[must_use]
+    pub const fn version(self) -> u32 {
+        match self {
+            Self::PodConfigs => POD_CONFIGS_VERSION,
+            Self::PodCounters => POD_COUNTERS_VERSION,
+            _ => 1,
+        }
+    }
+
+    #[must_use]
+    pub const fn carry(self) -> Carry {
+        match self {
+            Self::PodConfigs | Self::PortLists | Self::CidrLists | Self::InboundPods => {
+                Carry::FromRecords
+            }
+            Self::PodCounters | Self::NodeErrors | Self::AccelCounters => Carry::Counters,
+            Self::InboundListeners => Carry::FromSockets,
+            Self::Handoff | Self::SocketStates | Self::AccelPeers | Self::LoopbackDests => {
+                Carry::Live
+            }
+        }
+    }
+
+    /// Key and value sizes in this build (sk_storage keys are socket fds).
+    #[must_use]
+    pub const fn sizes(self) -> (usize, usize) {
+        match self {
+            Self::PodConfigs => (size_of::<u64>(), size_of::<PodConfig>()),
+            Self::PodCounters => (size_of::<u64>(), size_of::<PodCounters>()),
+            Self::NodeErrors => (size_of::<u32>(), size_of::<u64>()),
+            Self::PortLists => (size_of::<PortKey>(), 1),
+            // The LPM key's prefix length comes first.
+            Self::CidrLists => (4 + size_of::<CidrKey>(), 1),
+            Self::InboundPods => (size_of::<PodAddrKey>(), size_of::<u64>()),
+            Self::InboundListeners => (size_of::<ListenerKey>(), size_of::<u32>()),
+            Self::Handoff => (size_of::<HandoffKey>(), size_of::<OriginalDst>()),
+            Self::SocketStates => (size_of::<i32>(), size_of::<SockState>()),
+            Self::AccelCounters => (size_of::<u64>(), size_of::<AccelCounters>()),
+            Self::AccelPeers => (size_of::<HandoffKey>(), size_of::<u32>()),
+            Self::LoopbackDests => (size_of::<LoopbackKey>(), size_of::<OriginalDst>()),
+        }
+    }
+
+    #[must_use]
+    pub const fn layout(self) -> MapLayout {
+        MapLayout {
+            map: self,
+            name: self.name(),
+            version: self.version(),
+            carry: self.carry(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapLayout {
+    pub map: MapId,
     pub name: &'static str,
     pub version: u32,
     pub carry: Carry,
@@ -40,16 +164,16 @@ pub const UNRECORDED_VERSION: u32 = 1;
 
 /// The maps every build that did not record layouts pinned (later builds name theirs in the
 /// node record).
-pub const UNRECORDED_MAPS: [&str; 9] = [
-    "POD_CONFIGS",
-    "POD_COUNTERS",
-    "NODE_ERRORS",
-    "PORT_LISTS",
-    "CIDR_LISTS",
-    "INBOUND_PODS",
-    "INBOUND_LISTENERS",
-    "HANDOFF",
-    "SOCKET_STATES",
+pub const UNRECORDED_MAPS: [MapId; 9] = [
+    MapId::PodConfigs,
+    MapId::PodCounters,
+    MapId::NodeErrors,
+    MapId::PortLists,
+    MapId::CidrLists,
+    MapId::InboundPods,
+    MapId::InboundListeners,
+    MapId::Handoff,
+    MapId::SocketStates,
 ];
 
 #[cfg(not(feature = "layout-next"))]
@@ -103,74 +227,21 @@ pub const MAX_ACCEL_SOCKETS: u32 = 131_072;
 /// new destinations take the stateful path).
 pub const MAX_LOOPBACK_DESTS: u32 = 131_072;
 
-/// This build's maps, in the order user space pins them.
-pub const MAP_LAYOUTS: [MapLayout; 12] = [
-    MapLayout {
-        name: "POD_CONFIGS",
-        version: POD_CONFIGS_VERSION,
-        carry: Carry::FromRecords,
-    },
-    MapLayout {
-        name: "POD_COUNTERS",
-        version: POD_COUNTERS_VERSION,
-        carry: Carry::Counters,
-    },
-    MapLayout {
-        name: "NODE_ERRORS",
-        version: 1,
-        carry: Carry::Counters,
-    },
-    MapLayout {
-        name: "PORT_LISTS",
-        version: 1,
-        carry: Carry::FromRecords,
-    },
-    MapLayout {
-        name: "CIDR_LISTS",
-        version: 1,
-        carry: Carry::FromRecords,
-    },
-    MapLayout {
-        name: "INBOUND_PODS",
-        version: 1,
-        carry: Carry::FromRecords,
-    },
-    MapLayout {
-        name: "INBOUND_LISTENERS",
-        version: 1,
-        carry: Carry::FromSockets,
-    },
-    MapLayout {
-        name: "HANDOFF",
-        version: 1,
-        carry: Carry::Live,
-    },
-    MapLayout {
-        name: "SOCKET_STATES",
-        version: 1,
-        carry: Carry::Live,
-    },
-    MapLayout {
-        name: "ACCEL_COUNTERS",
-        version: 1,
-        carry: Carry::Counters,
-    },
-    MapLayout {
-        name: "ACCEL_PEERS",
-        version: 1,
-        carry: Carry::Live,
-    },
-    MapLayout {
-        name: "LOOPBACK_DESTS",
-        version: 1,
-        carry: Carry::Live,
-    },
-];
+/// This build's maps' layouts, in the order user space pins them.
+pub const MAP_LAYOUTS: [MapLayout; MapId::ALL.len()] = {
+    let mut out = [MapId::PodConfigs.layout(); MapId::ALL.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = MapId::ALL[i].layout();
+        i += 1;
+    }
+    out
+};
 
 /// This build's layout of the map `name`.
 #[must_use]
-pub fn layout_of(name: &str) -> Option<&'static MapLayout> {
-    MAP_LAYOUTS.iter().find(|l| l.name == name)
+pub fn layout_of(name: &str) -> Option<MapLayout> {
+    MapId::from_name(name).map(MapId::layout)
 }
 
 /// Reads one CPU's copy of a `POD_COUNTERS` value written in layout `version`, in this build's
@@ -217,57 +288,45 @@ pub fn node_error_from(version: u32, bytes: &[u8]) -> Option<u64> {
     })
 }
 
-/// Key and value sizes of each map in this build (sk_storage keys are socket fds).
-#[must_use]
-pub fn sizes_of(name: &str) -> Option<(usize, usize)> {
-    Some(match name {
-        "POD_CONFIGS" => (size_of::<u64>(), size_of::<PodConfig>()),
-        "POD_COUNTERS" => (size_of::<u64>(), size_of::<PodCounters>()),
-        "NODE_ERRORS" => (size_of::<u32>(), size_of::<u64>()),
-        "PORT_LISTS" => (size_of::<PortKey>(), 1),
-        // The LPM key's prefix length comes first.
-        "CIDR_LISTS" => (4 + size_of::<CidrKey>(), 1),
-        "INBOUND_PODS" => (size_of::<PodAddrKey>(), size_of::<u64>()),
-        "INBOUND_LISTENERS" => (size_of::<ListenerKey>(), size_of::<u32>()),
-        "HANDOFF" => (size_of::<HandoffKey>(), size_of::<OriginalDst>()),
-        "SOCKET_STATES" => (size_of::<i32>(), size_of::<SockState>()),
-        "ACCEL_COUNTERS" => (size_of::<u64>(), size_of::<AccelCounters>()),
-        "ACCEL_PEERS" => (size_of::<HandoffKey>(), size_of::<u32>()),
-        "LOOPBACK_DESTS" => (size_of::<LoopbackKey>(), size_of::<OriginalDst>()),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Each version's sizes. A map whose types change size must get a new version (and a row
     /// here); a change of meaning at the same size must bump the version too.
-    const KNOWN: [(&str, u32, usize, usize); 14] = [
-        ("POD_CONFIGS", 1, 8, 120),
-        ("POD_CONFIGS", 2, 8, 128),
-        ("POD_COUNTERS", 1, 8, 80),
-        ("POD_COUNTERS", 2, 8, 88),
-        ("NODE_ERRORS", 1, 4, 8),
-        ("PORT_LISTS", 1, 16, 1),
-        ("CIDR_LISTS", 1, 32, 1),
-        ("INBOUND_PODS", 1, 20, 8),
-        ("INBOUND_LISTENERS", 1, 16, 4),
-        ("HANDOFF", 1, 48, 20),
-        ("SOCKET_STATES", 1, 4, 48),
-        ("ACCEL_COUNTERS", 1, 8, 24),
-        ("ACCEL_PEERS", 1, 48, 4),
-        ("LOOPBACK_DESTS", 1, 16, 20),
+    const KNOWN: [(MapId, u32, usize, usize); 14] = [
+        (MapId::PodConfigs, 1, 8, 120),
+        (MapId::PodConfigs, 2, 8, 128),
+        (MapId::PodCounters, 1, 8, 80),
+        (MapId::PodCounters, 2, 8, 88),
+        (MapId::NodeErrors, 1, 4, 8),
+        (MapId::PortLists, 1, 16, 1),
+        (MapId::CidrLists, 1, 32, 1),
+        (MapId::InboundPods, 1, 20, 8),
+        (MapId::InboundListeners, 1, 16, 4),
+        (MapId::Handoff, 1, 48, 20),
+        (MapId::SocketStates, 1, 4, 48),
+        (MapId::AccelCounters, 1, 8, 24),
+        (MapId::AccelPeers, 1, 48, 4),
+        (MapId::LoopbackDests, 1, 16, 20),
     ];
+
+    #[test]
+    fn names_are_one_each_and_read_back() {
+        for map in MapId::ALL {
+            assert_eq!(MapId::from_name(map.name()), Some(map));
+            assert_eq!(layout_of(map.name()), Some(map.layout()));
+        }
+        assert_eq!(MapId::InboundListeners.kernel_name(), "INBOUND_LISTENE");
+    }
 
     #[test]
     fn every_version_names_the_sizes_it_had() {
         for layout in MAP_LAYOUTS {
-            let sizes = sizes_of(layout.name).expect("sizes");
+            let sizes = layout.map.sizes();
             let known = KNOWN
                 .iter()
-                .find(|(n, v, _, _)| *n == layout.name && *v == layout.version)
+                .find(|(m, v, _, _)| *m == layout.map && *v == layout.version)
                 .unwrap_or_else(|| panic!("{} v{} is not in KNOWN", layout.name, layout.version));
             assert_eq!(
                 (known.2, known.3),

@@ -22,7 +22,7 @@ pub const HOOK: &str = "sk_msg";
 pub(super) fn load_and_attach(ebpf: &mut Ebpf, programs_dir: &Path) -> Result<(), String> {
     let map_fd = {
         let map = ebpf
-            .map("ACCEL_PEERS")
+            .map(capture_common::layout::MapId::AccelPeers.name())
             .ok_or("the object has no ACCEL_PEERS map")?;
         let data: &MapData = match map {
             aya::maps::Map::SockHash(d) => d,

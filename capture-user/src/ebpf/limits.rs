@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use capture_common::{
     layout::{
-        MAX_ACCEL_SOCKETS, MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES,
+        MapId, MAX_ACCEL_SOCKETS, MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES,
         MAX_INBOUND_LISTENERS, MAX_LOOPBACK_DESTS, MAX_PODS, MAX_PORT_ENTRIES, POD_CIDR_QUOTA,
         POD_INBOUND_ADDRESS_QUOTA, POD_PORT_QUOTA,
     },
@@ -115,54 +115,54 @@ pub fn node_limits(paths: &Paths) -> Vec<NodeLimit> {
         let fd = sys::obj_get(&maps_dir.as_ref()?.join(map)).ok()?;
         count_entries(&fd).ok()
     };
-    let row = |map: &'static str, holds, capacity, per_pod| NodeLimit {
-        map,
+    let row = |map: MapId, holds, capacity, per_pod| NodeLimit {
+        map: map.name(),
         holds,
         capacity,
         per_pod,
-        in_use: in_use(map),
+        in_use: in_use(map.name()),
     };
     vec![
-        row("POD_CONFIGS", "captured pods", MAX_PODS, Some(1)),
+        row(MapId::PodConfigs, "captured pods", MAX_PODS, Some(1)),
         row(
-            "PORT_LISTS",
+            MapId::PortLists,
             "port-list entries",
             MAX_PORT_ENTRIES,
             Some(POD_PORT_QUOTA),
         ),
         row(
-            "CIDR_LISTS",
+            MapId::CidrLists,
             "CIDR-list entries and DNS nameservers",
             MAX_CIDR_ENTRIES,
             Some(POD_CIDR_QUOTA),
         ),
         row(
-            "INBOUND_PODS",
+            MapId::InboundPods,
             "pod addresses for inbound capture",
             MAX_INBOUND_ADDRESSES,
             Some(POD_INBOUND_ADDRESS_QUOTA),
         ),
         row(
-            "INBOUND_LISTENERS",
+            MapId::InboundListeners,
             "inbound listeners (per pod and family: 8 slots)",
             MAX_INBOUND_LISTENERS,
             None,
         ),
         row(
-            "HANDOFF",
+            MapId::Handoff,
             "handshakes in flight between an app and its proxy",
             MAX_HANDOFFS,
             None,
         ),
         row(
-            "LOOPBACK_DESTS",
+            MapId::LoopbackDests,
             "loopback addresses of the pods' destinations (stateless redirect; when a pod has no \
              address free, its connections to new destinations take the stateful path)",
             MAX_LOOPBACK_DESTS,
             Some(LOOPBACK_SLOTS),
         ),
         row(
-            "ACCEL_PEERS",
+            MapId::AccelPeers,
             "accelerated sockets (two per accelerated connection; when full, connections stay on TCP)",
             MAX_ACCEL_SOCKETS,
             None,

@@ -359,6 +359,36 @@ pub(super) const GPL_COMPATIBLE: [&str; 6] = [
 
 #[cfg(test)]
 mod tests {
+    use capture_common::layout::MapId;
+
+    /// The object's maps are the registry's, with the registry's key and value sizes: a map
+    /// added to the kernel side without its entry (or the reverse) fails here.
+    #[test]
+    fn the_objects_maps_are_the_registrys() {
+        let maps = super::object_maps().expect("the object's maps");
+        let mut declared: Vec<&str> = maps
+            .keys()
+            .map(String::as_str)
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        declared.sort_unstable();
+        let mut registry: Vec<&str> = MapId::ALL.iter().map(|m| m.name()).collect();
+        registry.sort_unstable();
+        assert_eq!(declared, registry);
+        for map in MapId::ALL {
+            let definition = &maps[map.name()];
+            assert_eq!(
+                (
+                    definition.key_size() as usize,
+                    definition.value_size() as usize
+                ),
+                map.sizes(),
+                "{}",
+                map.name()
+            );
+        }
+    }
+
     /// The object says its license itself, and one the kernel takes as GPL-compatible: the
     /// owner-from-file and stateless-redirect programs do not load otherwise.
     #[test]

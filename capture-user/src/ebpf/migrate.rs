@@ -6,7 +6,7 @@ use std::{
     path::Path,
 };
 
-use capture_common::layout::{node_error_from, pod_counters_from, Carry, MapLayout};
+use capture_common::layout::{node_error_from, pod_counters_from, Carry, MapId, MapLayout};
 
 use super::{loader::LoadError, sys};
 
@@ -34,15 +34,15 @@ pub struct MapPlan {
 
 /// Copies the entries of a migrated live map that the new one lacks (before the swap, and again
 /// after it for what the old programs wrote meanwhile).
-pub(super) fn copy_live(plans: &[MapPlan], new_dir: &Path, name: &str) -> Result<(), LoadError> {
-    let Some(plan) = plans.iter().find(|p| p.layout.name == name) else {
+pub(super) fn copy_live(plans: &[MapPlan], new_dir: &Path, map: MapId) -> Result<(), LoadError> {
+    let Some(plan) = plans.iter().find(|p| p.layout.map == map) else {
         return Ok(());
     };
     let (Carried::Migrated, Some((old, _))) = (plan.carried, plan.old.as_ref()) else {
         return Ok(());
     };
     const NOEXIST: u64 = 1;
-    let path = new_dir.join(name);
+    let path = new_dir.join(map.name());
     let new = sys::obj_get(&path).map_err(|e| LoadError::Takeover {
         path: path.clone(),
         source: e.into(),
@@ -85,7 +85,7 @@ pub(super) fn add_counters(plans: &[MapPlan], new_dir: &Path) -> Result<(), Load
             for cpu in 0..cpus {
                 let from = &old_values[cpu * old_slot..][..old_size];
                 let into = &mut values[cpu * new_slot..][..new_size];
-                add_converted(plan.layout.name, *version, from, into);
+                add_converted(plan.layout.map, *version, from, into);
             }
             let _ = sys::map_update(new.as_fd(), key, &values, 0);
         })
@@ -95,16 +95,13 @@ pub(super) fn add_counters(plans: &[MapPlan], new_dir: &Path) -> Result<(), Load
 }
 
 /// `into += from`, field by field, `from` read in layout `version`.
-fn add_converted(map: &str, version: u32, from: &[u8], into: &mut [u8]) {
+fn add_converted(map: MapId, version: u32, from: &[u8], into: &mut [u8]) {
     use capture_common::config::PodCounters;
     match map {
-        "POD_COUNTERS" => {
+        MapId::PodCounters => {
             let (Some(old), Some(new)) = (
                 pod_counters_from(version, from),
-                pod_counters_from(
-                    capture_common::layout::layout_of(map).map_or(0, |l| l.version),
-                    into,
-                ),
+                pod_counters_from(map.version(), into),
             ) else {
                 return;
             };
@@ -115,7 +112,7 @@ fn add_converted(map: &str, version: u32, from: &[u8], into: &mut [u8]) {
             };
             into[..bytes.len()].copy_from_slice(bytes);
         }
-        "NODE_ERRORS" => {
+        MapId::NodeErrors => {
             if let (Some(old), Some(new)) =
                 (node_error_from(version, from), node_error_from(1, into))
             {

@@ -13,7 +13,7 @@ use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, SkSt
 use capture_common::{
     config::{AccelCounters, PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey},
-    layout::{MAP_LAYOUTS, UNRECORDED_MAPS, UNRECORDED_VERSION},
+    layout::{MapId, MAP_LAYOUTS, UNRECORDED_MAPS, UNRECORDED_VERSION},
     state::{OriginalDst, SockState},
 };
 
@@ -151,12 +151,12 @@ pub fn unpin_node(paths: &Paths) {
     let _ = fs::remove_dir_all(paths.builds_dir());
 }
 
-fn open_map<T>(dir: &Path, name: &str) -> Result<T, LoadError>
+fn open_map<T>(dir: &Path, map: MapId) -> Result<T, LoadError>
 where
     T: TryFrom<Map>,
     <T as TryFrom<Map>>::Error: std::error::Error + Send + Sync + 'static,
 {
-    let path = dir.join(name);
+    let path = dir.join(map.name());
     let adopt = |source: BoxError| LoadError::Adopt {
         path: path.clone(),
         source,
@@ -169,17 +169,17 @@ where
 /// The typed maps pinned in `dir`.
 pub(super) fn open_maps(dir: &Path) -> Result<Maps, LoadError> {
     Ok(Maps {
-        pod_configs: open_map(dir, "POD_CONFIGS")?,
-        pod_counters: open_map(dir, "POD_COUNTERS")?,
-        node_errors: open_map(dir, "NODE_ERRORS")?,
-        port_lists: open_map(dir, "PORT_LISTS")?,
-        cidr_lists: open_map(dir, "CIDR_LISTS")?,
-        inbound_pods: open_map(dir, "INBOUND_PODS")?,
-        inbound_listeners: open_map(dir, "INBOUND_LISTENERS")?,
-        handoff: open_map(dir, "HANDOFF")?,
-        socket_states: open_map(dir, "SOCKET_STATES")?,
-        accel_counters: open_map(dir, "ACCEL_COUNTERS").ok(),
-        loopback_dests: open_map(dir, "LOOPBACK_DESTS").ok(),
+        pod_configs: open_map(dir, MapId::PodConfigs)?,
+        pod_counters: open_map(dir, MapId::PodCounters)?,
+        node_errors: open_map(dir, MapId::NodeErrors)?,
+        port_lists: open_map(dir, MapId::PortLists)?,
+        cidr_lists: open_map(dir, MapId::CidrLists)?,
+        inbound_pods: open_map(dir, MapId::InboundPods)?,
+        inbound_listeners: open_map(dir, MapId::InboundListeners)?,
+        handoff: open_map(dir, MapId::Handoff)?,
+        socket_states: open_map(dir, MapId::SocketStates)?,
+        accel_counters: open_map(dir, MapId::AccelCounters).ok(),
+        loopback_dests: open_map(dir, MapId::LoopbackDests).ok(),
     })
 }
 
@@ -307,7 +307,10 @@ impl NodeRecord {
     #[must_use]
     pub fn map_names(&self) -> Vec<String> {
         if self.layouts.is_empty() {
-            UNRECORDED_MAPS.iter().map(|m| (*m).to_string()).collect()
+            UNRECORDED_MAPS
+                .iter()
+                .map(|m| m.name().to_string())
+                .collect()
         } else {
             self.layouts.keys().cloned().collect()
         }

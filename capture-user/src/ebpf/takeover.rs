@@ -20,7 +20,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use capture_common::layout::{node_error_from, pod_counters_from, Carry, MAP_LAYOUTS};
+use capture_common::layout::{node_error_from, pod_counters_from, Carry, MapId, MAP_LAYOUTS};
 
 pub use super::migrate::Carried;
 
@@ -60,11 +60,11 @@ fn same_definition(pinned: &MapDefinition, ours: &aya_obj::Map) -> bool {
 }
 
 /// Whether this build reads counters written in `version` of `map`.
-fn counters_readable(map: &str, version: u32) -> bool {
+fn counters_readable(map: MapId, version: u32) -> bool {
     let probe = [0u8; 128];
     match map {
-        "POD_COUNTERS" => pod_counters_from(version, &probe).is_some(),
-        "NODE_ERRORS" => node_error_from(version, &probe).is_some(),
+        MapId::PodCounters => pod_counters_from(version, &probe).is_some(),
+        MapId::NodeErrors => node_error_from(version, &probe).is_some(),
         _ => false,
     }
 }
@@ -99,11 +99,6 @@ fn maps_in_use(paths: &Paths, pods: &[PodRecord]) -> Vec<(String, OwnedFd)> {
     found
 }
 
-/// The kernel keeps 15 bytes of a map's name.
-fn kernel_name(name: &str) -> &str {
-    &name[..name.len().min(15)]
-}
-
 /// The node's ebpf pods, as their records say.
 fn ebpf_pods(paths: &Paths) -> Result<Vec<PodRecord>, record::RecordError> {
     Ok(record::load_all(paths)?
@@ -131,7 +126,7 @@ fn plan(
                 .then(|| {
                     in_use
                         .iter()
-                        .position(|(n, _)| n == kernel_name(layout.name))
+                        .position(|(n, _)| n == layout.map.kernel_name())
                         .map(|i| in_use.swap_remove(i).1)
                 })
                 .flatten();
@@ -148,7 +143,7 @@ fn plan(
                 }
                 Some(p) => match layout.carry {
                     Carry::FromRecords | Carry::FromSockets => Carried::Rebuilt,
-                    Carry::Counters if counters_readable(layout.name, version) => Carried::Migrated,
+                    Carry::Counters if counters_readable(layout.map, version) => Carried::Migrated,
                     Carry::Counters => Carried::Reset,
                     Carry::Live if version > layout.version => {
                         return Err(LoadError::NewerLayout {
@@ -225,13 +220,13 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
     let to = NodeRecord::this_build(paths, unavailable);
     let mut maps = open_maps(&to.maps_dir(paths))?;
     let programs = node::open_programs(paths, &to)?;
-    let carried = |name: &str| {
+    let carried = |map: MapId| {
         plans
             .iter()
-            .find(|p| p.layout.name == name)
+            .find(|p| p.layout.map == map)
             .map(|p| p.carried)
     };
-    let listeners_rebuilt = carried("INBOUND_LISTENERS") != Some(Carried::Kept);
+    let listeners_rebuilt = carried(MapId::InboundListeners) != Some(Carried::Kept);
 
     // Before the swap: everything the new programs read. Kept maps are written too: a build
     // from before takeovers existed, rolled back to, loads maps of its own that lack the pods it
@@ -251,7 +246,7 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
             adopt_pod_listeners(&mut maps, pod, seen);
         }
     }
-    for live in ["HANDOFF", "LOOPBACK_DESTS"] {
+    for live in [MapId::Handoff, MapId::LoopbackDests] {
         migrate::copy_live(&plans, &to.maps_dir(paths), live)?;
     }
 
@@ -271,7 +266,7 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
             adopt_pod_listeners(&mut maps, pod, seen);
         }
     }
-    for live in ["HANDOFF", "LOOPBACK_DESTS"] {
+    for live in [MapId::Handoff, MapId::LoopbackDests] {
         migrate::copy_live(&plans, &to.maps_dir(paths), live)?;
     }
     migrate::add_counters(&plans, &to.maps_dir(paths))?;
