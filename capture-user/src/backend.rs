@@ -16,6 +16,67 @@ pub struct PodTarget<'a> {
     pub cgroup: &'a File,
 }
 
+impl<'a> PodTarget<'a> {
+    /// The pod of netns cookie `netns_cookie`, its netns and cgroup each as (path, open file).
+    #[must_use]
+    pub fn new(
+        netns_cookie: u64,
+        netns: (&'a Path, &'a File),
+        cgroup: (&'a Path, &'a File),
+    ) -> Self {
+        Self {
+            netns_cookie,
+            netns_path: netns.0,
+            netns: netns.1,
+            cgroup_path: cgroup.0,
+            cgroup: cgroup.1,
+        }
+    }
+}
+
+/// A recorded pod's netns and cgroup, opened, for the backends to act on it again.
+pub struct OpenedPod<'r> {
+    record: &'r PodRecord,
+    netns: crate::netns::Netns,
+    cgroup: File,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenPodError {
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    #[error("opening the pod's cgroup {path}: {source}")]
+    Cgroup {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl<'r> OpenedPod<'r> {
+    pub fn of(record: &'r PodRecord) -> Result<Self, OpenPodError> {
+        let netns = crate::netns::Netns::open(&record.netns)?;
+        let cgroup = File::open(&record.cgroup).map_err(|source| OpenPodError::Cgroup {
+            path: record.cgroup.clone(),
+            source,
+        })?;
+        Ok(Self {
+            record,
+            netns,
+            cgroup,
+        })
+    }
+
+    #[must_use]
+    pub fn target(&self) -> PodTarget<'_> {
+        PodTarget::new(
+            self.record.netns_cookie,
+            (&self.record.netns, self.netns.file()),
+            (&self.record.cgroup, &self.cgroup),
+        )
+    }
+}
+
 pub trait Backend {
     type Error: std::error::Error + Send + Sync + 'static;
 

@@ -131,13 +131,11 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         Some(_) => crate::netns::add_inbound_passthrough_v6(&req.netns)?,
         None => false,
     };
-    let target = PodTarget {
+    let target = PodTarget::new(
         netns_cookie,
-        netns_path: &req.netns,
-        netns: netns.file(),
-        cgroup_path: &req.cgroup,
-        cgroup: &cgroup,
-    };
+        (&req.netns, netns.file()),
+        (&req.cgroup, &cgroup),
+    );
     let attached = attach_backend(paths, &target, &mut record, req.allow_fallback);
     if attached.is_err() && added_v6 {
         // A failed attach leaves the pod as it found it.

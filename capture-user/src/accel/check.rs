@@ -234,13 +234,11 @@ pub fn run(paths: &Paths) -> Result<Report, CheckError> {
         accelerate: true,
         ..plain.clone()
     };
-    let target = PodTarget {
+    let target = PodTarget::new(
         netns_cookie,
-        netns_path: Path::new(&netns_path),
-        netns: &netns,
-        cgroup_path: &scratch.path,
-        cgroup: &cgroup,
-    };
+        (Path::new(&netns_path), &netns),
+        (&scratch.path, &cgroup),
+    );
     let marker_json =
         serde_json::json!({ "pid": std::process::id(), "netns_cookie": netns_cookie });
     let mut ebpf = {

@@ -40,8 +40,8 @@ const NOEXIST: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
-    #[error("{0}")]
-    Netns(String),
+    #[error(transparent)]
+    Open(#[from] crate::backend::OpenPodError),
     #[error("reading {path}: {source}")]
     Read { path: String, source: io::Error },
     #[error("taking listener socket {inode} from pid {pid}: {source} (the agent needs CAP_SYS_PTRACE over the pod's processes)")]

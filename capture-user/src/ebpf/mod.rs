@@ -27,7 +27,7 @@ use self::{
     node::NodePrograms,
 };
 use crate::{
-    backend::{Backend, PodTarget},
+    backend::{Backend, OpenedPod, PodTarget},
     config::CaptureConfig,
     paths::Paths,
     record::PodRecord,
@@ -127,24 +127,10 @@ impl EbpfBackend {
         if pod_maps::listeners_registered(&self.node.maps, record.netns_cookie) > 0 {
             return Ok(Adopted::default());
         }
-        let netns = crate::netns::Netns::open(&record.netns)
-            .map_err(|e| EbpfError::Adopt(adopt::AdoptError::Netns(e.to_string())))?;
-        let cgroup = fs::File::open(&record.cgroup).map_err(|source| {
-            EbpfError::Adopt(adopt::AdoptError::Read {
-                path: record.cgroup.display().to_string(),
-                source,
-            })
-        })?;
-        let target = PodTarget {
-            netns_cookie: record.netns_cookie,
-            netns_path: &record.netns,
-            netns: netns.file(),
-            cgroup_path: &record.cgroup,
-            cgroup: &cgroup,
-        };
+        let opened = OpenedPod::of(record).map_err(adopt::AdoptError::Open)?;
         Ok(adopt::adopt_listeners(
             &mut self.node.maps,
-            &target,
+            &opened.target(),
             &record.config,
         )?)
     }

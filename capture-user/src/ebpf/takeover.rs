@@ -34,7 +34,7 @@ use super::{
     sys::{self, MapDefinition},
 };
 use crate::{
-    backend::PodTarget,
+    backend::{OpenedPod, PodTarget},
     paths::Paths,
     record::{self, Mode, PodRecord},
 };
@@ -299,16 +299,8 @@ fn with_target<T>(
     pod: &PodRecord,
     f: impl FnOnce(&PodTarget<'_>) -> Result<T, String>,
 ) -> Result<T, String> {
-    let netns = crate::netns::Netns::open(&pod.netns).map_err(|e| e.to_string())?;
-    let cgroup =
-        fs::File::open(&pod.cgroup).map_err(|e| format!("{}: {e}", pod.cgroup.display()))?;
-    f(&PodTarget {
-        netns_cookie: pod.netns_cookie,
-        netns_path: &pod.netns,
-        netns: netns.file(),
-        cgroup_path: &pod.cgroup,
-        cgroup: &cgroup,
-    })
+    let opened = OpenedPod::of(pod).map_err(|e| e.to_string())?;
+    f(&opened.target())
 }
 
 /// Points each of the pod's links at this build's program for its hook, creates the links this
