@@ -1,5 +1,5 @@
 //! Builds the kernel programs (capture-ebpf, nightly, bpfel-unknown-none) and leaves the objects in
-//! OUT_DIR for `include_bytes!`. `CAPTURE_SKIP_EBPF_BUILD=1` writes an empty object instead, so that
+//! `OUT_DIR` for `include_bytes!`. `CAPTURE_SKIP_EBPF_BUILD=1` writes an empty object instead, so that
 //! `cargo check`/clippy work on a machine without bpf-linker; such a binary refuses to load.
 
 use std::{
@@ -57,7 +57,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Where the kernel build may go instead of this build's OUT_DIR: one directory that every
+/// Where the kernel build may go instead of this build's `OUT_DIR`: one directory that every
 /// configuration of capture-user (clippy's, the tests', the layout variant's) builds the BPF
 /// target's `core` in once, rather than once each (`cargo xtask` sets it; the nightly cargo's
 /// own lock keeps two builds from writing it at once).

@@ -33,7 +33,7 @@ pub const FLAG_DNS_CAPTURE: u32 = 1 << 11;
 /// With DNS capture: every port-53 destination, not only the nameservers (the CNI default).
 pub const FLAG_DNS_CAPTURE_ALL: u32 = 1 << 12;
 /// The pod's connections between app and proxy skip the loopback TCP stack: their sockets go into
-/// `ACCEL_PEERS` and an sk_msg program moves each write into the peer's receive queue. A flag
+/// `ACCEL_PEERS` and an `sk_msg` program moves each write into the peer's receive queue. A flag
 /// builds without acceleration ignore, so the layout keeps its version.
 pub const FLAG_ACCELERATE: u32 = 1 << 13;
 

@@ -128,7 +128,7 @@ pub struct LoopbackKey {
 }
 const _: () = assert!(size_of::<LoopbackKey>() == 16);
 
-/// A pod address (`INBOUND_PODS`: pod IP -> netns cookie). sk_lookup programs cannot learn their
+/// A pod address (`INBOUND_PODS`: pod IP -> netns cookie). `sk_lookup` programs cannot learn their
 /// netns, so inbound capture finds the pod by the destination address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -141,8 +141,8 @@ pub struct PodAddrKey {
 const _: () = assert!(size_of::<PodAddrKey>() == 20);
 
 /// How many listening sockets per pod and family inbound capture keeps (Envoy opens one per
-/// worker with SO_REUSEPORT). Any one of a reuseport group is enough: the kernel picks among the
-/// group after sk_lookup assigns one. More slots keep inbound working while some of them close.
+/// worker with `SO_REUSEPORT`). Any one of a reuseport group is enough: the kernel picks among the
+/// group after `sk_lookup` assigns one. More slots keep inbound working while some of them close.
 pub const LISTENER_SLOTS: u32 = 8;
 
 /// One of a pod's inbound listeners (`INBOUND_LISTENERS`, a sockhash), per address family.

@@ -120,7 +120,7 @@ impl MapId {
         }
     }
 
-    /// Key and value sizes in this build (sk_storage keys are socket fds).
+    /// Key and value sizes in this build (`sk_storage` keys are socket fds).
     #[must_use]
     pub const fn sizes(self) -> (usize, usize) {
         match self {

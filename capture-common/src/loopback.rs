@@ -1,7 +1,7 @@
 //! The stateless redirect of IPv4 TCP connections: a pod gives each original destination a
 //! loopback address of its own, in `127.2.0.0/19`, kept in `LOOPBACK_DESTS` from the first
 //! connection to it until the pod goes. A connection redirected there carries its original
-//! destination in its own address, so SO_ORIGINAL_DST and getpeername read it from the address,
+//! destination in its own address, so `SO_ORIGINAL_DST` and getpeername read it from the address,
 //! and neither the app's socket nor the proxy's needs any state.
 //!
 //! A destination's address is found by probing: a few candidates picked by hashing it, the first

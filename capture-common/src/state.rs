@@ -30,7 +30,7 @@ pub const SOCK_DNS_SENT: u32 = 1 << 4;
 pub const SOCK_NETNS_KNOWN: u32 = 1 << 5;
 
 /// The proxy's accepted socket for a connection from its pod to the outbound port whose
-/// hand-off was not found: its original destination is lost, so SO_ORIGINAL_DST is refused
+/// hand-off was not found: its original destination is lost, so `SO_ORIGINAL_DST` is refused
 /// (EPERM) rather than answered with anything the proxy could forward to. A flag old builds
 /// ignore, so the layout keeps its version.
 pub const SOCK_HANDOFF_LOST: u32 = 1 << 6;

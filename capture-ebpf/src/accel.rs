@@ -1,5 +1,5 @@
 //! The app-to-proxy acceleration: both sockets of a local connection with the proxy at one end
-//! join `ACCEL_PEERS` when established (sock_ops), and the sk_msg program attached to that map
+//! join `ACCEL_PEERS` when established (`sock_ops`), and the `sk_msg` program attached to that map
 //! moves each write into the peer's receive queue, skipping the loopback TCP stack.
 //!
 //! Bytes must never arrive out of order. The kernel reads a socket's redirected bytes before
@@ -96,7 +96,7 @@ fn count(netns_cookie: u64, f: impl FnOnce(&mut AccelCounters)) {
     }
 }
 
-/// The writing socket's connection, as sk_msg sees it. Ports as sock_ops has them: the local one
+/// The writing socket's connection, as `sk_msg` sees it. Ports as `sock_ops` has them: the local one
 /// in host order, the remote one in network order in the upper half.
 #[inline(always)]
 fn msg_conn(md: &sk_msg_md, netns_cookie: u64) -> Option<Conn> {

@@ -277,8 +277,12 @@ fn loopback_target(ctx: &SockAddrContext, redirect: &Redirect) -> u32 {
 ///
 /// The sockaddr is built in a `u64` buffer with one volatile store per word and field: built as a
 /// struct or a zeroed array, its zeroing becomes a memset call, which BPF does not have ("number
-/// of funcs in func_info doesn't match number of subprogs").
+/// of funcs in `func_info` doesn't match number of subprogs").
 #[inline(always)]
+#[expect(
+    clippy::cast_ptr_alignment,
+    reason = "the buffer is a [u64; 4], 8-byte aligned, and each store's offset is a multiple of its type's alignment"
+)]
 fn bind_source(ctx: &SockAddrContext, ipv6: bool, addr: [u32; 4]) {
     let mut buf = core::mem::MaybeUninit::<[u64; 4]>::uninit();
     let p = buf.as_mut_ptr().cast::<u8>();

@@ -7,7 +7,7 @@
 //! The kernel's struct layouts differ between versions and configurations, and these programs
 //! carry no relocations for them: the loader reads the offsets from the kernel's BTF and writes
 //! them, with the switch, into `.rodata`, where the verifier sees them as constants. With the
-//! switch off (a kernel whose verifier refuses the walk, or without sock_ops' netns cookie), the
+//! switch off (a kernel whose verifier refuses the walk, or without `sock_ops`' netns cookie), the
 //! walk is never visited and `sock_create` records the creator instead.
 
 use aya_ebpf::{cty::c_void, helpers::generated::bpf_skc_to_tcp_sock};

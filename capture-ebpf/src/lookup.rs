@@ -135,15 +135,14 @@ pub fn on_sk_lookup(ctx: &SkLookupContext) -> u32 {
             bump_pod(netns_cookie, PodCounter::PassedInbound);
             SK_PASS
         }
-        InboundVerdict::Capture => match assign(ctx, netns_cookie, family) {
-            Ok(()) => {
+        InboundVerdict::Capture => {
+            if assign(ctx, netns_cookie, family).is_ok() {
                 bump_pod(netns_cookie, PodCounter::CapturedInbound);
                 SK_PASS
-            }
-            Err(_) => {
+            } else {
                 bump_pod(netns_cookie, PodCounter::RefusedInbound);
                 SK_DROP
             }
-        },
+        }
     }
 }

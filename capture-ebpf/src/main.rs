@@ -2,7 +2,7 @@
 //! pod through maps keyed by the pod's netns cookie.
 //!
 //! Each entry point is thin: it calls the module that does the work and maps the outcome to the
-//! hook's verdict. Verdicts: sock_addr and sockopt programs return 1 to let the call proceed and 0
+//! hook's verdict. Verdicts: `sock_addr` and sockopt programs return 1 to let the call proceed and 0
 //! to refuse it (EPERM).
 #![no_std]
 #![no_main]

@@ -39,12 +39,12 @@ pub static PORT_LISTS: HashMap<PortKey, u8, MAX_PORT_ENTRIES> = HashMap::new();
 #[btf_map]
 pub static CIDR_LISTS: LpmTrie<CidrKey, u8, MAX_CIDR_ENTRIES> = LpmTrie::new();
 
-/// Pod IP -> netns cookie, for inbound capture (sk_lookup knows only the destination address).
+/// Pod IP -> netns cookie, for inbound capture (`sk_lookup` knows only the destination address).
 #[btf_map]
 pub static INBOUND_PODS: HashMap<PodAddrKey, u64, { layout::MAX_INBOUND_ADDRESSES as usize }> =
     HashMap::new();
 
-/// Each pod's inbound listener (15006) per family, registered when the proxy calls listen().
+/// Each pod's inbound listener (15006) per family, registered when the proxy calls `listen()`.
 #[btf_map]
 pub static INBOUND_LISTENERS: SockHash<ListenerKey, { layout::MAX_INBOUND_LISTENERS as usize }> =
     SockHash::new();
@@ -88,7 +88,7 @@ impl SocketStates {
 pub static SOCKET_STATES: SocketStates = SocketStates::new();
 
 /// Each accelerated socket under its own tuple (`HandoffKey`), so that its peer finds it; the
-/// sk_msg program is attached to this map.
+/// `sk_msg` program is attached to this map.
 #[btf_map]
 pub static ACCEL_PEERS: SockHash<HandoffKey, { layout::MAX_ACCEL_SOCKETS as usize }> =
     SockHash::new();

@@ -1,5 +1,5 @@
-//! `sockaddr_in` / `sockaddr_in6` as the kernel lays them out (bpf_bind takes them, and
-//! `SO_ORIGINAL_DST` returns them), and the sock_addr programs' view of the address a call
+//! `sockaddr_in` / `sockaddr_in6` as the kernel lays them out (`bpf_bind` takes them, and
+//! `SO_ORIGINAL_DST` returns them), and the `sock_addr` programs' view of the address a call
 //! carries.
 
 use aya_ebpf::{
@@ -28,7 +28,7 @@ pub struct SockaddrIn6 {
     pub scope_id: u32,
 }
 
-/// The address a sock_addr program's call carries, which the program may rewrite. Read and
+/// The address a `sock_addr` program's call carries, which the program may rewrite. Read and
 /// written field by field through the kernel's pointer, never as a Rust reference: two live
 /// `&mut` to the same context would be unsound even where the generated code is the same.
 #[derive(Clone, Copy)]
@@ -44,7 +44,7 @@ pub fn sock_addr(ctx: &SockAddrContext) -> SockAddr {
 // each access is a place expression on it (no reference is made), of the field's own size, as
 // the verifier requires of context accesses.
 impl SockAddr {
-    /// The calling socket (`sk` is the union's only pointer member in sock_addr programs).
+    /// The calling socket (`sk` is the union's only pointer member in `sock_addr` programs).
     #[inline(always)]
     pub fn sk(self) -> *mut bpf_sock {
         unsafe { (*self.0).__bindgen_anon_1.sk }

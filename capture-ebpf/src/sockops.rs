@@ -8,7 +8,7 @@
 //! An entry the proxy never takes (the app gave up first) is removed when the app's socket
 //! closes, so the map holds only handshakes in flight and LRU eviction, which would lose a
 //! destination, needs more of those than the map has room for. Should a proxy's socket still
-//! find no entry, it is marked lost and SO_ORIGINAL_DST is refused for it: the proxy can then
+//! find no entry, it is marked lost and `SO_ORIGINAL_DST` is refused for it: the proxy can then
 //! forward the connection nowhere, and `handoff_failed` counts it.
 //!
 //! Connections of the stateless redirect (`loopback`) need none of this: their address is their
@@ -58,7 +58,7 @@ struct Tuple {
     remote_port: u16,
 }
 
-/// Why a sock_ops event left nothing behind: mostly a socket capture has nothing to do with;
+/// Why a `sock_ops` event left nothing behind: mostly a socket capture has nothing to do with;
 /// the failures are counted by [`record`], as connect's refusals are.
 enum Skipped {
     /// Not a socket, connection or pod capture hands anything off for.
@@ -132,7 +132,7 @@ fn sock(ctx: &SockOpsContext) -> Option<*mut core::ffi::c_void> {
     (!sk.is_null()).then_some(sk.cast())
 }
 
-/// Set by the loader to 0 where sock_ops may not call `bpf_get_netns_cookie` (before Linux
+/// Set by the loader to 0 where `sock_ops` may not call `bpf_get_netns_cookie` (before Linux
 /// 5.15). It lives in `.rodata`, so the verifier knows its value and never visits the call on
 /// such kernels; one object serves every kernel.
 #[no_mangle]
@@ -283,7 +283,7 @@ fn try_active_established(ctx: &SockOpsContext, t: &Tuple) -> Result<(), Skipped
 }
 
 /// A redirected app socket changed state. Closed: its entry goes if the proxy never took it (the
-/// tuple is still the socket's own, a TIME_WAIT successor holds it, so no newer connection can
+/// tuple is still the socket's own, a `TIME_WAIT` successor holds it, so no newer connection can
 /// own the key). Any other change with the entry already taken: nothing is left to clean up, so
 /// the kernel stops calling for this socket's later state changes (each is a program run per
 /// connection).
@@ -386,7 +386,7 @@ fn of_stateless_redirect(t: &Tuple, passive: bool) -> bool {
     t.family == AF_INET && loopback::enabled() && in_range(proxy_end)
 }
 
-/// One sock_ops event; each step's failure is counted, and a failed hand-off does not keep the
+/// One `sock_ops` event; each step's failure is counted, and a failed hand-off does not keep the
 /// socket out of the acceleration (which needs no hand-off).
 #[inline(always)]
 pub fn on_sock_ops(ctx: &SockOpsContext) {

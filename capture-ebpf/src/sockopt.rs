@@ -5,7 +5,7 @@
 //! caller's buffer and length as its own getsockopt wrote them. Left alone instead, an answer
 //! longer than a page (the program's view of the buffer stops at one) fails with EFAULT before
 //! Linux 6.5, and the rest are copied back from the program's copy for nothing. The one refusal:
-//! SO_ORIGINAL_DST on a proxy socket whose hand-off was lost (see sockops.rs) fails with EPERM.
+//! `SO_ORIGINAL_DST` on a proxy socket whose hand-off was lost (see sockops.rs) fails with EPERM.
 
 use aya_ebpf::{bindings::bpf_sock, programs::SockoptContext};
 use capture_common::{

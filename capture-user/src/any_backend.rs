@@ -115,13 +115,12 @@ impl<'p> ExistingBackends<'p> {
     /// The backend for `mode`, or why it cannot be opened on this node (not loaded, or pinned
     /// by a build whose maps this one cannot read).
     pub fn get(&mut self, mode: Mode) -> Result<&AnyBackend, &str> {
-        let i = match self.opened.iter().position(|(m, _)| *m == mode) {
-            Some(i) => i,
-            None => {
-                let opened = AnyBackend::existing(self.paths, mode).map_err(|e| e.to_string());
-                self.opened.push((mode, opened));
-                self.opened.len() - 1
-            }
+        let i = if let Some(i) = self.opened.iter().position(|(m, _)| *m == mode) {
+            i
+        } else {
+            let opened = AnyBackend::existing(self.paths, mode).map_err(|e| e.to_string());
+            self.opened.push((mode, opened));
+            self.opened.len() - 1
         };
         self.opened[i].1.as_ref().map_err(String::as_str)
     }

@@ -57,12 +57,11 @@ pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
     let mounts = fs::read_to_string("/proc/self/mounts").map_err(|_| CgroupError::NoCgroup2)?;
     mounts
         .lines()
-        .filter_map(|line| {
+        .find_map(|line| {
             let mut f = line.split_whitespace();
             let (_src, target, fstype) = (f.next()?, f.next()?, f.next()?);
             (fstype == "cgroup2").then(|| PathBuf::from(target.replace("\\040", " ")))
         })
-        .next()
         .ok_or(CgroupError::NoCgroup2)
 }
 

@@ -214,13 +214,12 @@ fn find_record(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, 
 /// Releases a recorded pod. When its backend cannot take everything away, the record stays,
 /// saying why, so that `status` reports the pod and the release is tried again.
 fn release(paths: &Paths, record: &PodRecord) -> Result<(), Error> {
-    let released = match AnyBackend::existing(paths, record.mode) {
-        Ok(mut backend) => backend.detach(record).map_err(Error::from),
+    let released = if let Ok(mut backend) = AnyBackend::existing(paths, record.mode) {
+        backend.detach(record).map_err(Error::from)
+    } else {
         // No ebpf programs pinned on this node: nothing is left in the kernel but the pod's links.
-        Err(_) => {
-            let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
-            Ok(())
-        }
+        let _ = std::fs::remove_dir_all(paths.pod_links_dir(record.netns_cookie));
+        Ok(())
     };
     if let Err(e) = released {
         let broken = PodRecord {

@@ -63,9 +63,10 @@ fn on_path(tool: &str) -> Result<String, String> {
 /// Probes the running kernel and the node's tools.
 #[must_use]
 pub fn probe() -> Probe {
-    let kernel = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into());
+    let kernel = nix::sys::utsname::uname().map_or_else(
+        |_| "unknown".into(),
+        |u| u.release().to_string_lossy().into_owned(),
+    );
     let mut ebpf = vec![
         check(
             "cgroup v2",

@@ -107,13 +107,14 @@ pub fn validate(
                                 });
                             }
                             Ok(orig) => {
-                                last =
-                                    format!("a connection arrived with original destination {orig}")
+                                last = format!(
+                                    "a connection arrived with original destination {orig}"
+                                );
                             }
                             Err(e) => {
                                 last = format!(
                                     "a connection arrived without an original destination ({e})"
-                                )
+                                );
                             }
                         },
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

@@ -14,7 +14,7 @@ pub fn errno_name(e: &std::io::Error) -> String {
         Some(libc::ECONNREFUSED) => "ECONNREFUSED".into(),
         Some(libc::EPERM) => "EPERM".into(),
         // A blocking connect that hits SO_SNDTIMEO reports EINPROGRESS.
-        Some(libc::ETIMEDOUT) | Some(libc::EAGAIN) | Some(libc::EINPROGRESS) => "ETIMEDOUT".into(),
+        Some(libc::ETIMEDOUT | libc::EAGAIN | libc::EINPROGRESS) => "ETIMEDOUT".into(),
         Some(libc::ENETUNREACH) => "ENETUNREACH".into(),
         _ if e.kind() == std::io::ErrorKind::TimedOut
             || e.kind() == std::io::ErrorKind::WouldBlock =>
@@ -33,7 +33,7 @@ fn original_dst(stream: &TcpStream, ipv6: bool) -> Value {
     }
 }
 
-/// IPV6_UNICAST_HOPS of a socket.
+/// `IPV6_UNICAST_HOPS` of a socket.
 fn stream_hops(stream: &TcpStream) -> Option<u32> {
     let mut v: libc::c_int = 0;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;

@@ -17,7 +17,7 @@ pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 /// a minute from start to ready with the unoptimized BTF parse of early December 2026, 14 s
 /// since (2026-12-03, an idle reference machine); the slowest CI hosts emulate 2.5 times slower,
 /// beside another VM, and a deadline that a slow minute passes is a flake, not a finding.
-pub const READY_PATIENCE: Duration = Duration::from_secs(300);
+pub const READY_PATIENCE: Duration = Duration::from_mins(5);
 
 /// The running agent, killed on drop.
 pub struct Agent {
@@ -51,7 +51,7 @@ impl HttpResponse {
 pub fn http_request(addr: impl ToSocketAddrs, method: &str, path: &str) -> Option<HttpResponse> {
     let mut s = TcpStream::connect(addr).ok()?;
     // Generous: under emulation, with traffic running, a scrape of many pods takes seconds.
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    s.set_read_timeout(Some(Duration::from_mins(1))).ok()?;
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"

@@ -23,7 +23,7 @@ pub enum Expect {
     Dns(&'static str),
     /// A connection from outside the pod accepted by the inbound listener with this
     /// `SO_ORIGINAL_DST`. By design the listener's local address differs: the original
-    /// destination under ebpf (sk_lookup, no NAT), `pod IP:15006` under iptables (REDIRECT).
+    /// destination under ebpf (`sk_lookup`, no NAT), `pod IP:15006` under iptables (REDIRECT).
     Captured(&'static str),
 }
 

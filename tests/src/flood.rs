@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 const OPEN_FILES: libc::rlim_t = 200_000;
 
 /// Raises the open-file limit (as root, before dropping privileges): to `OPEN_FILES` where the
-/// process may raise its hard limit (CAP_SYS_RESOURCE), else to the hard limit. Returns it.
+/// process may raise its hard limit (`CAP_SYS_RESOURCE`), else to the hard limit. Returns it.
 pub fn raise_open_files() -> io::Result<u64> {
     let set = |n: libc::rlim_t| {
         let limit = libc::rlimit {
@@ -115,9 +115,9 @@ pub struct SinkOptions {
     pub backlog: i32,
     /// Accept only after a line `accept` on stdin.
     pub deferred: bool,
-    /// One of several workers sharing the port (SO_REUSEPORT).
+    /// One of several workers sharing the port (`SO_REUSEPORT`).
     pub reuseport: bool,
-    /// TCP_DEFER_ACCEPT, in seconds.
+    /// `TCP_DEFER_ACCEPT`, in seconds.
     pub defer_accept: Option<i32>,
 }
 

@@ -22,7 +22,7 @@ pub const INBOUND_PASSTHROUGH_SRC: &str = "127.0.0.6";
 pub struct Logged {
     /// The frontend that accepted it (`outbound` or `inbound`).
     pub frontend: String,
-    /// The client's address as HAProxy's accept() gave it.
+    /// The client's address as HAProxy's `accept()` gave it.
     pub client: String,
     /// The destination it forwarded to (its `SO_ORIGINAL_DST`).
     pub destination: String,

@@ -11,10 +11,10 @@ use capture_user::ebpf::loader::{kernel_features, KernelFeatures};
 /// A kernel feature some tests depend on; the name is what the skip log and the matrix use.
 #[derive(Clone, Copy, Debug)]
 pub enum Feature {
-    /// sock_ops may ask for the netns cookie (Linux 5.15+).
+    /// `sock_ops` may ask for the netns cookie (Linux 5.15+).
     SockOpsNetnsCookie,
     /// The programs read a TCP socket's owner from its file's credentials (needs the netns
-    /// cookie in sock_ops, and a verifier that lets sock_addr programs walk the structs).
+    /// cookie in `sock_ops`, and a verifier that lets `sock_addr` programs walk the structs).
     OwnerFromFile,
     /// IPv4 TCP redirects go to a loopback address per destination, with no per-connection
     /// state (needs `OwnerFromFile`).
@@ -27,7 +27,7 @@ pub enum Feature {
     /// fails on the kernel matrix's 5.10 guest (its root a 9p mount chrooted on the initramfs):
     /// "could not ensure we are a cloned binary". A gap of that harness, not of capture or nodes.
     RuncClonedBinary,
-    /// The acceleration's sk_msg program loads: it reads socket-local storage through the
+    /// The acceleration's `sk_msg` program loads: it reads socket-local storage through the
     /// message's socket and attaches to a sockhash. Known from the node record (the agent's
     /// load tells).
     SkMsgAcceleration,
@@ -116,7 +116,7 @@ pub fn record_skip(feature: Feature, reason: &str) {
             .create(true)
             .append(true)
             .open(&path)
-            .unwrap_or_else(|e| panic!("opening CAPTURE_SKIP_LOG {path:?}: {e}"));
+            .unwrap_or_else(|e| panic!("opening CAPTURE_SKIP_LOG {}: {e}", path.display()));
         writeln!(log, "{test}\t{}\t{reason}", feature.name()).expect("writing the skip log");
     }
 }

@@ -72,11 +72,11 @@ pub struct ConnectOpts {
     pub udp: bool,
     /// Create the socket as (uid, gid), connect as the `Who`.
     pub create_as: Option<(u32, u32)>,
-    /// An AF_INET6 socket for an IPv4 destination (v4-mapped).
+    /// An `AF_INET6` socket for an IPv4 destination (v4-mapped).
     pub v6_socket: bool,
-    /// IP_TRANSPARENT (original-source connections).
+    /// `IP_TRANSPARENT` (original-source connections).
     pub transparent: bool,
-    /// SO_MARK.
+    /// `SO_MARK`.
     pub mark: Option<u32>,
 }
 
@@ -164,7 +164,7 @@ impl Outcome {
     pub fn reply_from(&self) -> Option<String> {
         self.str_at(&["reply", "reply_from"])
     }
-    /// The accepting socket's IP_TTL / IPV6_UNICAST_HOPS.
+    /// The accepting socket's `IP_TTL` / `IPV6_UNICAST_HOPS`.
     #[must_use]
     pub fn server_ttl(&self) -> Option<u64> {
         self.0["reply"]["ttl"].as_u64()

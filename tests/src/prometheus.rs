@@ -61,7 +61,7 @@ impl Prometheus {
             panic!("running prometheus: {e}; `cargo xtask setup` installs it (Debian package prometheus)")
         });
         let mut server = Self { child, dir, addr };
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_mins(2);
         while http_request(addr, "GET", "/-/ready").is_none_or(|r| r.code != 200) {
             if let Ok(Some(status)) = server.child.try_wait() {
                 panic!("prometheus exited ({status}) before it was ready");

@@ -32,7 +32,7 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
 const USER_IP4: i16 = 4;
 const USER_PORT: i16 = 24;
 
-/// The program: connect() to `service` goes to `backend` instead; everything else passes.
+/// The program: `connect()` to `service` goes to `backend` instead; everything else passes.
 fn program(service: SocketAddrV4, backend: SocketAddrV4) -> Vec<u8> {
     let ip = |a: &SocketAddrV4| i32::from_ne_bytes(a.ip().octets());
     let port = |a: &SocketAddrV4| i32::from(u16::from_ne_bytes(a.port().to_be_bytes()));
@@ -69,7 +69,7 @@ impl SocketLb {
             rlim_max: libc::RLIM_INFINITY,
         };
         // SAFETY: a plain setrlimit call with a valid struct.
-        let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const unlimited) };
         let insns = program(service, backend);
         let license = c"GPL";
         let mut log = vec![0u8; 65536];

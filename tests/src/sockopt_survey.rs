@@ -1,7 +1,7 @@
 //! A survey of getsockopt answers, for comparing a captured process's with an uncaptured one's:
 //! options at every level capture's getsockopt program sees (socket, IP, IPv6, TCP, Unix), with
 //! buffers shorter than, equal to and longer than a page, and one answer longer than a page
-//! (SO_PEERGROUPS of a peer with many supplementary groups). Every answer is given as its result,
+//! (`SO_PEERGROUPS` of a peer with many supplementary groups). Every answer is given as its result,
 //! length and bytes; values that differ from socket to socket (a peer's pid) are left out.
 
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};

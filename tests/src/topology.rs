@@ -1,6 +1,6 @@
-//! One captured pod on a little network: the pod netns (eth0 10.1.0.10/24, fd00:1::10/64) joined
+//! One captured pod on a little network: the pod netns (eth0 10.1.0.10/24, `fd00:1::10/64`) joined
 //! by veth to a "remote" netns that owns every destination the tests dial (10.0.0.0/16,
-//! 10.2.0.0/16, 10.96.0.0/16, 1.0.0.0/8, fd00:2::/64), plus the pod's cgroup and its own capture
+//! 10.2.0.0/16, 10.96.0.0/16, 1.0.0.0/8, `fd00:2::/64`), plus the pod's cgroup and its own capture
 //! directories.
 
 use std::{
@@ -19,7 +19,7 @@ pub const POD_IP4: &str = "10.1.0.10";
 pub const POD_IP6: &str = "fd00:1::10";
 /// TCP ports the remote netns serves on every address it owns (v4 and v6).
 pub const REMOTE_PORTS: [u16; 7] = [80, 5555, 8080, 9090, 15008, 15020, 32000];
-/// UDP echo port on the remote side (at 10.0.0.5 and fd00:2::5).
+/// UDP echo port on the remote side (at 10.0.0.5 and `fd00:2::5`).
 pub const REMOTE_UDP_PORT: u16 = 5000;
 
 /// The `capture` binary under test.
@@ -71,7 +71,7 @@ impl Topology {
         Self::numbered(dirs, 0)
     }
 
-    /// As `with_dirs`, with the pod on subnet `n` (10.1.n.10, fd00:1:n::10; 0 is `POD_IP4` and
+    /// As `with_dirs`, with the pod on subnet `n` (10.1.n.10, `fd00:1:n::10`; 0 is `POD_IP4` and
     /// `POD_IP6`), so that many pods of one node have addresses of their own.
     pub fn numbered(dirs: CaptureDirs, n: u8) -> Self {
         require_root();
@@ -283,7 +283,7 @@ impl Topology {
         self.servers.push(ChildGuard::spawn_ready(&mut cmd));
     }
 
-    /// The remote side: a `remote` listener on every REMOTE_PORTS port (v4 and v6) and a UDP echo.
+    /// The remote side: a `remote` listener on every `REMOTE_PORTS` port (v4 and v6) and a UDP echo.
     pub fn start_remote(&mut self) {
         let mut cmd = Command::new(probe_bin());
         cmd.arg("--netns").arg(self.remote.path());
@@ -334,7 +334,7 @@ impl Topology {
         ChildGuard::spawn_ready(&mut cmd)
     }
 
-    /// One worker's listener of the sidecar (uid 1337) on `port`, v4 and v6, with SO_REUSEPORT as
+    /// One worker's listener of the sidecar (uid 1337) on `port`, v4 and v6, with `SO_REUSEPORT` as
     /// Envoy opens them, answering as `name`; it closes when the guard drops.
     #[must_use]
     pub fn spawn_reuseport_listener(&self, name: &str, port: u16) -> ChildGuard {
@@ -358,7 +358,7 @@ impl Topology {
         self.servers.push(ChildGuard::spawn_ready(&mut cmd));
     }
 
-    /// The proxy's DNS listener (istio-agent, uid 1337) on 127.0.0.1:15053 and [::1]:15053, UDP and TCP.
+    /// The proxy's DNS listener (istio-agent, uid 1337) on 127.0.0.1:15053 and [`::1`]:15053, UDP and TCP.
     pub fn start_dns_proxy(&mut self) {
         let mut cmd = self.probe_in_pod(&Who::proxy());
         cmd.arg("serve");
@@ -445,8 +445,8 @@ impl Default for Topology {
     }
 }
 
-/// The programs capture attaches to the cgroup of a pod without DNS capture: sock_create,
-/// sock_ops, getsockopt, getpeername4/6, getsockname4, connect4/6.
+/// The programs capture attaches to the cgroup of a pod without DNS capture: `sock_create`,
+/// `sock_ops`, getsockopt, getpeername4/6, getsockname4, connect4/6.
 pub const POD_CGROUP_HOOKS: usize = 8;
 
 /// The names of the programs attached to a cgroup (as the kernel keeps them: 15 bytes at most),

@@ -1,7 +1,7 @@
-//! Chaos under churn: pods added and deleted through capture-cni while the agent is SIGKILLed at
+//! Chaos under churn: pods added and deleted through capture-cni while the agent is `SIGKILLed` at
 //! random points, with traffic checked all along; then thousands of ADD/DEL cycles, counted for
 //! leaks. The sizes come from the environment (the kernel matrix runs smaller ones under
-//! emulation): CAPTURE_CHAOS_PODS (200), CAPTURE_CHAOS_KILLS (50), CAPTURE_CHAOS_CYCLES (10,000).
+//! emulation): `CAPTURE_CHAOS_PODS` (200), `CAPTURE_CHAOS_KILLS` (50), `CAPTURE_CHAOS_CYCLES` (10,000).
 
 use std::{
     collections::BTreeMap,
@@ -76,7 +76,7 @@ const GATEWAY_80: &str = "10.88.0.1:80";
 /// ADD until it succeeds (a failed ADD is cleaned up with a DEL, as runtimes do), and how many
 /// attempts failed on the way.
 fn add_until_done(node: &Node, pod: &mut Pod) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_mins(2);
     let mut failed = 0;
     loop {
         match node.add(pod) {
@@ -91,7 +91,7 @@ fn add_until_done(node: &Node, pod: &mut Pod) -> usize {
 }
 
 fn del_until_done(node: &Node, pod: &Pod) {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_mins(2);
     while let Err(e) = node.del(pod) {
         assert!(Instant::now() < deadline, "DEL never succeeded: {e}");
         std::thread::sleep(Duration::from_millis(50));
@@ -118,9 +118,8 @@ fn bpftool_count(object: &str) -> usize {
 }
 
 fn footprint(node: &Node) -> Footprint {
-    let records = std::fs::read_dir(node.dirs.state.join("pods"))
-        .map(|d| d.flatten().count())
-        .unwrap_or(0);
+    let records =
+        std::fs::read_dir(node.dirs.state.join("pods")).map_or(0, |d| d.flatten().count());
     let pins = directory_tree(&node.dirs.bpffs)
         .iter()
         .map(|d| std::fs::read_dir(d).map_or(0, |e| e.flatten().count()))

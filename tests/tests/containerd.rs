@@ -59,7 +59,7 @@ fn first(runtime: &Containerd, spec: &PodSpec<'_>) -> Option<CriPod> {
 
 /// The pod records the agent keeps.
 fn records(node: &Node) -> usize {
-    std::fs::read_dir(node.dirs.state.join("pods")).map_or(0, |d| d.count())
+    std::fs::read_dir(node.dirs.state.join("pods")).map_or(0, Iterator::count)
 }
 
 /// What a pod's traffic looks like in each direction, on real connections made inside its
@@ -102,7 +102,8 @@ fn the_systemd_cgroup_driver_captures_the_same() {
     let _agent = node.start_agent_as(runtime.inside(true, capture_bin()), "ebpf");
     // runc asks systemd for each container's scope in the pod's slice.
     captured_then_removed(&node, &runtime, |name| {
-        name.starts_with("cri-containerd-") && name.ends_with(".scope")
+        name.starts_with("cri-containerd-")
+            && std::path::Path::new(name).extension() == Some("scope".as_ref())
     });
 }
 

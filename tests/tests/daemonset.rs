@@ -165,7 +165,7 @@ fn wait_ready(node: &Node, runtime: &Containerd, pod: &daemonset::NodeAgentPod) 
         .readiness
         .clone()
         .expect("the agent's readiness probe");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_mins(2);
     while http_status_in(&node.netns.path(), &probe.host, probe.port, &probe.path) != Some(200) {
         assert!(
             std::time::Instant::now() < deadline,

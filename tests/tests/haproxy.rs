@@ -1,7 +1,7 @@
 //! A real transparent proxy, not the probe, as the pod's sidecar: HAProxy as uid 1337 forwards
 //! every connection to its original destination and logs what it saw, under each backend. The
 //! app and the remote client see the destination's answer; HAProxy's log shows the client each
-//! accept() gave it (the pod address for the pod's own connections, the remote client's for
+//! `accept()` gave it (the pod address for the pod's own connections, the remote client's for
 //! inbound ones) and the original destination its `SO_ORIGINAL_DST` gave it, as under iptables.
 
 use std::time::Duration;

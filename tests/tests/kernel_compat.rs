@@ -28,7 +28,7 @@ fn scratch_cgroups_left_by(purpose: &str, pid: u32) -> Vec<String> {
 }
 
 /// The BPF reporter (the only way before Linux 5.14) gives the cookie the kernel programs see:
-/// the same as SO_NETNS_COOKIE where that exists, one per netns, stable, and it leaves nothing.
+/// the same as `SO_NETNS_COOKIE` where that exists, one per netns, stable, and it leaves nothing.
 #[test]
 fn the_bpf_netns_cookie_reporter_agrees_with_the_kernel() {
     capture_tests::require_root();

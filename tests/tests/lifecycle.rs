@@ -148,7 +148,7 @@ fn a_process_that_joins_the_cgroup_after_attach_is_captured() {
 }
 
 /// Capture attached under a running proxy: its listeners were opened before any capture
-/// program saw them; attach finds and registers them (on every kernel, also those whose sock_ops
+/// program saw them; attach finds and registers them (on every kernel, also those whose `sock_ops`
 /// cannot ask which netns a socket is in).
 #[test]
 fn a_proxy_started_before_attach_still_learns_the_original_destination() {
@@ -287,7 +287,7 @@ fn pods_with_colliding_loopback_tuples_keep_their_own_destinations() {
     );
 }
 
-/// Whether the pod's lo carries ::6/128 (Istio's IPv6 inbound-passthrough source).
+/// Whether the pod's lo carries `::6/128` (Istio's IPv6 inbound-passthrough source).
 fn has_passthrough_v6(topo: &Topology) -> bool {
     let out = std::process::Command::new("ip")
         .args([

@@ -23,7 +23,7 @@ fn destinations(n: u8) -> Vec<String> {
 }
 
 /// Processes each side spreads the connections over: this machine's hard open-file limit may be
-/// as low as 20,000 (no CAP_SYS_RESOURCE), and a connection has a descriptor on each side.
+/// as low as 20,000 (no `CAP_SYS_RESOURCE`), and a connection has a descriptor on each side.
 const APP_PROCESSES: usize = 8;
 const PROXY_WORKERS: usize = 8;
 
@@ -83,7 +83,7 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
         add_counts(&mut got.app_errors, &report["errors"]);
     }
     // The workers may still be accepting the last of them.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_mins(1);
     loop {
         let reports: Vec<Value> = sinks
             .iter_mut()
@@ -109,7 +109,7 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
 
 /// One pod, 30,000 connections at once over eight destinations: ebpf holds at least as many
 /// as iptables, and the proxy learns the right original destination of every one. The kernel
-/// matrix sets CAPTURE_CONCURRENT_CONNECTIONS lower: emulated CPUs take minutes for 60,000
+/// matrix sets `CAPTURE_CONCURRENT_CONNECTIONS` lower: emulated CPUs take minutes for 60,000
 /// sockets, and the spread that lifts ebpf past one port range is checked on every kernel by
 /// the next test.
 #[test]
@@ -266,7 +266,7 @@ fn a_pod_over_its_quota_is_refused_and_leaves_the_node_as_it_was() {
     assert!(text.contains("node limits"), "{text}");
 }
 
-/// A pod whose proxy completes connections only when data arrives (TCP_DEFER_ACCEPT): the app's
+/// A pod whose proxy completes connections only when data arrives (`TCP_DEFER_ACCEPT`): the app's
 /// side is established, the proxy's is not, and the hand-off waits in the map meanwhile.
 struct WaitingHandshakes {
     topo: Topology,
@@ -339,7 +339,7 @@ fn sink_report_when(sink: &mut ChildGuard, accepted: u64) -> Value {
 
 /// Hand-offs wait in the map while their handshakes are in flight and every one arrives; one
 /// that is lost all the same (here: deleted, as an eviction would) fails closed: the proxy's
-/// SO_ORIGINAL_DST is refused even where the kernel has an answer of its own, and the node
+/// `SO_ORIGINAL_DST` is refused even where the kernel has an answer of its own, and the node
 /// counts it.
 #[test]
 fn a_lost_handoff_fails_closed() {

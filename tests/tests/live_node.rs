@@ -204,10 +204,7 @@ fn del_without_the_agent_waits_only_for_captured_pods() {
     node.del(&meshed).expect("DEL once the agent is back");
     assert!(cgroup_programs(&meshed.cgroup).is_empty());
     assert!(
-        std::fs::read_dir(node.dirs.state.join("cni-claims"))
-            .map(|d| d.count())
-            .unwrap_or(0)
-            == 0,
+        std::fs::read_dir(node.dirs.state.join("cni-claims")).map_or(0, Iterator::count) == 0,
         "claims left behind"
     );
 }
@@ -238,7 +235,7 @@ fn a_running_proxy_survives_attach_detach_and_attach_again() {
     assert_proxy_reached_both_ways(&topo, "attached again");
 }
 
-/// Envoy listens with SO_REUSEPORT, one socket per worker. Every one of the group is registered,
+/// Envoy listens with `SO_REUSEPORT`, one socket per worker. Every one of the group is registered,
 /// whether it predates the attach or not, so inbound keeps working while any of them remains;
 /// with none left, inbound is refused, never passed to the app.
 #[test]
@@ -352,7 +349,7 @@ fn a_del_that_cannot_remove_the_pins_fails_and_the_agent_releases_the_pod_later(
     // Once the pins can go, the agent's own retry releases the pod, with no DEL from anyone.
     drop(read_only);
     let records = node.dirs.state.join("pods");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_mins(1);
     while std::fs::read_dir(&records).is_ok_and(|mut d| d.next().is_some()) {
         assert!(
             Instant::now() < deadline,

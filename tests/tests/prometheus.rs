@@ -32,9 +32,13 @@ const LABELS: &[&str] = &[
     "le",
 ];
 
-const SCRAPED: Duration = Duration::from_secs(60);
+const SCRAPED: Duration = Duration::from_mins(1);
 
 #[test]
+#[expect(
+    clippy::float_cmp,
+    reason = "Prometheus gives counters and gauges of whole numbers back exactly"
+)]
 fn prometheus_scrapes_the_agent_and_reads_pod_counters_back() {
     let node = Node::new();
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

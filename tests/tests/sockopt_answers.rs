@@ -1,5 +1,5 @@
 //! A captured pod's getsockopt calls get the kernel's own answers: every option of the survey
-//! (capture_tests::sockopt_survey), at every level, answers the same inside the pod's cgroup as
+//! (`capture_tests::sockopt_survey`), at every level, answers the same inside the pod's cgroup as
 //! outside it, including one answer longer than a page, which a cgroup getsockopt program that
 //! leaves optlen alone turns into EFAULT on kernels before 6.5.
 

@@ -1,6 +1,6 @@
 //! The stateless redirect: an IPv4 TCP connection is sent to a loopback address of its own
 //! destination (`127.2.0.0/19`, one per destination and pod, kept while the pod lives), so that
-//! the proxy's SO_ORIGINAL_DST and the app's getpeername are read from the connection's address
+//! the proxy's `SO_ORIGINAL_DST` and the app's getpeername are read from the connection's address
 //! and no socket keeps any state. Where the kernel cannot serve it (or it is switched off, as
 //! here with `CAPTURE_STATEFUL_REDIRECT=1`), the stateful path answers the same.
 
@@ -120,7 +120,7 @@ fn each_destination_has_an_address_of_its_own_that_answers_for_it() {
 }
 
 /// A proxy with a dual-stack IPv6 listener alone: the stateless address reaches it too, and the
-/// accepted socket (IPv6, the addresses v4-mapped) answers SO_ORIGINAL_DST for the IPv4
+/// accepted socket (IPv6, the addresses v4-mapped) answers `SO_ORIGINAL_DST` for the IPv4
 /// destination.
 #[test]
 fn a_dual_stack_listener_gets_the_address_v4_mapped_and_answers() {

@@ -150,12 +150,11 @@ fn tree(s: &mut &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
                 }
                 tree(s, prefix, out);
                 *s = s.trim_start();
-                match s.strip_prefix(',') {
-                    Some(after) => *s = after,
-                    None => {
-                        *s = s.strip_prefix('}').unwrap_or(s);
-                        break;
-                    }
+                if let Some(after) = s.strip_prefix(',') {
+                    *s = after;
+                } else {
+                    *s = s.strip_prefix('}').unwrap_or(s);
+                    break;
                 }
             }
             prefix.truncate(depth);

@@ -22,7 +22,7 @@ const INPUT_TIMEOUT_SECS: u64 = 10;
 const RSS_LIMIT_MB: u64 = 2048;
 /// How long past its time a target may run before it is killed as stuck (libFuzzer's own
 /// timeout watches single inputs only).
-const GRACE: Duration = Duration::from_secs(120);
+const GRACE: Duration = Duration::from_mins(2);
 
 pub struct Options {
     pub time: Duration,
@@ -350,8 +350,8 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_mins(5)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_hours(1)));
         assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("5d").is_err());

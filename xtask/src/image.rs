@@ -80,11 +80,7 @@ pub fn check_reproducible() -> Result<()> {
     let second = build_image(&Options { out: None }, KernelPrograms::Afresh)?;
     std::fs::remove_file(&first_path)?;
     if first != second {
-        bail!(
-            "two builds of one tree gave two images: {} and {}",
-            first,
-            second
-        );
+        bail!("two builds of one tree gave two images: {first} and {second}");
     }
     println!("reproducible: both builds are {second}");
     Ok(())
@@ -149,8 +145,8 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<String> {
     println!("digest: {digest}");
     println!(
         "size: {:.1} MiB compressed ({:.1} MiB archive)",
-        written.layer_bytes as f64 / (1 << 20) as f64,
-        written.archive_bytes as f64 / (1 << 20) as f64
+        written.layer_bytes as f64 / f64::from(1 << 20),
+        written.archive_bytes as f64 / f64::from(1 << 20)
     );
     println!("archive: {}", out.display());
     println!(

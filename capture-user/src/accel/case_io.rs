@@ -106,7 +106,7 @@ pub fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    let n = unsafe { libc::poll(&raw mut p, 1, timeout_ms) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }

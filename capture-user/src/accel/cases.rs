@@ -185,7 +185,7 @@ fn sendfile(p: &Pair<'_>) -> io::Result<Observation> {
             libc::sendfile(
                 app.as_raw_fd(),
                 file.as_raw_fd(),
-                &mut offset,
+                &raw mut offset,
                 data.len() - sent,
             )
         })?;
@@ -281,7 +281,7 @@ fn readiness(p: &Pair<'_>) -> io::Result<Observation> {
             events: (libc::EPOLLIN | libc::EPOLLET) as u32,
             u64: 1,
         };
-        libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev);
+        libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &raw mut ev);
         app.write_all(b"x")?;
         let mut out = [libc::epoll_event { events: 0, u64: 0 }];
         let n = libc::epoll_wait(ep, out.as_mut_ptr(), 1, 2000);
@@ -412,7 +412,7 @@ fn handed_over(p: &Pair<'_>) -> io::Result<Observation> {
     }
     let mut status = 0;
     // SAFETY: waits for the child just forked.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    unsafe { libc::waitpid(pid, &raw mut status, 0) };
     drop(app);
     let got = read_exactly(&mut proxy, msg.len())?;
     Ok(vec![
@@ -467,9 +467,7 @@ fn ulp_tls(p: &Pair<'_>) -> io::Result<Observation> {
     };
     let mut obs = vec![outcome(
         "TCP_ULP tls",
-        set.as_ref()
-            .map(|_| ())
-            .map_err(|e| io::Error::from(e.kind())),
+        set.as_ref().copied().map_err(|e| io::Error::from(e.kind())),
     )];
     if set.is_ok() {
         // TLS 1.2, AES-GCM-128, a fixed all-zero key: the bytes on the wire are deterministic.
@@ -513,7 +511,7 @@ fn original_destination(p: &Pair<'_>) -> io::Result<Observation> {
             libc::SOL_IP,
             capture_common::SO_ORIGINAL_DST,
             (&raw mut addr).cast(),
-            &mut len,
+            &raw mut len,
         )
     };
     let orig = (rc == 0).then(|| {

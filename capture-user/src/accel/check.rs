@@ -43,7 +43,7 @@ pub struct Report {
     pub kernel: String,
     pub build: String,
     pub cases: Vec<CaseResult>,
-    /// Bytes the accelerated run moved through the sk_msg program: zero means acceleration
+    /// Bytes the accelerated run moved through the `sk_msg` program: zero means acceleration
     /// never took, and the comparison proved nothing.
     pub accelerated_bytes: u64,
     pub passed: bool,
@@ -147,7 +147,7 @@ fn run_cases(
             _ => e,
         },
     })?;
-    let out = wait_with_timeout(child, Duration::from_secs(600))?;
+    let out = wait_with_timeout(child, Duration::from_mins(10))?;
     if !out.status.success() {
         return Err(CheckError::Cases(format!(
             "the cases' process failed: {}",

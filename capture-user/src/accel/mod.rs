@@ -41,7 +41,7 @@ pub struct Verdict {
     pub build: String,
     pub cases: usize,
     pub failed: Vec<FailedCase>,
-    /// Bytes the accelerated run moved through the sk_msg program: zero means acceleration never
+    /// Bytes the accelerated run moved through the `sk_msg` program: zero means acceleration never
     /// took, and the comparison proved nothing (not a difference anyone can accept).
     pub accelerated_bytes: u64,
     pub checked_at_unix: u64,
@@ -176,12 +176,12 @@ pub fn of_pod(
     }
     let active = record.config.accelerate;
     let reason = (!active).then(|| {
-        if record.mode != crate::record::Mode::Ebpf {
-            "the pod is captured by the iptables backend, which has no acceleration".into()
-        } else {
+        if record.mode == crate::record::Mode::Ebpf {
             why_not(paths).unwrap_or_else(|| {
                 "the node allowed acceleration after the pod was captured (it applies to pods captured from now on)".into()
             })
+        } else {
+            "the pod is captured by the iptables backend, which has no acceleration".into()
         }
     });
     Some(PodAcceleration {

@@ -82,10 +82,10 @@ impl MeshWatch {
                 Err(problem) => {
                     match &report.in_use {
                         Some(_) => {
-                            warn!(path = %path, %problem, "the mesh configuration cannot be used; new pods get the last good one")
+                            warn!(path = %path, %problem, "the mesh configuration cannot be used; new pods get the last good one");
                         }
                         None => {
-                            warn!(path = %path, %problem, "the mesh configuration cannot be used and none was before: not ready")
+                            warn!(path = %path, %problem, "the mesh configuration cannot be used and none was before: not ready");
                         }
                     }
                     report.problem = Some(problem);

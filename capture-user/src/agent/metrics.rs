@@ -1,6 +1,6 @@
 //! The agent's Prometheus metrics, kept in a prometheus-client registry: what the agent counts
 //! itself (socket requests, attach latency), what it found at start (mode, kernel checks), its
-//! readiness, and a collector (node_metrics.rs) that reads the per-pod series and the kernel-side
+//! readiness, and a collector (`node_metrics.rs`) that reads the per-pod series and the kernel-side
 //! error counters from the node at each scrape.
 //!
 //! The exposition is the Prometheus text format 0.0.4, not OpenMetrics: it is what every

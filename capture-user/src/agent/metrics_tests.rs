@@ -32,7 +32,7 @@ fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCount
             netns: PathBuf::from(format!("/var/run/netns/{name}")),
             cgroup: PathBuf::from("/sys/fs/cgroup/kubepods/pod1"),
             mode,
-            annotations: Default::default(),
+            annotations: std::collections::BTreeMap::default(),
             config: CaptureConfig::from_pod(&spec).unwrap(),
             attached_at_unix: 0,
             pod: Some(PodRef {

@@ -378,7 +378,7 @@ async fn retry_failed_releases(paths: Paths) {
         });
         match abandoned.await {
             Ok(Ok(cookies)) if !cookies.is_empty() => {
-                warn!(netns_cookies = ?cookies, "released what attaches that died half-way left")
+                warn!(netns_cookies = ?cookies, "released what attaches that died half-way left");
             }
             Ok(Err(e)) => warn!(error = %e, "releasing abandoned attaches"),
             _ => {}
@@ -388,10 +388,10 @@ async fn retry_failed_releases(paths: Paths) {
                 for (record, result) in tried {
                     match result {
                         Ok(()) => {
-                            info!(netns = %record.netns.display(), "released after an earlier failure")
+                            info!(netns = %record.netns.display(), "released after an earlier failure");
                         }
                         Err(e) => {
-                            warn!(netns = %record.netns.display(), error = %e, "release failed again")
+                            warn!(netns = %record.netns.display(), error = %e, "release failed again");
                         }
                     }
                 }
@@ -454,13 +454,12 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             .inspect_err(|e| warn!(error = %e, "reading the node's status for /metrics"))
             .ok()
     });
-    let mesh = match &cfg.mesh_config {
-        Some(path) => Some(mesh_watch::MeshWatch::new(path.clone(), &cfg.paths)),
-        None => {
-            // A report of an earlier agent's file would say a configuration is in use.
-            let _ = std::fs::remove_file(cfg.paths.mesh_config_report_path());
-            None
-        }
+    let mesh = if let Some(path) = &cfg.mesh_config {
+        Some(mesh_watch::MeshWatch::new(path.clone(), &cfg.paths))
+    } else {
+        // A report of an earlier agent's file would say a configuration is in use.
+        let _ = std::fs::remove_file(cfg.paths.mesh_config_report_path());
+        None
     };
     let agent = Arc::new(Agent {
         cfg,

@@ -2,8 +2,8 @@
 //! line per connection.
 //!
 //! Only root may use it: the socket file is 0600, and a client that reaches it all the same
-//! (through a mount that loosened the mode, or with CAP_DAC_OVERRIDE under another uid) is turned
-//! away by its SO_PEERCRED uid. A client cannot hold the agent's resources: its request line must
+//! (through a mount that loosened the mode, or with `CAP_DAC_OVERRIDE` under another uid) is turned
+//! away by its `SO_PEERCRED` uid. A client cannot hold the agent's resources: its request line must
 //! arrive within [`REQUEST_TIMEOUT`] and be at most [`MAX_REQUEST`] bytes, and at most
 //! [`MAX_CLIENTS`] are served at once (the others are answered that the agent is busy, which
 //! capture-cni reports as "try again later").
@@ -37,15 +37,14 @@ impl Clients {
 pub fn spawn_client(agent: Arc<Agent>, stream: UnixStream, clients: &Clients) {
     let slot = Arc::clone(&clients.0).try_acquire_owned();
     tokio::spawn(async move {
-        let result = match slot {
-            Ok(_slot) => serve(agent, stream).await,
-            Err(_) => {
-                let busy = Response::failed(
-                    FailureKind::NotReady,
-                    format!("the agent is serving {MAX_CLIENTS} clients already; try again"),
-                );
-                respond(stream, &busy).await
-            }
+        let result = if let Ok(_slot) = slot {
+            serve(agent, stream).await
+        } else {
+            let busy = Response::failed(
+                FailureKind::NotReady,
+                format!("the agent is serving {MAX_CLIENTS} clients already; try again"),
+            );
+            respond(stream, &busy).await
         };
         if let Err(e) = result {
             debug!(error = %e, "socket client");

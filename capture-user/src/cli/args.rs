@@ -193,12 +193,12 @@ fn parse_duration(arg: &str) -> Result<std::time::Duration, String> {
 #[derive(Debug, Default, clap::Args)]
 pub struct MeshArgs {
     /// Istio's mesh configuration (the `istio` ConfigMap's `mesh` key, mounted as a file): its
-    /// defaultConfig's interception mode, ISTIO_META_DNS_CAPTURE and INVALID_DROP apply to pods
+    /// defaultConfig's interception mode, `ISTIO_META_DNS_CAPTURE` and `INVALID_DROP` apply to pods
     /// that do not set their own, over the flags below. The agent reads it again when it
     /// changes, for the pods created afterwards.
     #[arg(long, value_name = "FILE")]
     pub mesh_config: Option<PathBuf>,
-    /// Capture DNS (ISTIO_META_DNS_CAPTURE) for pods that do not say otherwise.
+    /// Capture DNS (`ISTIO_META_DNS_CAPTURE`) for pods that do not say otherwise.
     #[arg(long)]
     pub redirect_dns: bool,
     /// With DNS capture, capture every port-53 destination, not only the nameservers.
@@ -207,18 +207,18 @@ pub struct MeshArgs {
     /// A nameserver of the pod's resolv.conf whose DNS is captured; repeatable.
     #[arg(long = "dns-nameserver")]
     pub dns_nameservers: Vec<IpAddr>,
-    /// ISTIO_OUTBOUND_OWNER_GROUPS: only sockets of these primary groups (gids or names) are
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS`: only sockets of these primary groups (gids or names) are
     /// captured; `*` (default) is every group.
     #[arg(long)]
     pub owner_groups: Option<String>,
-    /// ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE: with `--owner-groups '*'`, groups never captured.
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`: with `--owner-groups '*'`, groups never captured.
     #[arg(long)]
     pub owner_groups_exclude: Option<String>,
-    /// ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR: the loopback range that is never captured
+    /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`: the loopback range that is never captured
     /// (default 127.0.0.1/32).
     #[arg(long)]
     pub ipv4_loopback_cidr: Option<String>,
-    /// INVALID_DROP: drop packets conntrack deems invalid (iptables backend).
+    /// `INVALID_DROP`: drop packets conntrack deems invalid (iptables backend).
     #[arg(long)]
     pub drop_invalid: bool,
 }

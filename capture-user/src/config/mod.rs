@@ -38,7 +38,7 @@ pub const ANN_KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInte
 pub const ANN_REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
 pub const ANN_INTERCEPTION_MODE: &str = "sidecar.istio.io/interceptionMode";
 pub const ANN_STATUS_PORT: &str = "status.sidecar.istio.io/port";
-/// capture's own: `"true"` asks for the app-to-proxy acceleration (sk_msg). The node must allow
+/// capture's own: `"true"` asks for the app-to-proxy acceleration (`sk_msg`). The node must allow
 /// it too (the agent's `--accelerate`, and a kernel that passed the acceleration's checks).
 pub const ANN_ACCELERATE: &str = "capture.dev/accelerate";
 /// Proxy configuration merged over the mesh's `defaultConfig`; capture reads `interceptionMode`
@@ -153,7 +153,7 @@ pub struct CaptureConfig {
     /// pod's outbound traffic.
     #[serde(default)]
     pub reroute_virtual_interfaces: Vec<String>,
-    /// `--drop-invalid` (INVALID_DROP): conntrack-invalid packets are dropped.
+    /// `--drop-invalid` (`INVALID_DROP`): conntrack-invalid packets are dropped.
     #[serde(default)]
     pub drop_invalid: bool,
     /// The proxy's ids (and the owner groups) as the host sees them, for a pod with a user

@@ -1,4 +1,4 @@
-//! The node's part of the app-to-proxy acceleration: the sk_msg program, loaded with the node's
+//! The node's part of the app-to-proxy acceleration: the `sk_msg` program, loaded with the node's
 //! programs and attached to `ACCEL_PEERS`. Optional: a kernel that refuses it serves every pod,
 //! unaccelerated, and says why.
 
@@ -18,7 +18,7 @@ pub const PROGRAM: &str = "capture_accel_msg";
 /// How status and the node record name it among the hooks the kernel refused.
 pub const HOOK: &str = "sk_msg";
 
-/// Loads the sk_msg program, pins it in `programs_dir` and attaches it to `ACCEL_PEERS`.
+/// Loads the `sk_msg` program, pins it in `programs_dir` and attaches it to `ACCEL_PEERS`.
 pub(super) fn load_and_attach(ebpf: &mut Ebpf, programs_dir: &Path) -> Result<(), String> {
     let map_fd = {
         let map = ebpf
@@ -48,7 +48,7 @@ pub(super) fn load_and_attach(ebpf: &mut Ebpf, programs_dir: &Path) -> Result<()
         .map_err(|e| format!("attaching to ACCEL_PEERS: {e}"))
 }
 
-/// The refusal of the sk_msg program, if the node record has one.
+/// The refusal of the `sk_msg` program, if the node record has one.
 #[must_use]
 pub fn refusal(unavailable: &[UnavailableHook]) -> Option<&UnavailableHook> {
     unavailable.iter().find(|u| u.hook == HOOK)

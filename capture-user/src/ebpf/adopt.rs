@@ -4,7 +4,7 @@
 //! gives sockets their netns when they are created; a proxy that already listens when its pod is
 //! attached (a re-attach, a node moved from istio-init, pins rebuilt by an upgrade) did both
 //! before any program ran. Without this, every inbound connection to such a pod is refused until
-//! the proxy listens again, and on kernels whose sock_ops cannot ask for the netns cookie (before
+//! the proxy listens again, and on kernels whose `sock_ops` cannot ask for the netns cookie (before
 //! 5.15) its outbound listener cannot tell the original destinations.
 //!
 //! So the pod's listeners on the proxy's ports are found and registered from here: the pod's
@@ -12,7 +12,7 @@
 //! descriptor for each socket they hold (`/proc/PID/fd`), and the socket itself says whether it
 //! is a TCP listener of the pod's netns and on which port. That descriptor goes into the
 //! listener map and gets a socket-local state (which the kernel clones into every accepted
-//! socket). Every listener of a SO_REUSEPORT group gets its own slot. The netns's socket table
+//! socket). Every listener of a `SO_REUSEPORT` group gets its own slot. The netns's socket table
 //! (`/proc/PID/net/tcp`) is not read: the kernel walks its whole established-connection hash
 //! for it, which cost every CNI ADD about 2 ms per table on a machine with 24 GiB.
 
@@ -239,7 +239,7 @@ fn open_pidfd(pid: u32) -> io::Result<OwnedFd> {
     }
 }
 
-/// A descriptor of our own for the process's `fd` (pidfd_getfd, Linux 5.6+).
+/// A descriptor of our own for the process's `fd` (`pidfd_getfd`, Linux 5.6+).
 fn take_fd(pidfd: &OwnedFd, fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: a plain syscall; the descriptor is owned at once.
     unsafe {
@@ -328,7 +328,7 @@ fn register_inbound(
 }
 
 /// Gives an outbound listener that has no socket state the pod's netns, which its accepted
-/// sockets inherit (the sock_ops hook reads it where it cannot ask the kernel).
+/// sockets inherit (the `sock_ops` hook reads it where it cannot ask the kernel).
 fn give_netns(maps: &mut Maps, socket: &OwnedFd, netns_cookie: u64) {
     let state = SockState {
         netns_cookie,

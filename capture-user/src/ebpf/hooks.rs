@@ -55,7 +55,7 @@ pub struct UnavailableHook {
 }
 
 /// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers,
-/// listener registration) is in place before sk_lookup and connect4/6 start steering. Detach runs
+/// listener registration) is in place before `sk_lookup` and connect4/6 start steering. Detach runs
 /// in reverse, so steering stops first.
 pub const HOOKS: [Hook; 13] = [
     Hook {

@@ -137,13 +137,13 @@ pub(super) fn load_hook(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
 /// How the object was adapted to this kernel: found by loading, not from its version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct KernelFeatures {
-    /// sock_ops may ask for the netns cookie (Linux 5.15+). Without it, a listener the proxy
+    /// `sock_ops` may ask for the netns cookie (Linux 5.15+). Without it, a listener the proxy
     /// opened before capture was attached is not registered for inbound capture.
     pub sock_ops_netns_cookie: bool,
     /// The programs read a TCP socket's owner from the socket (its file's credentials, through
     /// the kernel's BTF) instead of recording it in socket-local storage when it is created.
     /// Needs `sock_ops_netns_cookie` (nothing else records the socket's netns then) and a
-    /// verifier that lets sock_addr and sock_ops programs walk those structs.
+    /// verifier that lets `sock_addr` and `sock_ops` programs walk those structs.
     pub owner_from_file: bool,
     /// IPv4 TCP redirects go to a loopback address per original destination that says where
     /// they were going, with no per-connection state (`capture_common::loopback`). Needs

@@ -1,5 +1,5 @@
 //! A netns's cookie on kernels without `SO_NETNS_COOKIE` (before Linux 5.14), where only a BPF
-//! program can ask for it: a cgroup/sock_create program (allowed to since Linux 5.7) on a scratch
+//! program can ask for it: a `cgroup/sock_create` program (allowed to since Linux 5.7) on a scratch
 //! cgroup, and a child process that joins that cgroup, enters the netns and creates one socket.
 
 use std::{fs::File, io, os::fd::AsRawFd as _};

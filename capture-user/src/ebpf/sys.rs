@@ -59,7 +59,7 @@ fn c_path(path: &Path) -> io::Result<CString> {
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
-/// `BPF_LINK_CREATE`: attach `prog` to `target` (a cgroup or netns fd) as a bpf_link.
+/// `BPF_LINK_CREATE`: attach `prog` to `target` (a cgroup or netns fd) as a `bpf_link`.
 pub fn link_create(
     prog: BorrowedFd<'_>,
     target: BorrowedFd<'_>,
@@ -74,7 +74,7 @@ pub fn link_create(
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// `BPF_PROG_ATTACH` of an sk_msg program to a sockmap or sockhash. The map holds the program
+/// `BPF_PROG_ATTACH` of an `sk_msg` program to a sockmap or sockhash. The map holds the program
 /// from then on (it has no link), so the attachment lasts as long as the map's pin; attaching
 /// another program replaces it for sockets that join later.
 pub fn prog_attach_to_map(
@@ -191,7 +191,7 @@ pub fn prog_id(prog: BorrowedFd<'_>) -> io::Result<u32> {
     Ok(u32_at(&info, 4))
 }
 
-/// The id of the program a link runs (`struct bpf_link_info`: type, id, prog_id).
+/// The id of the program a link runs (`struct bpf_link_info`: type, id, `prog_id`).
 pub fn link_prog_id(link: BorrowedFd<'_>) -> io::Result<u32> {
     let mut info = [0u8; 12];
     obj_info(link, &mut info)?;

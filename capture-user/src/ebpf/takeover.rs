@@ -316,28 +316,25 @@ pub(super) fn move_pod(
     for (hook, prog) in programs.iter().filter(|(h, _)| h.needed_by(&pod.config)) {
         wanted.insert(hook.program);
         let pin = dir.join(hook.program);
-        match sys::obj_get(&pin) {
-            Ok(link) => {
-                let runs = sys::link_prog_id(link.as_fd()).map_err(|e| e.to_string())?;
-                if runs == sys::prog_id(prog.as_fd()).map_err(|e| e.to_string())? {
-                    continue;
-                }
-                sys::link_update(link.as_fd(), prog.as_fd(), None)
-                    .map_err(|e| format!("updating the {} link: {e}", hook.hook))?;
+        if let Ok(link) = sys::obj_get(&pin) {
+            let runs = sys::link_prog_id(link.as_fd()).map_err(|e| e.to_string())?;
+            if runs == sys::prog_id(prog.as_fd()).map_err(|e| e.to_string())? {
+                continue;
             }
-            Err(_) => {
-                fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-                with_target(pod, |target| {
-                    let on = match hook.target {
-                        Target::Cgroup => target.cgroup.as_fd(),
-                        Target::Netns => target.netns.as_fd(),
-                    };
-                    let link = sys::link_create(prog.as_fd(), on, hook.attach_type)
-                        .map_err(|e| format!("linking {}: {e}", hook.hook))?;
-                    sys::obj_pin(link.as_fd(), &pin)
-                        .map_err(|e| format!("pinning {}: {e}", pin.display()))
-                })?;
-            }
+            sys::link_update(link.as_fd(), prog.as_fd(), None)
+                .map_err(|e| format!("updating the {} link: {e}", hook.hook))?;
+        } else {
+            fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            with_target(pod, |target| {
+                let on = match hook.target {
+                    Target::Cgroup => target.cgroup.as_fd(),
+                    Target::Netns => target.netns.as_fd(),
+                };
+                let link = sys::link_create(prog.as_fd(), on, hook.attach_type)
+                    .map_err(|e| format!("linking {}: {e}", hook.hook))?;
+                sys::obj_pin(link.as_fd(), &pin)
+                    .map_err(|e| format!("pinning {}: {e}", pin.display()))
+            })?;
         }
         moved += 1;
     }

@@ -1,6 +1,6 @@
 //! Which iptables writes a pod's rules: the node's own variant, nft or legacy, found as Istio
 //! finds it. Both write into the pod's netns, but the kernel of a node may support one only (no
-//! nf_tables on an old kernel, no ip_tables on a new distribution), and a node's tools and people
+//! `nf_tables` on an old kernel, no `ip_tables` on a new distribution), and a node's tools and people
 //! expect one: the variant whose rules the node already holds (kube-proxy's, the kubelet's
 //! canaries) is the one that works there. Where neither holds rules, the unsuffixed names
 //! decide (`iptables-restore` on the PATH: nft in the agent's image, the alternatives' choice on a

@@ -192,7 +192,7 @@ impl Bed {
         (load, per_op)
     }
 
-    /// Cumulative (run_cnt, run_time_ns) of this pod's capture programs (its own pinned set).
+    /// Cumulative (`run_cnt`, `run_time_ns`) of this pod's capture programs (its own pinned set).
     fn program_counters(&self) -> BTreeMap<String, (u64, u64)> {
         let dir = crate::topology::node_pin_dir(&self.topo.dirs.bpffs).join("programs");
         let mut out = BTreeMap::new();
@@ -246,7 +246,7 @@ impl Bed {
         (costs, load.ops)
     }
 
-    /// TIME_WAIT sockets and conntrack entries in the pod's netns now.
+    /// `TIME_WAIT` sockets and conntrack entries in the pod's netns now.
     pub(super) fn aftermath(&self) -> Aftermath {
         let tcp = Command::new("nsenter")
             .arg(format!("--net={}", self.topo.pod.netns.path().display()))

@@ -8,7 +8,7 @@
 
 use std::{fs, mem};
 
-/// A set of CPUs, as sched_setaffinity takes it.
+/// A set of CPUs, as `sched_setaffinity` takes it.
 #[derive(Clone, Copy)]
 pub struct Cpus(libc::cpu_set_t);
 
@@ -18,7 +18,7 @@ impl Cpus {
         // SAFETY: an all-zero cpu_set_t is a valid empty set; the kernel fills it.
         let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
         // SAFETY: `set` is a cpu_set_t of the size given.
-        let rc = unsafe { libc::sched_getaffinity(0, size_of_val(&set), &mut set) };
+        let rc = unsafe { libc::sched_getaffinity(0, size_of_val(&set), &raw mut set) };
         assert_eq!(
             rc,
             0,
@@ -64,7 +64,7 @@ impl Cpus {
 
     fn confine_task(&self, tid: libc::pid_t) {
         // SAFETY: `self.0` is a cpu_set_t of the size given.
-        let rc = unsafe { libc::sched_setaffinity(tid, size_of_val(&self.0), &self.0) };
+        let rc = unsafe { libc::sched_setaffinity(tid, size_of_val(&self.0), &raw const self.0) };
         // A thread that has just exited is no longer there to confine.
         let err = std::io::Error::last_os_error();
         assert!(

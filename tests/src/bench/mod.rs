@@ -32,7 +32,7 @@ pub enum Mode {
     None,
     Iptables,
     Ebpf,
-    /// ebpf with the app-to-proxy acceleration (sk_msg) on, whatever this kernel's checks found:
+    /// ebpf with the app-to-proxy acceleration (`sk_msg`) on, whatever this kernel's checks found:
     /// the report says which differences were accepted for the measurement.
     EbpfAccel,
 }
@@ -54,11 +54,11 @@ impl Mode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Settings {
-    /// The kernel's defaults, as nodes run them (`tcp_tw_reuse=2`: TIME_WAIT ports are reused
+    /// The kernel's defaults, as nodes run them (`tcp_tw_reuse=2`: `TIME_WAIT` ports are reused
     /// for loopback connections only).
     Default,
     /// Tuned for connection churn: `tcp_tw_reuse=1` and ports 1024-65000, so that no mode runs out
-    /// of ephemeral ports in TIME_WAIT.
+    /// of ephemeral ports in `TIME_WAIT`.
     Tuned,
 }
 
@@ -74,7 +74,7 @@ impl Settings {
 pub enum Proxy {
     /// A minimal echo listener: the cost of capture itself.
     Echo,
-    /// Reads SO_ORIGINAL_DST and connects upstream (Envoy's outbound shape).
+    /// Reads `SO_ORIGINAL_DST` and connects upstream (Envoy's outbound shape).
     Forward,
 }
 
@@ -129,7 +129,7 @@ pub struct CellResult {
 /// What connection churn leaves in a pod's netns.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Aftermath {
-    /// Sockets in TIME_WAIT (each holds its 4-tuple, and its local port unless reused).
+    /// Sockets in `TIME_WAIT` (each holds its 4-tuple, and its local port unless reused).
     pub time_wait: u64,
     /// Conntrack entries (iptables' REDIRECT needs one per connection).
     pub conntrack: u64,
@@ -152,7 +152,7 @@ pub struct AttachScale {
     pub kib_per_pod: f64,
 }
 
-/// In-kernel cost of one capture program in the profiling pass (kernel.bpf_stats_enabled).
+/// In-kernel cost of one capture program in the profiling pass (`kernel.bpf_stats_enabled`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ProgramCost {
     pub program: String,

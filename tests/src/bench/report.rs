@@ -247,6 +247,10 @@ fn cell(
 
 /// The targets, each with its measured value and whether it is met.
 #[must_use]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "the rates of one cell: e(bpf), i(ptables), n(one), a(ccelerated), as in the report's formulas"
+)]
 pub fn targets(r: &Results) -> Vec<(String, bool)> {
     let mut t = Vec::new();
     let echo = super::Proxy::Echo;
@@ -377,6 +381,10 @@ pub fn targets(r: &Results) -> Vec<(String, bool)> {
 
 /// Throughput of each mode relative to no capture, one group of bars per workload.
 #[must_use]
+#[expect(
+    clippy::many_single_char_names,
+    reason = "SVG geometry: x, y, w, h as the format names them"
+)]
 pub fn svg(r: &Results) -> String {
     let (w, row_h, left) = (800.0, 38.0, 330.0);
     let h = 60.0 + row_h * r.cells.len() as f64 * 1.0 + 30.0;

@@ -172,7 +172,7 @@ impl Cri {
     pub fn exec(&mut self, container: &str, cmd: &[&str]) -> Result<ExecSyncResponse, Status> {
         let req = ExecSyncRequest {
             container_id: container.to_string(),
-            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            cmd: cmd.iter().map(ToString::to_string).collect(),
             timeout: 60,
         };
         Ok(self.rt.block_on(self.runtime.exec_sync(req))?.into_inner())

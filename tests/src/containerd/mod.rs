@@ -244,17 +244,16 @@ impl Containerd {
     #[must_use]
     pub fn prepare_pod(&self, spec: &PodSpec<'_>) -> PodSandboxConfig {
         let uid = pod_uid();
-        let parent = match &self.systemd {
-            // kubelet's systemd driver names the pod's slice; systemd makes its cgroup.
-            Some(systemd) => systemd.start_pod_slice(&uid).0,
-            None => {
-                let cgroup = self.pod_cgroup(&uid);
-                std::fs::create_dir_all(&cgroup).expect("the pod cgroup");
-                let rel = cgroup
-                    .strip_prefix(&self.cgroup_mount)
-                    .expect("under the cgroup2 mount");
-                Path::new("/").join(rel).display().to_string()
-            }
+        // kubelet's systemd driver names the pod's slice; systemd makes its cgroup.
+        let parent = if let Some(systemd) = &self.systemd {
+            systemd.start_pod_slice(&uid).0
+        } else {
+            let cgroup = self.pod_cgroup(&uid);
+            std::fs::create_dir_all(&cgroup).expect("the pod cgroup");
+            let rel = cgroup
+                .strip_prefix(&self.cgroup_mount)
+                .expect("under the cgroup2 mount");
+            Path::new("/").join(rel).display().to_string()
         };
         self.made.lock().unwrap().push(self.pod_cgroup(&uid));
         self.sandbox_config(spec, &uid, parent)
@@ -346,7 +345,7 @@ impl Containerd {
             let cid = self
                 .cri()
                 .start_container(&pod.id, &container, &pod.config)?;
-            self.wait_listening(&pod, name);
+            Self::wait_listening(&pod, name);
             pod.containers.insert(name.to_string(), cid);
         }
         Ok(pod)
@@ -456,7 +455,7 @@ impl Containerd {
     }
 
     fn wait_serving(&self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_mins(2);
         loop {
             if self.cri().version().is_ok() {
                 return;
@@ -502,9 +501,9 @@ impl Containerd {
     }
 
     /// Waits until the container's probe has printed `ready` to its log (every listener bound).
-    fn wait_listening(&self, pod: &CriPod, container: &str) {
+    fn wait_listening(pod: &CriPod, container: &str) {
         let log = Path::new(&pod.config.log_directory).join(format!("{container}.log"));
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_mins(1);
         while !std::fs::read_to_string(&log).is_ok_and(|l| l.lines().any(|l| l.ends_with(" ready")))
         {
             assert!(
@@ -576,7 +575,7 @@ impl Drop for Containerd {
     }
 }
 
-/// The pod's network namespace path from a verbose PodSandboxStatus (the runtime spec's
+/// The pod's network namespace path from a verbose `PodSandboxStatus` (the runtime spec's
 /// `network` namespace).
 fn netns_of(info: &std::collections::HashMap<String, String>) -> Option<PathBuf> {
     let info: Value = serde_json::from_str(info.get("info")?).ok()?;

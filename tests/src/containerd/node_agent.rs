@@ -89,7 +89,7 @@ impl Containerd {
     /// Waits until a container has exited, and asserts that it exited 0.
     fn wait_exit_zero(&self, cid: &str, name: &str, config: &PodSandboxConfig) {
         const EXITED: i32 = k8s_cri::v1::ContainerState::ContainerExited as i32;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_mins(2);
         loop {
             let status = self.cri().container_state(cid);
             let (state, code) = status.expect("ContainerStatus");

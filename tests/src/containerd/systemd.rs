@@ -21,7 +21,7 @@ pub const SYSTEMD: &str = "/lib/systemd/systemd";
 
 /// The script that becomes systemd: it runs as PID 1 of the new namespaces, whose cgroup
 /// namespace starts at the cgroup it was started in.
-const BOOT: &str = r#"set -e
+const BOOT: &str = r"set -e
 mount -t tmpfs -o mode=755 run /run
 mkdir -p /run/lock /run/systemd/system
 # Whatever the host has there (a hybrid layout's tmpfs with v1 hierarchies and the unified one
@@ -33,7 +33,7 @@ printf '[Unit]\nDescription=capture test node\nDefaultDependencies=no\n' \
     > /run/systemd/system/capture-node.target
 export container=capture-test
 exec /lib/systemd/systemd --unit=capture-node.target --log-target=null
-"#;
+";
 
 pub struct SystemdNode {
     child: Child,
@@ -70,7 +70,7 @@ impl SystemdNode {
             pid: 0,
             host_root: host_root.to_path_buf(),
         };
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_mins(2);
         loop {
             if node.pid == 0 {
                 node.pid = pid_of_systemd_in(host_root).unwrap_or(0);

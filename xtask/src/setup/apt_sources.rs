@@ -25,7 +25,7 @@ pub fn debian_mirror(suite: &str) -> Result<String> {
     }
     files
         .iter()
-        .filter_map(|path| {
+        .find_map(|path| {
             let text = fs::read_to_string(path).ok()?;
             match path.extension()?.to_str()? {
                 "list" => one_line_mirror(&text, suite),
@@ -34,7 +34,6 @@ pub fn debian_mirror(suite: &str) -> Result<String> {
                 _ => None,
             }
         })
-        .next()
         .with_context(|| {
             format!(
                 "no Debian archive for {suite} in /etc/apt/sources.list or sources.list.d: add \

@@ -57,7 +57,7 @@ pub struct Kernel {
 /// The cached kernel of `line`, fetching and unpacking it first if the cache does not hold it.
 pub fn prepare(cache: &Path, line: &Line) -> Result<Kernel> {
     let dir = cache.join(line.label);
-    if let Some(kernel) = cached(&dir)? {
+    if let Some(kernel) = cached(&dir) {
         return Ok(kernel);
     }
     println!(
@@ -101,14 +101,12 @@ pub fn prepare(cache: &Path, line: &Line) -> Result<Kernel> {
     run(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
     fs::remove_file(&deb)?;
     fs::write(dir.join(STAMP), format!("{release}\n"))?;
-    cached(&dir)?.context("the unpacked kernel is incomplete")
+    cached(&dir).context("the unpacked kernel is incomplete")
 }
 
 /// The kernel in `dir` if an earlier run finished unpacking it.
-fn cached(dir: &Path) -> Result<Option<Kernel>> {
-    let Ok(stamp) = fs::read_to_string(dir.join(STAMP)) else {
-        return Ok(None);
-    };
+fn cached(dir: &Path) -> Option<Kernel> {
+    let stamp = fs::read_to_string(dir.join(STAMP)).ok()?;
     let release = stamp.trim().to_string();
     let root = dir.join("root");
     let vmlinuz = root.join(format!("boot/vmlinuz-{release}"));
@@ -116,11 +114,11 @@ fn cached(dir: &Path) -> Result<Option<Kernel>> {
         && root
             .join(format!("lib/modules/{release}/modules.dep"))
             .exists();
-    Ok(complete.then_some(Kernel {
+    complete.then_some(Kernel {
         release,
         vmlinuz,
         root,
-    }))
+    })
 }
 
 /// Refreshes the private package lists for `line`'s suite and names its newest generic kernel

@@ -61,10 +61,10 @@ report_skips() {
 /// Powers off (sysrq works whatever the sysrq mask says when written
 /// from /proc; should it not, bash exiting as PID 1 panics and `panic=-1` reboots, which qemu's
 /// `-no-reboot` turns into an exit).
-const EPILOGUE: &str = r#"say done
+const EPILOGUE: &str = r"say done
 echo o > /proc/sysrq-trigger
 sleep 30
-"#;
+";
 
 /// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter` appended.
 pub fn write(

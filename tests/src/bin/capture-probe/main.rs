@@ -54,14 +54,14 @@ enum Cmd {
         /// NAME=ADDR: a UDP echo socket.
         #[arg(long = "udp")]
         udp: Vec<String>,
-        /// Transparent listeners (IP_TRANSPARENT), as a TPROXY-mode proxy's.
+        /// Transparent listeners (`IP_TRANSPARENT`), as a TPROXY-mode proxy's.
         #[arg(long)]
         transparent: bool,
-        /// SO_REUSEPORT listeners, as Envoy's workers open them (one group per address across
+        /// `SO_REUSEPORT` listeners, as Envoy's workers open them (one group per address across
         /// processes of the same uid).
         #[arg(long)]
         reuseport: bool,
-        /// IPv6 listeners take IPv4 connections too (IPV6_V6ONLY off), as a proxy on `[::]` alone.
+        /// IPv6 listeners take IPv4 connections too (`IPV6_V6ONLY` off), as a proxy on `[::]` alone.
         #[arg(long)]
         dual_stack: bool,
     },
@@ -79,11 +79,11 @@ enum Cmd {
         #[arg(long)]
         udp: bool,
     },
-    /// Print the answers of many getsockopt calls (see capture_tests::sockopt_survey) as JSON;
+    /// Print the answers of many getsockopt calls (see `capture_tests::sockopt_survey`) as JSON;
     /// runs as root (it sets supplementary groups).
     Sockopts,
     /// Open COUNT connections at once (round-robin over the --to addresses), print how many were
-    /// established, hold them (see capture_tests::flood::hold for the stdin commands).
+    /// established, hold them (see `capture_tests::flood::hold` for the stdin commands).
     Flood {
         #[arg(long, required = true)]
         to: Vec<SocketAddr>,
@@ -93,14 +93,14 @@ enum Cmd {
         #[arg(long, default_value_t = 512)]
         window: usize,
         /// A connect not established after this long counts as ETIMEDOUT. A connect waits
-        /// behind the rest of its window (the limits tests size theirs with flood::window_for,
+        /// behind the rest of its window (the limits tests size theirs with `flood::window_for`,
         /// whose slowest connect took 1.3 s in a starved emulated guest), so this is a bound
         /// for a stuck handshake, not a measure of the window.
         #[arg(long, default_value_t = 20_000)]
         patience_ms: u64,
     },
-    /// A proxy that accepts every connection, reads its SO_ORIGINAL_DST and holds it; see
-    /// capture_tests::flood::sink for its stdin commands.
+    /// A proxy that accepts every connection, reads its `SO_ORIGINAL_DST` and holds it; see
+    /// `capture_tests::flood::sink` for its stdin commands.
     Sink {
         #[arg(long, required = true)]
         listen: Vec<SocketAddr>,
@@ -109,11 +109,11 @@ enum Cmd {
         /// Accept only after a line `accept`.
         #[arg(long)]
         deferred: bool,
-        /// TCP_DEFER_ACCEPT, in seconds: the kernel completes a connection on the listener's side
+        /// `TCP_DEFER_ACCEPT`, in seconds: the kernel completes a connection on the listener's side
         /// only once data arrives, while the client's side is established already.
         #[arg(long)]
         defer_accept: Option<i32>,
-        /// SO_REUSEPORT: one of several workers sharing the port.
+        /// `SO_REUSEPORT`: one of several workers sharing the port.
         #[arg(long)]
         reuseport: bool,
     },
@@ -128,10 +128,10 @@ enum Cmd {
     /// Do nothing until SIGTERM or SIGINT, reaping children meanwhile: a pod sandbox's pause
     /// process (the containerd tests' pause image runs it as PID 1).
     Pause,
-    /// Istio's istio-validation check (capture_tests::istio_validation): exit 0 when it
+    /// Istio's istio-validation check (`capture_tests::istio_validation)`: exit 0 when it
     /// passes, 1 with the reason when it does not.
     IstioValidation {
-        /// The pod's address is IPv6: check on ::1 and ::6.
+        /// The pod's address is IPv6: check on `::1` and `::6`.
         #[arg(long)]
         ipv6: bool,
         #[arg(long, default_value_t = 5)]
@@ -139,7 +139,7 @@ enum Cmd {
     },
     /// Print `ready`, then connect once per line of stdin (`{"to": ADDR, "udp": BOOL,
     /// "v6_socket": BOOL}`) and print each outcome as `connect` does, until stdin ends: many
-    /// connects of one identity from one place without a process each (capture_tests::probe::
+    /// connects of one identity from one place without a process each (`capture_tests::probe::`
     /// Sessions).
     Session,
     /// Connect once and print the outcome.
@@ -152,7 +152,7 @@ enum Cmd {
         /// Use UDP (connect, send, expect the echo).
         #[arg(long)]
         udp: bool,
-        /// Create the socket as UID:GID, then switch to --uid/--gid before connect().
+        /// Create the socket as UID:GID, then switch to --uid/--gid before `connect()`.
         #[arg(long)]
         create_as: Option<String>,
         /// Use an IPv6 socket even for an IPv4-mapped destination.
@@ -161,10 +161,10 @@ enum Cmd {
         /// Wait for a line on stdin before connecting.
         #[arg(long)]
         wait_stdin: bool,
-        /// IP_TRANSPARENT on the socket (bind a non-local source, as original-source proxying does).
+        /// `IP_TRANSPARENT` on the socket (bind a non-local source, as original-source proxying does).
         #[arg(long)]
         transparent: bool,
-        /// SO_MARK for the socket.
+        /// `SO_MARK` for the socket.
         #[arg(long)]
         mark: Option<u32>,
     },

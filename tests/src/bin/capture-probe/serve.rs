@@ -22,7 +22,7 @@ fn parse_named(spec: &str) -> (String, SocketAddr) {
     )
 }
 
-/// IP_TRANSPARENT (IPV6_TRANSPARENT for IPv6 sockets).
+/// `IP_TRANSPARENT` (`IPV6_TRANSPARENT` for IPv6 sockets).
 pub(super) fn set_transparent(fd: &std::os::fd::OwnedFd, ipv6: bool) {
     let on: libc::c_int = 1;
     let (level, opt) = if ipv6 {
