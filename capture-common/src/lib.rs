@@ -36,15 +36,26 @@ pub const SOL_IPV6: i32 = 41;
 mod user {
     use crate::{config, keys, state};
 
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for config::PodConfig {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for config::PodCounters {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for config::AccelCounters {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for keys::PortKey {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for keys::CidrKey {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for keys::HandoffKey {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for keys::PodAddrKey {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for keys::ListenerKey {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for keys::LoopbackKey {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for state::OriginalDst {}
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for state::SockState {}
 }

@@ -79,8 +79,9 @@ pub fn join(
     state.flags = (state.flags | SOCK_NETNS_KNOWN) & !(SOCK_ACCEL_REDIRECTING | SOCK_ACCEL_PASSING);
     let mut own = c.own_key();
     // SAFETY: `ops` is the program's context, valid for the whole run.
+    let ops = unsafe { &mut *ops };
     if ACCEL_PEERS
-        .update(&mut own, unsafe { &mut *ops }, u64::from(BPF_ANY))
+        .update(&mut own, ops, u64::from(BPF_ANY))
         .is_err()
     {
         state.flags |= SOCK_ACCEL_PASSING;

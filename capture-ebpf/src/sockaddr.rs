@@ -40,36 +40,41 @@ pub fn sock_addr(ctx: &SockAddrContext) -> SockAddr {
     SockAddr(ctx.sock_addr)
 }
 
-// SAFETY (every method): the pointer is the kernel's context, valid for the whole program run;
-// each access is a place expression on it (no reference is made), of the field's own size, as
-// the verifier requires of context accesses.
+// In every method: the pointer is the kernel's context, valid for the whole program run; each
+// access is a place expression on it (no reference is made), of the field's own size, as the
+// verifier requires of context accesses.
 impl SockAddr {
     /// The calling socket (`sk` is the union's only pointer member in `sock_addr` programs).
     #[inline(always)]
     pub fn sk(self) -> *mut bpf_sock {
+        // SAFETY: the context pointer, as above.
         unsafe { (*self.0).__bindgen_anon_1.sk }
     }
 
     /// `SOCK_STREAM` or `SOCK_DGRAM`.
     #[inline(always)]
     pub fn sock_type(self) -> u32 {
+        // SAFETY: the context pointer, as above.
         unsafe { (*self.0).type_ }
     }
 
     /// Network order.
     #[inline(always)]
     pub fn user_ip4(self) -> u32 {
+        // SAFETY: the context pointer, as above.
         unsafe { (*self.0).user_ip4 }
     }
 
     #[inline(always)]
     pub fn set_user_ip4(self, addr: u32) {
+        // SAFETY: the context pointer, as above.
         unsafe { (*self.0).user_ip4 = addr }
     }
 
     /// Network order, word by word (the verifier accepts only 4-byte accesses there).
     #[inline(always)]
     pub fn user_ip6(self) -> [u32; 4] {
+        // SAFETY: the context pointer, as above.
         unsafe {
             [
                 (*self.0).user_ip6[0],
@@ -82,6 +87,7 @@ impl SockAddr {
 
     #[inline(always)]
     pub fn set_user_ip6(self, addr: [u32; 4]) {
+        // SAFETY: the context pointer, as above.
         unsafe {
             (*self.0).user_ip6[0] = addr[0];
             (*self.0).user_ip6[1] = addr[1];
@@ -93,12 +99,14 @@ impl SockAddr {
     /// The port in network order, in the low half of the word.
     #[inline(always)]
     pub fn user_port(self) -> u32 {
+        // SAFETY: the context pointer, as above.
         unsafe { (*self.0).user_port }
     }
 
     /// `port` in host order.
     #[inline(always)]
     pub fn set_port(self, port: u16) {
+        // SAFETY: the context pointer, as above.
         unsafe { (*self.0).user_port = u32::from(port.to_be()) }
     }
 }

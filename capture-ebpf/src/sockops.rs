@@ -187,8 +187,9 @@ fn try_listen(ctx: &SockOpsContext) -> Result<(), Skipped> {
             slot,
         };
         // SAFETY: the context pointer is valid for the whole program run.
+        let ops = unsafe { &mut *ctx.ops };
         if INBOUND_LISTENERS
-            .update(key, unsafe { &mut *ctx.ops }, u64::from(BPF_NOEXIST))
+            .update(key, ops, u64::from(BPF_NOEXIST))
             .is_ok()
         {
             registered = true;

@@ -179,9 +179,9 @@ fn listener(addr: SocketAddr, options: &SinkOptions) -> io::Result<TcpListener> 
     }
     let (storage, len) = sockaddr_of(addr);
     // SAFETY: `storage` holds a sockaddr of `len` bytes.
-    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const storage).cast(), len) } != 0
-        || unsafe { libc::listen(fd.as_raw_fd(), options.backlog) } != 0
-    {
+    let bound = unsafe { libc::bind(fd.as_raw_fd(), (&raw const storage).cast(), len) };
+    // SAFETY: a plain call on a socket this function owns.
+    if bound != 0 || unsafe { libc::listen(fd.as_raw_fd(), options.backlog) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(TcpListener::from(fd))

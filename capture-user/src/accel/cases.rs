@@ -502,6 +502,7 @@ fn ulp_tls(p: &Pair<'_>) -> io::Result<Observation> {
 
 fn original_destination(p: &Pair<'_>) -> io::Result<Observation> {
     let (app, proxy) = p.connect()?;
+    // SAFETY: all-zero bytes are a valid sockaddr_in (plain integers).
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::sockaddr_in>() as u32;
     // SAFETY: a sockaddr_in buffer and its length.
