@@ -5,7 +5,7 @@ use std::{
     io::{Read as _, Write as _},
     net::{TcpStream, ToSocketAddrs},
     process::Child,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 /// What the agent's /metrics says it serves: the Prometheus text format, version 0.0.4.
@@ -133,24 +133,23 @@ impl Agent {
 
     /// Waits until /readyz says ready.
     pub fn wait_ready(&self) {
-        let deadline = Instant::now() + READY_PATIENCE;
-        while self.get("/readyz").is_none_or(|(code, _)| code != 200) {
-            assert!(Instant::now() < deadline, "the agent did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait::wait_until(READY_PATIENCE, "the agent to be ready", || {
+            match self.get("/readyz") {
+                Some((200, _)) => Ok(()),
+                Some((code, body)) => Err(format!("{code} {body}")),
+                None => Err("no answer".into()),
+            }
+        });
     }
 
     /// Waits until the agent answers /readyz at all; its answer.
     #[must_use]
     pub fn wait_answer(&self, path: &str) -> (u16, String) {
-        let deadline = Instant::now() + READY_PATIENCE;
-        loop {
-            if let Some(answer) = self.get(path) {
-                return answer;
-            }
-            assert!(Instant::now() < deadline, "the agent never answered {path}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait::wait_until(
+            READY_PATIENCE,
+            &format!("the agent to answer {path}"),
+            || self.get(path).ok_or_else(|| "no answer".to_string()),
+        )
     }
 
     /// The agent's process id.

@@ -8,7 +8,7 @@ use std::{
     io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::{json, Value};
@@ -459,6 +459,17 @@ impl Node {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
+    /// Where a pod's connection lands if it bypasses capture: a listener on port 80 of the node
+    /// netns, which the pods reach at their gateway, answering as `remote`.
+    #[must_use]
+    pub fn start_remote(&self) -> ChildGuard {
+        ChildGuard::spawn_ready(probe_in(&self.netns.path(), None, None).args([
+            "serve",
+            "--tcp",
+            "remote=0.0.0.0:80",
+        ]))
+    }
+
     /// A client in the node netns (like the kubelet or another node's pod).
     #[must_use]
     pub fn client(&self) -> Command {
@@ -528,10 +539,13 @@ pub fn directory_tree(root: &Path) -> Vec<PathBuf> {
 pub fn remove_cgroup_tree(root: &Path) {
     for d in directory_tree(root).iter().rev() {
         let _ = std::fs::write(d.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(d).is_err() && Instant::now() < deadline && d.exists() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let _ = crate::wait::poll_until(Duration::from_secs(5), || {
+            if std::fs::remove_dir(d).is_ok() || !d.exists() {
+                Ok(())
+            } else {
+                Err(())
+            }
+        });
     }
 }
 

@@ -5,7 +5,7 @@ use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, ChildStdout, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use crate::unique;
@@ -45,7 +45,12 @@ pub fn in_netns(netns: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
 /// What `iptables-<variant>-save ARGS` prints in the netns at `netns`; empty where that variant
 /// holds no tables there.
 pub fn saved_rules(netns: &Path, variant: &str, args: &[&str]) -> String {
-    let mut cmd = in_netns(netns, format!("iptables-{variant}-save"));
+    saved_rules_with(netns, &format!("iptables-{variant}-save"), args)
+}
+
+/// What the save tool `tool` prints in `netns` (empty where it prints nothing or fails).
+pub fn saved_rules_with(netns: &Path, tool: &str, args: &[&str]) -> String {
+    let mut cmd = in_netns(netns, tool);
     let out = cmd
         .args(args)
         .output()
@@ -240,10 +245,10 @@ impl CgroupGuard {
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
         let _ = fs::write(self.path.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while fs::remove_dir(&self.path).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Best effort: a guard that cannot clean up must not panic in a panic.
+        let _ = crate::wait::poll_until(Duration::from_secs(5), || {
+            fs::remove_dir(&self.path).map_err(drop)
+        });
     }
 }
 

@@ -18,6 +18,7 @@ pub mod promtool;
 pub mod socket_lb;
 pub mod sockopt_survey;
 pub mod topology;
+pub mod wait;
 
 use std::path::{Path, PathBuf};
 

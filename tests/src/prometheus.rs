@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -61,17 +61,16 @@ impl Prometheus {
             panic!("running prometheus: {e}; `cargo xtask setup` installs it (Debian package prometheus)")
         });
         let mut server = Self { child, dir, addr };
-        let deadline = Instant::now() + Duration::from_mins(2);
-        while http_request(addr, "GET", "/-/ready").is_none_or(|r| r.code != 200) {
+        crate::wait::wait_until(Duration::from_mins(2), "prometheus to be ready", || {
             if let Ok(Some(status)) = server.child.try_wait() {
                 panic!("prometheus exited ({status}) before it was ready");
             }
-            assert!(
-                Instant::now() < deadline,
-                "prometheus was not ready in time"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            match http_request(addr, "GET", "/-/ready") {
+                Some(r) if r.code == 200 => Ok(()),
+                Some(r) => Err(format!("{} {}", r.code, r.body)),
+                None => Err("no answer".into()),
+            }
+        });
         server
     }
 
@@ -106,18 +105,18 @@ impl Prometheus {
         timeout: Duration,
         done: impl Fn(&[Sample]) -> bool,
     ) -> Vec<Sample> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let samples = self.query(expr);
-            if done(&samples) {
-                return samples;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{expr} never gave what was expected; last: {samples:?}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+        crate::wait::wait_until(
+            timeout,
+            &format!("{expr} to give what was expected"),
+            || {
+                let samples = self.query(expr);
+                if done(&samples) {
+                    Ok(samples)
+                } else {
+                    Err(format!("{samples:?}"))
+                }
+            },
+        )
     }
 
     /// The last scrape error of each target (empty when it scraped cleanly).

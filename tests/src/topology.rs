@@ -197,6 +197,13 @@ impl Topology {
         )
     }
 
+    /// The pod's nat table as `save_tool` (`iptables-save`, `ip6tables-legacy-save`, ...) prints
+    /// it from inside the pod's netns.
+    #[must_use]
+    pub fn nat_table(&self, save_tool: &str) -> String {
+        crate::guards::saved_rules_with(&self.pod.netns.path(), save_tool, &["-t", "nat"])
+    }
+
     /// Runs `capture` with this topology's directories.
     pub fn capture(&self, args: &[&str]) -> Output {
         let mut cmd = match &self.node_netns {

@@ -50,16 +50,6 @@ fn sk_msg_refused(status: &Value) -> Option<String> {
         .map(|u| u["reason"].to_string())
 }
 
-fn start_remote(node: &Node) -> capture_tests::guards::ChildGuard {
-    capture_tests::guards::ChildGuard::spawn_ready(
-        capture_tests::probe::probe_in(&node.netns.path(), None, None).args([
-            "serve",
-            "--tcp",
-            "remote=0.0.0.0:80",
-        ]),
-    )
-}
-
 fn captured_answers(got: &Outcome) -> (Option<String>, Option<String>, Option<String>) {
     (got.server(), got.orig(), got.client_peer())
 }
@@ -92,7 +82,7 @@ fn every_case_runs_and_the_node_follows_the_verdict() {
         failed.is_empty() && report["accelerated_bytes"].as_u64() > Some(0)
     );
 
-    let _remote = start_remote(&node);
+    let _remote = node.start_remote();
     let _agent = node.start_agent_with("ebpf", &["--accelerate"]);
     let doctor = node.capture(&["doctor", "--json"]);
     let doctor: Value = serde_json::from_slice(&doctor.stdout).expect("doctor JSON");
@@ -155,7 +145,7 @@ fn accelerated_pods_answer_as_unaccelerated_ones_and_count_their_bytes() {
         .filter(|d| !EDGE_CASES.contains(&d.as_str()))
         .collect();
     let accepting = EDGE_CASES.join(",");
-    let _remote = start_remote(&node);
+    let _remote = node.start_remote();
     let agent = node.start_agent_with(
         "ebpf",
         &["--accelerate", "--accelerate-accepting", &accepting],
@@ -271,14 +261,11 @@ fn an_agent_killed_during_the_checks_leaves_nothing_behind() {
     let mut agent = node.start_agent_with("ebpf", &["--accelerate"]);
     let pid = agent.pid();
     // The checks run in the background from the agent's start; kill it in the middle of them.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
-    while !node.dirs.state.join("accel-check.json").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the checks never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    capture_tests::wait::wait_for(
+        std::time::Duration::from_mins(1),
+        "the checks to start",
+        || node.dirs.state.join("accel-check.json").exists(),
+    );
     std::thread::sleep(std::time::Duration::from_millis(300));
     agent.kill_hard();
     let scratch_of_dead_agent = || {
@@ -294,16 +281,21 @@ fn an_agent_killed_during_the_checks_leaves_nothing_behind() {
     };
     // The next agent removes the dead one's scratch cgroup and releases its scratch pod.
     let _agent = node.start_agent("ebpf");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while scratch_of_dead_agent() || capture_tests::topology::pod_pins_left(&node.dirs.bpffs) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the killed agent's scratch pod stays (cgroup: {}, links: {})",
-            scratch_of_dead_agent(),
-            capture_tests::topology::pod_pins_left(&node.dirs.bpffs)
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    capture_tests::wait::wait_until(
+        std::time::Duration::from_secs(30),
+        "the killed agent's scratch pod to go",
+        || {
+            let (cgroup, links) = (
+                scratch_of_dead_agent(),
+                capture_tests::topology::pod_pins_left(&node.dirs.bpffs),
+            );
+            if cgroup || links {
+                Err(format!("cgroup: {cgroup}, links: {links}"))
+            } else {
+                Ok(())
+            }
+        },
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use capture_tests::cni::Node;
+use capture_tests::{cni::Node, wait::wait_until};
 use serde_json::Value;
 
 /// Sends `request` on a new connection and reads the one-line answer.
@@ -138,16 +138,15 @@ fn clients_beyond_the_limit_are_told_to_come_back() {
         "capture-cni makes it 'try again later'"
     );
     drop(holders);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    wait_until(Duration::from_secs(30), "the agent to serve again", || {
         let mut s = UnixStream::connect(&node.socket).unwrap();
         let _ = s.write_all(STATUS);
         let mut said = String::new();
         let _ = s.read_to_string(&mut said);
         if said.contains("\"ok\":true") {
-            break;
+            Ok(())
+        } else {
+            Err(said)
         }
-        assert!(Instant::now() < deadline, "never served again: {said}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
 }

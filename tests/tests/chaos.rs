@@ -17,8 +17,9 @@ use capture_tests::{
     agent::Agent,
     cni::{directory_tree, CgroupDriver, Node, Pod, MESHED},
     guards::{run, ChildGuard},
-    probe::{connect_with, probe_in, Outcome},
+    probe::{connect_with, Outcome},
     topology::{capture_bin, cgroup_programs, pinned_map_len, pod_pins_left, POD_MAPS},
+    wait::wait_until,
 };
 
 /// The leak count takes the kernel's program, link and map totals: these tests run one at a time.
@@ -55,16 +56,6 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
-/// Where a pod's connection lands if it bypasses capture: a listener on port 80 of the node
-/// netns, which the pods reach at their gateway, answering as `remote`.
-fn start_remote(node: &Node) -> ChildGuard {
-    ChildGuard::spawn_ready(probe_in(&node.netns.path(), None, None).args([
-        "serve",
-        "--tcp",
-        "remote=0.0.0.0:80",
-    ]))
-}
-
 /// The app's connection to the node's listener, as the pod's app makes it.
 fn app_connects(pod: &Pod) -> Outcome {
     connect_with(pod.app_client(), GATEWAY_80)
@@ -76,26 +67,20 @@ const GATEWAY_80: &str = "10.88.0.1:80";
 /// ADD until it succeeds (a failed ADD is cleaned up with a DEL, as runtimes do), and how many
 /// attempts failed on the way.
 fn add_until_done(node: &Node, pod: &mut Pod) -> usize {
-    let deadline = Instant::now() + Duration::from_mins(2);
     let mut failed = 0;
-    loop {
-        match node.add(pod) {
-            Ok(_) => return failed,
-            Err(e) => {
-                failed += 1;
-                assert!(Instant::now() < deadline, "ADD never succeeded: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+    wait_until(Duration::from_mins(2), "ADD to succeed", || {
+        node.add(pod).map(drop).map_err(|e| {
+            failed += 1;
+            e.to_string()
+        })
+    });
+    failed
 }
 
 fn del_until_done(node: &Node, pod: &Pod) {
-    let deadline = Instant::now() + Duration::from_mins(2);
-    while let Err(e) = node.del(pod) {
-        assert!(Instant::now() < deadline, "DEL never succeeded: {e}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_mins(2), "DEL to succeed", || {
+        node.del(pod).map_err(|e| e.to_string())
+    });
 }
 
 /// Everything of capture's a pod could leave behind, counted node-wide.
@@ -164,7 +149,7 @@ fn churn_with_the_agent_killed_at_random_never_bypasses_and_leaves_nothing() {
     let pod_count = scale("CAPTURE_CHAOS_PODS", 200);
     let kills_wanted = scale("CAPTURE_CHAOS_KILLS", 50);
     let node = Node::new();
-    let _remote = start_remote(&node);
+    let _remote = node.start_remote();
     let agent = Mutex::new(node.start_agent("ebpf"));
     let kills = AtomicUsize::new(0);
     let done = AtomicBool::new(false);
@@ -404,7 +389,7 @@ fn a_damaged_record_costs_only_its_own_pod() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let node = Node::new();
-    let _remote = start_remote(&node);
+    let _remote = node.start_remote();
     let mut agent = node.start_agent("ebpf");
     let mut pods: Vec<Pod> = ["healthy-a", "damaged", "healthy-b"]
         .iter()

@@ -6,7 +6,7 @@
 use capture_tests::{
     cni::{CgroupDriver, Node, Pod, MESHED},
     guards::ChildGuard,
-    probe::{connect_with, probe_in, Outcome, Who},
+    probe::{connect_with, probe_in, Who},
 };
 
 /// The app's listeners on every port the defaults are about, and the pod's proxy.
@@ -19,10 +19,6 @@ fn start(pod: &Pod) -> Vec<ChildGuard> {
     }
     servers.push(ChildGuard::spawn_ready(&mut cmd));
     servers
-}
-
-fn served_by(got: &Outcome, server: &str, context: &str) {
-    assert_eq!(got.server().as_deref(), Some(server), "{context}: {got:?}");
 }
 
 fn run(mode: &str) {
@@ -44,16 +40,14 @@ fn run(mode: &str) {
     for port in [15020, 15021, 15090] {
         for pod in [&plain, &annotated] {
             let context = format!("{mode}: inbound {}:{port} ({})", pod.ip(), pod.name);
-            served_by(&from_node(pod.ip(), port), "app", &context);
+            from_node(pod.ip(), port).assert_served_by("app", &context);
         }
     }
-    served_by(
-        &from_node(annotated.ip(), 9000),
+    from_node(annotated.ip(), 9000).assert_served_by(
         "app",
         &format!("{mode}: the annotated pod's own inbound exclusion"),
     );
-    served_by(
-        &from_node(plain.ip(), 9000),
+    from_node(plain.ip(), 9000).assert_served_by(
         "inbound",
         &format!("{mode}: 9000 is captured where no annotation excludes it"),
     );
@@ -61,10 +55,9 @@ fn run(mode: &str) {
     // Outbound: T37, 15020 leaves the plain pod uncaptured (and the other pod's inbound side
     // excludes it too, so its app answers). A pod naming its own exclusions gets only those.
     let t37 = connect_with(plain.app_client(), &format!("{}:15020", annotated.ip()));
-    served_by(&t37, "app", &format!("{mode}: T37"));
+    t37.assert_served_by("app", &format!("{mode}: T37"));
     let own = connect_with(annotated.app_client(), &format!("{}:15020", plain.ip()));
-    served_by(
-        &own,
+    own.assert_served_by(
         "outbound",
         &format!("{mode}: a pod with excludeOutboundPorts has 15020 captured"),
     );
@@ -72,8 +65,7 @@ fn run(mode: &str) {
     // Its own exclusion leaves it uncaptured at the source; the destination pod's inbound
     // capture takes it.
     let excluded = connect_with(annotated.app_client(), &format!("{}:9090", plain.ip()));
-    served_by(
-        &excluded,
+    excluded.assert_served_by(
         "inbound",
         &format!("{mode}: the pod's own outbound exclusion"),
     );

@@ -6,16 +6,12 @@ use std::net::SocketAddrV4;
 
 use capture_tests::{
     cni::{CgroupDriver, Node, MESHED},
-    probe::{connect_with, probe_in, Outcome, Who},
+    probe::{connect_with, probe_in, Who},
     socket_lb::{SocketLb, PROGRAM_NAME},
     topology::capture_bin,
 };
 
 const SERVICE: &str = "10.96.0.50:80";
-
-fn served_by(got: &Outcome, server: &str, context: &str) {
-    assert_eq!(got.server().as_deref(), Some(server), "{context}: {got:?}");
-}
 
 #[test]
 fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
@@ -33,7 +29,7 @@ fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
     // The app's connection to the service reaches its proxy, which learns the service address
     // (as under iptables capture): the balancer saw only 127.0.0.1:15001.
     let app = connect_with(meshed.app_client(), SERVICE);
-    served_by(&app, "outbound", "the app's connection to the service");
+    app.assert_served_by("outbound", "the app's connection to the service");
     assert_eq!(app.orig().as_deref(), Some(SERVICE), "{app:?}");
 
     // The proxy's own connection passes capture, and the balancer sends it to the backend.
@@ -43,7 +39,7 @@ fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
         Some(&Who::proxy()),
     );
     let via_lb = connect_with(proxy, SERVICE);
-    served_by(&via_lb, "app", "the proxy's connection to the service");
+    via_lb.assert_served_by("app", "the proxy's connection to the service");
     assert_eq!(
         via_lb.server_local(),
         Some(to_backend.to_string()),
@@ -52,7 +48,7 @@ fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
 
     // A pod capture leaves alone has only the balancer.
     let plain = connect_with(backend.app_client(), SERVICE);
-    served_by(&plain, "app", "an unmeshed pod's connection to the service");
+    plain.assert_served_by("app", "an unmeshed pod's connection to the service");
 
     // `capture doctor` names the balancer and where it is attached.
     let out = std::process::Command::new(capture_bin())

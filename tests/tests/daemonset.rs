@@ -165,15 +165,14 @@ fn wait_ready(node: &Node, runtime: &Containerd, pod: &daemonset::NodeAgentPod) 
         .readiness
         .clone()
         .expect("the agent's readiness probe");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_mins(2);
-    while http_status_in(&node.netns.path(), &probe.host, probe.port, &probe.path) != Some(200) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the agent never became ready\n{}",
-            runtime.log_tail()
-        );
-        std::thread::sleep(std::time::Duration::from_secs(probe.period_seconds.min(2)));
-    }
+    capture_tests::wait::wait_until(
+        std::time::Duration::from_mins(2),
+        "the agent to become ready",
+        || match http_status_in(&node.netns.path(), &probe.host, probe.port, &probe.path) {
+            Some(200) => Ok(()),
+            other => Err(format!("{other:?}\n{}", runtime.log_tail())),
+        },
+    );
 }
 
 /// The agent in its image writes an iptables pod's rules with the node's own variant: a node

@@ -5,7 +5,7 @@
 
 use capture_tests::{
     cases::{run_cases, Case, Expect::*},
-    guards::{in_netns, run, saved_rules, NetnsGuard},
+    guards::{in_netns, run, NetnsGuard},
     probe::Who,
     topology::Topology,
 };
@@ -21,7 +21,7 @@ fn node_on(variant: &str) -> NetnsGuard {
 
 /// The pod's nat table as `variant` sees it.
 fn nat_table(topo: &Topology, variant: &str) -> String {
-    saved_rules(&topo.pod.netns.path(), variant, &["-t", "nat"])
+    topo.nat_table(&format!("iptables-{variant}-save"))
 }
 
 fn doctor_variant(topo: &Topology) -> (String, String) {

@@ -8,12 +8,9 @@ use capture_tests::{
     guards::{run, ChildGuard},
     probe::{probe_in, Who},
     topology::{cgroup_programs, delete_pinned_map_entries, pinned_map_len, Topology},
+    wait::{poll_until, wait_until},
 };
-use std::{
-    collections::BTreeMap,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, process::Command, time::Duration};
 
 use serde_json::Value;
 
@@ -83,22 +80,25 @@ fn concurrent_connections(backend: Backend, count: usize, dests: &[String]) -> C
         add_counts(&mut got.app_errors, &report["errors"]);
     }
     // The workers may still be accepting the last of them.
-    let deadline = Instant::now() + Duration::from_mins(1);
-    loop {
+    // What arrived by then is judged by the caller.
+    let established = got.established;
+    let reports = poll_until(Duration::from_mins(1), || {
         let reports: Vec<Value> = sinks
             .iter_mut()
             .map(|s| serde_json::from_str(s.ask("report").trim()).expect("sink report"))
             .collect();
         let accepted: u64 = reports.iter().filter_map(|r| r["accepted"].as_u64()).sum();
-        if accepted >= got.established || Instant::now() > deadline {
-            got.accepted = accepted;
-            for r in &reports {
-                add_counts(&mut got.orig, &r["orig"]);
-                add_counts(&mut got.orig_errors, &r["orig_errors"]);
-            }
-            break;
+        if accepted >= established {
+            Ok(reports)
+        } else {
+            Err(reports)
         }
-        std::thread::sleep(Duration::from_millis(200));
+    })
+    .unwrap_or_else(|last| last);
+    got.accepted = reports.iter().filter_map(|r| r["accepted"].as_u64()).sum();
+    for r in &reports {
+        add_counts(&mut got.orig, &r["orig"]);
+        add_counts(&mut got.orig_errors, &r["orig_errors"]);
     }
     eprintln!(
         "{backend:?}: {} of {count} established (app errors {:?}; the slowest connect took {} ms), {} accepted, original destinations {:?}, errors {:?}",
@@ -327,14 +327,16 @@ fn waiting_handshakes(count: usize, conntrack: bool) -> WaitingHandshakes {
 }
 
 fn sink_report_when(sink: &mut ChildGuard, accepted: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    // The callers judge the report, with what they know of the case.
+    poll_until(Duration::from_secs(30), || {
         let report: Value = serde_json::from_str(sink.ask("report").trim()).expect("sink report");
-        if report["accepted"].as_u64() >= Some(accepted) || Instant::now() > deadline {
-            return report;
+        if report["accepted"].as_u64() >= Some(accepted) {
+            Ok(report)
+        } else {
+            Err(report)
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
+    .unwrap_or_else(|last| last)
 }
 
 /// Hand-offs wait in the map while their handshakes are in flight and every one arrives; one
@@ -391,14 +393,13 @@ fn a_handoff_the_proxy_never_took_leaves_with_the_app_socket() {
     let bpffs = w.topo.dirs.bpffs.clone();
     assert_eq!(pinned_map_len(&bpffs, "HANDOFF"), 40);
     assert_eq!(w.flood.ask("reset").trim(), "closed");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pinned_map_len(&bpffs, "HANDOFF") > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(
-        pinned_map_len(&bpffs, "HANDOFF"),
-        0,
-        "hand-offs of closed app sockets stay in the map"
+    wait_until(
+        Duration::from_secs(10),
+        "the hand-offs of closed app sockets to leave the map",
+        || match pinned_map_len(&bpffs, "HANDOFF") {
+            0 => Ok(()),
+            left => Err(format!("{left} entries")),
+        },
     );
     let report = sink_report_when(&mut w.sink, 0);
     assert_eq!(report["accepted"].as_u64(), Some(0), "{report}");

@@ -349,14 +349,11 @@ fn a_del_that_cannot_remove_the_pins_fails_and_the_agent_releases_the_pod_later(
     // Once the pins can go, the agent's own retry releases the pod, with no DEL from anyone.
     drop(read_only);
     let records = node.dirs.state.join("pods");
-    let deadline = Instant::now() + Duration::from_mins(1);
-    while std::fs::read_dir(&records).is_ok_and(|mut d| d.next().is_some()) {
-        assert!(
-            Instant::now() < deadline,
-            "the agent never released the pod"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    capture_tests::wait::wait_for(
+        Duration::from_mins(1),
+        "the agent to release the pod",
+        || std::fs::read_dir(&records).is_ok_and(|mut d| d.next().is_none()),
+    );
     assert!(cgroup_programs(&pod.cgroup).is_empty());
     assert!(
         std::fs::read_dir(node.dirs.bpffs.join("pods")).is_ok_and(|mut d| d.next().is_none()),

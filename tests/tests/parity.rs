@@ -121,10 +121,6 @@ fn status_port_annotation_moves_the_inbound_exclusion() {
     );
 }
 
-fn nat_table(topo: &Topology, tool: &str) -> String {
-    run(Command::new("ip").args(["netns", "exec", &topo.pod.netns.name, tool, "-t", "nat"]))
-}
-
 #[test]
 fn iptables_mode_writes_and_removes_exactly_its_rules() {
     let mut topo = Topology::new();
@@ -134,12 +130,12 @@ fn iptables_mode_writes_and_removes_exactly_its_rules() {
         cgroup_programs(&topo.pod.cgroup.path).is_empty(),
         "iptables mode attaches no programs"
     );
-    let v4 = nat_table(&topo, "iptables-save");
+    let v4 = topo.nat_table("iptables-save");
     assert!(
         v4.contains(":ISTIO_OUTPUT") && v4.contains("-A OUTPUT -j ISTIO_OUTPUT"),
         "{v4}"
     );
-    assert!(nat_table(&topo, "ip6tables-save").contains(":ISTIO_OUTPUT"));
+    assert!(topo.nat_table("ip6tables-save").contains(":ISTIO_OUTPUT"));
     let status = topo.status();
     assert_eq!(status["pods"][0]["mode"], "iptables");
     assert_eq!(status["pods"][0]["in_force"], true, "{status}");
@@ -157,7 +153,7 @@ fn iptables_mode_writes_and_removes_exactly_its_rules() {
         String::from_utf8_lossy(&out.stderr)
     );
     for tool in ["iptables-save", "ip6tables-save"] {
-        let table = nat_table(&topo, tool);
+        let table = topo.nat_table(tool);
         assert!(
             !table.contains("ISTIO"),
             "{tool} still shows Istio chains:\n{table}"

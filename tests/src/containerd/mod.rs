@@ -26,7 +26,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Mutex, MutexGuard},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use k8s_cri::v1::{
@@ -455,19 +455,13 @@ impl Containerd {
     }
 
     fn wait_serving(&self) {
-        let deadline = Instant::now() + Duration::from_mins(2);
-        loop {
-            if self.cri().version().is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "containerd did not serve CRI on {}:\n{}",
-                self.socket.display(),
-                self.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = format!("containerd to serve CRI on {}", self.socket.display());
+        crate::wait::wait_until(Duration::from_mins(2), &what, || {
+            self.cri()
+                .version()
+                .map(drop)
+                .map_err(|e| format!("{e}\n{}", self.log_tail()))
+        });
     }
 
     fn import_images(&self) {
@@ -503,17 +497,15 @@ impl Containerd {
     /// Waits until the container's probe has printed `ready` to its log (every listener bound).
     fn wait_listening(pod: &CriPod, container: &str) {
         let log = Path::new(&pod.config.log_directory).join(format!("{container}.log"));
-        let deadline = Instant::now() + Duration::from_mins(1);
-        while !std::fs::read_to_string(&log).is_ok_and(|l| l.lines().any(|l| l.ends_with(" ready")))
-        {
-            assert!(
-                Instant::now() < deadline,
-                "{}/{container} never said ready; its log: {:?}",
-                pod.name,
-                std::fs::read_to_string(&log)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let what = format!("{}/{container} to say ready", pod.name);
+        crate::wait::wait_until(
+            Duration::from_mins(1),
+            &what,
+            || match std::fs::read_to_string(&log) {
+                Ok(l) if l.lines().any(|l| l.ends_with(" ready")) => Ok(()),
+                other => Err(format!("its log: {other:?}")),
+            },
+        );
     }
 
     fn stop_daemon(&mut self) {
@@ -522,10 +514,10 @@ impl Containerd {
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            // Killed below if it has not stopped by then.
+            let _ = crate::wait::poll_until(Duration::from_secs(20), || {
+                child.try_wait().ok().flatten().map(drop).ok_or(())
+            });
             let _ = child.kill();
             let _ = child.wait();
         }

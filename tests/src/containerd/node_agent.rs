@@ -89,25 +89,19 @@ impl Containerd {
     /// Waits until a container has exited, and asserts that it exited 0.
     fn wait_exit_zero(&self, cid: &str, name: &str, config: &PodSandboxConfig) {
         const EXITED: i32 = k8s_cri::v1::ContainerState::ContainerExited as i32;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_mins(2);
-        loop {
-            let status = self.cri().container_state(cid);
-            let (state, code) = status.expect("ContainerStatus");
+        let what = format!("{name} to exit");
+        let code = crate::wait::wait_until(std::time::Duration::from_mins(2), &what, || {
+            let (state, code) = self.cri().container_state(cid).expect("ContainerStatus");
             if state == EXITED {
-                let log = std::fs::read_to_string(
-                    Path::new(&config.log_directory).join(format!("{name}.log")),
-                )
-                .unwrap_or_default();
-                assert_eq!(code, 0, "{name} exited {code}: {log}");
-                return;
+                Ok(code)
+            } else {
+                Err(self.log_tail())
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{name} did not exit\n{}",
-                self.log_tail()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        });
+        let log =
+            std::fs::read_to_string(Path::new(&config.log_directory).join(format!("{name}.log")))
+                .unwrap_or_default();
+        assert_eq!(code, 0, "{name} exited {code}: {log}");
     }
     /// Starts a containerd (cgroupfs) that sees the node's directories where a node has them,
     /// for the DaemonSet's pod and its hostPath volumes: the node's CNI bin and configuration
