@@ -40,11 +40,30 @@ pub fn on_getpeername4(ctx: &SockAddrContext) {
     else {
         return;
     };
+    answer4(ctx, &orig);
+}
+
+/// Gives `orig` as the address of an IPv4 call (an IPv6 destination cannot be told there).
+#[inline(always)]
+fn answer4(ctx: &SockAddrContext, orig: &OriginalDst) {
     if orig.family != AF_INET {
         return;
     }
     let sa = sock_addr(ctx);
     sa.set_user_ip4(orig.addr[0]);
+    sa.set_port(orig.port);
+}
+
+/// Gives `orig` as the address of an IPv6 call, an IPv4 one v4-mapped.
+#[inline(always)]
+fn answer6(ctx: &SockAddrContext, orig: &OriginalDst) {
+    let addr = if orig.family == AF_INET {
+        v4_mapped(orig.addr[0])
+    } else {
+        orig.addr
+    };
+    let sa = sock_addr(ctx);
+    sa.set_user_ip6(addr);
     sa.set_port(orig.port);
 }
 
@@ -62,13 +81,7 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
     let Some(orig) = redirected_orig(ctx) else {
         return;
     };
-    let addr = if orig.family == AF_INET {
-        v4_mapped(orig.addr[0])
-    } else {
-        orig.addr
-    };
-    sock_addr(ctx).set_user_ip6(addr);
-    sock_addr(ctx).set_port(orig.port);
+    answer6(ctx, &orig);
 }
 
 /// The app's socket of a stateless redirect: its own address is the pod's, as under iptables.
@@ -101,11 +114,7 @@ pub fn on_recvmsg4(ctx: &SockAddrContext) {
     let Some(orig) = dns_reply_origin(ctx, sa.user_ip4() == LOCALHOST4, port) else {
         return;
     };
-    if orig.family != AF_INET {
-        return;
-    }
-    sa.set_user_ip4(orig.addr[0]);
-    sa.set_port(orig.port);
+    answer4(ctx, &orig);
 }
 
 #[inline(always)]
@@ -118,11 +127,5 @@ pub fn on_recvmsg6(ctx: &SockAddrContext) {
     let Some(orig) = dns_reply_origin(ctx, from_proxy, port) else {
         return;
     };
-    let addr = if orig.family == AF_INET {
-        v4_mapped(orig.addr[0])
-    } else {
-        orig.addr
-    };
-    sock_addr(ctx).set_user_ip6(addr);
-    sock_addr(ctx).set_port(orig.port);
+    answer6(ctx, &orig);
 }

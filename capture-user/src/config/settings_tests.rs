@@ -1,7 +1,5 @@
 //! Where each setting comes from: annotation over mesh over flag over default.
 
-use std::collections::BTreeMap;
-
 use super::{
     settings::{Setting, Source},
     CaptureConfig, ConfigError, InterceptionMode, MeshConfig, MeshDefaults, PodSpec,
@@ -10,14 +8,9 @@ use super::{
 
 fn spec(annotations: &[(&str, &str)], mesh: Option<&str>, flags: MeshDefaults) -> PodSpec {
     PodSpec {
-        pod_ips: vec!["10.1.0.10".parse().unwrap()],
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect::<BTreeMap<_, _>>(),
         mesh: flags,
         mesh_config: mesh.map(|text| MeshConfig::parse(text).unwrap()),
-        ..PodSpec::default()
+        ..super::tests::spec(annotations)
     }
 }
 

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-fn spec(annotations: &[(&str, &str)]) -> PodSpec {
+pub(super) fn spec(annotations: &[(&str, &str)]) -> PodSpec {
     PodSpec {
         pod_ips: vec!["10.1.0.10".parse().unwrap()],
         annotations: annotations
