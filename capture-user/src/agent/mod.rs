@@ -10,6 +10,7 @@ mod http;
 mod mesh_watch;
 mod metrics;
 mod node_metrics;
+mod prepare;
 mod socket;
 
 pub use http::HEADER_READ_TIMEOUT;
@@ -481,7 +482,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
 
     // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
     let a = Arc::clone(&agent);
-    let prepared = tokio::task::spawn_blocking(move || prepare(&a)).await?;
+    let prepared = tokio::task::spawn_blocking(move || prepare::prepare(&a)).await?;
     let serving = match prepared {
         Ok(()) => true,
         Err(AgentError::TakeoverStopped(why)) => {
@@ -532,105 +533,6 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let _ = std::fs::remove_file(&socket_path);
     info!("stopping; captured pods stay captured");
     Ok(())
-}
-
-fn prepare(agent: &Agent) -> Result<(), AgentError> {
-    let paths = &agent.cfg.paths;
-    paths.prepare()?;
-    if agent.mode == Mode::Ebpf {
-        use crate::ebpf::{loader::LoadError, EbpfError};
-        match crate::ebpf::adopt_or_load(paths) {
-            Ok(Some(report)) => {
-                info!(from = %report.from, to = %report.to, pods = report.pods, maps = ?report.maps, "took the node over from another build");
-                for failed in &report.failed {
-                    warn!(pod = %failed, "a pod's links still run the old build's programs");
-                }
-            }
-            Ok(None) => {}
-            Err(EbpfError::Load(
-                e @ (LoadError::NewerLayout { .. } | LoadError::CannotCarry { .. }),
-            )) => return Err(AgentError::TakeoverStopped(e)),
-            Err(e) => return Err(AgentError::Programs(e)),
-        }
-    }
-    prepare_acceleration(
-        paths,
-        agent.cfg.accelerate && agent.mode == Mode::Ebpf,
-        &agent.cfg.accelerate_accepting,
-    );
-    let status = ops::status(paths).map_err(AgentError::Status)?;
-    for pod in &status.pods {
-        let r = &pod.record;
-        if pod.in_force {
-            info!(netns = %r.netns.display(), mode = %r.mode, "adopted captured pod");
-        } else {
-            warn!(netns = %r.netns.display(), mode = %r.mode, missing = ?pod.missing, "captured pod is not fully in force");
-        }
-    }
-    Ok(())
-}
-
-/// Records whether the node allows acceleration (and which differences it accepts) and, when it
-/// does, makes sure this kernel and build get checked (in the background, if they have not
-/// been). A check that cannot run is a failed verdict: acceleration stays off, and status says
-/// why.
-fn prepare_acceleration(paths: &Paths, allowed: bool, accepted: &[String]) {
-    let mut node = crate::accel::load(paths);
-    node.allowed = allowed;
-    node.accepted = accepted.to_vec();
-    if let Err(e) = crate::accel::save(paths, &node) {
-        warn!(error = %e, "recording the node's acceleration setting");
-    }
-    if !allowed
-        || node
-            .check
-            .as_ref()
-            .is_some_and(crate::accel::Verdict::is_current)
-    {
-        return;
-    }
-    // In the background: readiness does not wait for an optional feature. Pods captured before
-    // the verdict are not accelerated (status says why).
-    let paths = paths.clone();
-    let accepted = accepted.to_vec();
-    std::thread::spawn(move || run_acceleration_checks(&paths, &accepted, node));
-}
-
-fn run_acceleration_checks(
-    paths: &Paths,
-    accepted: &[String],
-    mut node: crate::accel::NodeAcceleration,
-) {
-    info!("running the acceleration's correctness checks on this kernel");
-    match ops::accel_check(paths) {
-        Ok(report) => {
-            let unaccepted = report.verdict().unaccepted(accepted);
-            if unaccepted.is_empty() {
-                info!(
-                    cases = report.cases.len(),
-                    "acceleration checks passed; pods that ask are accelerated"
-                );
-            } else {
-                warn!(differences = ?unaccepted, "acceleration checks found differences; no pod is accelerated");
-            }
-        }
-        Err(e) => {
-            warn!(error = %e, "the acceleration checks could not run; no pod is accelerated");
-            node.check = Some(crate::accel::Verdict {
-                kernel: crate::accel::kernel_release(),
-                build: crate::ebpf::loader::build_name(),
-                cases: 0,
-                failed: vec![crate::accel::FailedCase {
-                    name: "the checks could not run".into(),
-                    plain: e.to_string(),
-                    accelerated: String::new(),
-                }],
-                accelerated_bytes: 0,
-                checked_at_unix: crate::record::now_unix(),
-            });
-            let _ = crate::accel::save(paths, &node);
-        }
-    }
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
