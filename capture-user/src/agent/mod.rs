@@ -110,23 +110,28 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Ready, or why not: serving, with a mesh configuration for new pods where it reads one.
+    /// Ready, or every reason why not: serving, with a mesh configuration for new pods where it
+    /// reads one (a file that cannot be used is told from the start, not only once the programs
+    /// are loaded).
     fn readiness(&self) -> Result<(), String> {
         let phase = self
             .phase
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        match phase {
+        let phase = match phase {
             Phase::Starting => {
-                Err("the agent is starting (loading the node's kernel programs)".into())
+                Some("the agent is starting (loading the node's kernel programs)".to_string())
             }
-            Phase::CannotServe(why) => Err(format!("the agent cannot serve this node: {why}")),
-            Phase::Stopping => Err("the agent is stopping".into()),
-            Phase::Serving => match self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable) {
-                Some(why) => Err(why),
-                None => Ok(()),
-            },
+            Phase::CannotServe(why) => Some(format!("the agent cannot serve this node: {why}")),
+            Phase::Stopping => Some("the agent is stopping".to_string()),
+            Phase::Serving => None,
+        };
+        let mesh = self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable);
+        match (phase, mesh) {
+            (None, None) => Ok(()),
+            (Some(why), None) | (None, Some(why)) => Err(why),
+            (Some(phase), Some(mesh)) => Err(format!("{phase}; and {mesh}")),
         }
     }
 
@@ -469,6 +474,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         mesh,
         metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
     });
+    // A small file: read before anything else, so that readiness tells a bad one from the start.
+    agent.refresh_mesh();
     // Served from now on, so that /healthz answers and /readyz says "not ready" while the
     // programs load.
     tokio::spawn(http::serve(Arc::clone(&agent), http, http::Endpoints::All));
@@ -500,8 +507,6 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     if serving {
         tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
         if agent.mesh.is_some() {
-            // A small file: read here, so that readiness is told right from the start.
-            agent.refresh_mesh();
             tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
         }
         agent.enter(Phase::Serving);

@@ -143,11 +143,20 @@ fn dns_capture_from_the_mesh_configuration_and_a_pods_own() {
         "ebpf",
         &["--mesh-config", mesh_arg],
     );
+    // Not ready from its first answer, and (once its programs are loaded) for the file alone.
     let (code, body) = agent.wait_answer("/readyz");
     assert_eq!(code, 503, "{body}");
     assert!(
         body.contains(mesh_arg) && body.contains("not YAML"),
         "{body}"
+    );
+    capture_tests::wait::wait_until(
+        std::time::Duration::from_mins(2),
+        "the agent to have loaded its programs",
+        || match agent.get("/readyz") {
+            Some((503, body)) if !body.contains("starting") => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
     );
     let mut first = node.pod("first", CgroupDriver::Systemd, injected::SIDECAR);
     let refused = node
