@@ -108,13 +108,12 @@ async fn respond(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match route(req.method(), req.uri().path(), endpoints) {
         Route::Health => text(StatusCode::OK, "ok\n"),
-        Route::Ready if agent.is_ready() => text(StatusCode::OK, "ready\n"),
-        Route::Ready => match agent.not_ready_reason() {
-            Some(why) => text(
+        Route::Ready => match agent.readiness() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready: {why}\n"),
             ),
-            None => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         },
         Route::Metrics => match agent.render_metrics().await {
             Ok(body) => with_type(StatusCode::OK, metrics::CONTENT_TYPE, body),

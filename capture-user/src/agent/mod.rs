@@ -139,10 +139,6 @@ impl Agent {
         self.readiness().is_ok()
     }
 
-    fn not_ready_reason(&self) -> Option<String> {
-        self.readiness().err()
-    }
-
     fn enter(&self, phase: Phase) {
         *self.phase.lock().unwrap_or_else(PoisonError::into_inner) = phase;
         self.metrics.set_ready(self.is_ready());
@@ -176,15 +172,12 @@ impl Agent {
                 netns,
             } => ("del", self.del(container_id, netns)),
             Request::Check { container_id } => ("check", self.check(container_id)),
-            Request::Status if self.is_ready() => {
-                ("status", Response::ok(format!("ready, mode {}", self.mode)))
-            }
             Request::Status => (
                 "status",
-                Response::failed(
-                    FailureKind::NotReady,
-                    self.not_ready_reason().unwrap_or_default(),
-                ),
+                match self.readiness() {
+                    Ok(()) => Response::ok(format!("ready, mode {}", self.mode)),
+                    Err(why) => Response::failed(FailureKind::NotReady, why),
+                },
             ),
             Request::Gc {
                 valid_container_ids,
@@ -510,7 +503,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
         }
         agent.enter(Phase::Serving);
-        match agent.not_ready_reason() {
+        match agent.readiness().err() {
             None => info!(
                 socket = %socket_path.display(),
                 http = %agent.cfg.http,

@@ -136,10 +136,7 @@ fn report_left_alone(
             namespace: k8s.namespace,
             name: k8s.name,
             uid: k8s.uid,
-            container_id: args
-                .container_id()
-                .map(ToString::to_string)
-                .unwrap_or_default(),
+            container_id: container_id(args).unwrap_or_default(),
         },
         netns: args.netns().cloned(),
         reason,

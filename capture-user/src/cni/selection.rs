@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{K8sArgs, PluginConfig};
-use crate::left_alone::Reason;
+use crate::{config::mesh_config::go_parse_bool, left_alone::Reason};
 
 pub const ANN_SIDECAR_STATUS: &str = "sidecar.istio.io/status";
 pub const ANN_INJECT: &str = "sidecar.istio.io/inject";
@@ -155,16 +155,6 @@ fn unreadable(raw: &str, why: &str) -> String {
     )
 }
 
-/// Go's `strconv.ParseBool`, which istio-cni reads the inject annotation with: any other value
-/// is ignored.
-fn go_parse_bool(value: &str) -> Option<bool> {
-    match value {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
-
 /// Should this pod be captured? `Some(reason)` when it must be left alone.
 #[must_use]
 pub fn skip_reason(
@@ -193,6 +183,7 @@ pub fn skip_reason(
         return Some(Skip::NotASidecar(router.to_string()));
     }
     if let Some(value) = annotations.get(ANN_INJECT) {
+        // Go's strconv.ParseBool, as istio-cni reads it: any other value is ignored.
         if go_parse_bool(value) == Some(false) {
             return Some(Skip::InjectionDisabled(value.clone()));
         }

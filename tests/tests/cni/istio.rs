@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use capture_tests::{
-    cni::{CgroupDriver, Node},
+    cni::{pod_status, CgroupDriver, Node},
     injected, istio_validation,
     probe::connect_with,
     topology::{cgroup_programs, POD_CGROUP_HOOKS},
@@ -83,16 +83,7 @@ fn the_pods_istio_cni_captures_and_no_others() {
             .collect()
     };
     let status = node.status();
-    let notes = |name: &str| {
-        status["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pod"]["name"] == name)
-            .unwrap_or_else(|| panic!("{name} not in {status}"))
-            .get("notes")
-            .cloned()
-    };
+    let notes = |name: &str| pod_status(&status, name).get("notes").cloned();
     assert_eq!(notes("reviews"), None, "a readable status needs no note");
     let note = notes("productpage").expect("a note on the unreadable status");
     assert!(

@@ -4,7 +4,7 @@
 //! good one, and an agent that has never had a good one not ready and saying why.
 
 use capture_tests::{
-    cni::{error_code, CgroupDriver, Node, Pod},
+    cni::{error_code, pod_status, CgroupDriver, Node, Pod},
     guards::ChildGuard,
     injected,
     probe::{connect_opts, probe_in, ConnectOpts, Outcome, Who},
@@ -42,12 +42,7 @@ fn sidecar_with(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'
 
 /// The pod's effective setting `name` from `capture status`.
 fn setting(status: &Value, pod: &str, name: &str) -> Value {
-    status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pod"]["name"] == pod)
-        .unwrap_or_else(|| panic!("{pod} not in {status}"))["settings"]
+    pod_status(status, pod)["settings"]
         .as_array()
         .unwrap()
         .iter()
@@ -192,15 +187,7 @@ fn the_mesh_interception_mode_applies_to_pods_without_their_own() {
     node.add(&mut tproxy).expect("ADD");
     node.add(&mut redirect).expect("ADD redirect");
     let status = node.status();
-    let pod = |name: &str| {
-        status["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pod"]["name"] == name)
-            .unwrap()
-            .clone()
-    };
+    let pod = |name: &str| pod_status(&status, name).clone();
     assert_eq!(
         (&pod("tproxy")["mode"], &pod("tproxy")["fallback_cause"]),
         (&"iptables".into(), &"tproxy".into())

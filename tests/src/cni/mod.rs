@@ -4,7 +4,6 @@
 //! and a kubelet-style pod cgroup. It also runs the capture agent.
 
 use std::{
-    collections::BTreeMap,
     io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -16,7 +15,7 @@ use serde_json::{json, Value};
 use crate::{
     built_binary,
     guards::{CaptureDirs, ChildGuard, NetnsGuard},
-    probe::{probe_in, Who},
+    probe::probe_in,
     unique,
 };
 
@@ -32,6 +31,9 @@ pub const MESHED: &[(&str, &str)] = &[(
 
 const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 pub use crate::agent::{Agent, HttpResponse, METRICS_CONTENT_TYPE};
+pub use pod::{pod_status, Pod};
+
+mod pod;
 
 /// The CNI error code of a failed plugin run (its error object as `exec_plugin` returns it).
 #[must_use]
@@ -553,55 +555,4 @@ fn rand_suffix() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(1);
     N.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A pod as the runtime sees it.
-pub struct Pod {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-    pub container_id: String,
-    pub netns: NetnsGuard,
-    pub cgroup: PathBuf,
-    pub annotations: BTreeMap<String, String>,
-    pub ip: Option<String>,
-    pub result: Option<Value>,
-}
-
-impl Pod {
-    #[must_use]
-    pub fn cni_args(&self) -> String {
-        format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
-            self.namespace, self.name, self.container_id, self.uid
-        )
-    }
-
-    #[must_use]
-    pub fn ip(&self) -> &str {
-        self.ip.as_deref().expect("the pod has been added")
-    }
-
-    /// Starts the proxy (15001, 15006 as 1337) and an app (8080, 9090 as 1000) in the pod.
-    pub fn start_servers(&self) -> Vec<ChildGuard> {
-        let mut servers = Vec::new();
-        for (who, listeners) in [
-            (Who::proxy(), vec![("outbound", 15001), ("inbound", 15006)]),
-            (Who::app(), vec![("app", 8080), ("app", 9090)]),
-        ] {
-            let mut cmd = probe_in(&self.netns.path(), Some(&self.cgroup), Some(&who));
-            cmd.arg("serve");
-            for (name, port) in listeners {
-                cmd.arg("--tcp").arg(format!("{name}=0.0.0.0:{port}"));
-            }
-            servers.push(ChildGuard::spawn_ready(&mut cmd));
-        }
-        servers
-    }
-
-    /// A connection from the pod's app.
-    #[must_use]
-    pub fn app_client(&self) -> Command {
-        probe_in(&self.netns.path(), Some(&self.cgroup), Some(&Who::app()))
-    }
 }
