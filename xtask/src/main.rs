@@ -116,7 +116,7 @@ enum Task {
         /// whole suite, in two VMs of about half an hour each when they have a core each.
         #[arg(long, default_value_t = 5400)]
         timeout_secs: u64,
-        /// Only these test binaries (the names of tests/tests/*.rs), for a quick run.
+        /// Only these subjects (the modules of tests/tests/TIER/, e.g. outbound), for a quick run.
         #[arg(long, value_delimiter = ',')]
         tests: Vec<String>,
         /// Arguments for every test binary, split at whitespace (a name filter, `--exact`, ...).
@@ -130,7 +130,7 @@ enum Task {
         /// VMs running at once (each emulates on one host thread); by default one per core.
         #[arg(long)]
         jobs: Option<usize>,
-        /// VMs per kernel, each running its share of the test binaries, so that the cores stay
+        /// VMs per kernel, each running its share of the subjects, so that the cores stay
         /// busy until the slowest kernel is done.
         #[arg(long, default_value_t = 2)]
         shards: usize,

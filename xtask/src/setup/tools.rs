@@ -70,7 +70,7 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("bash", "bash"),
     tool("/lib/systemd/systemd", "systemd"),
     tool("systemctl", "systemd"),
-    // A real transparent proxy as a pod's sidecar (tests/tests/haproxy.rs), run inside the pod
+    // A real transparent proxy as a pod's sidecar (tests/tests/hooks/haproxy.rs), run inside the pod
     // through the probe; its unit stays masked (services.rs).
     tool("haproxy", "haproxy"),
 ];

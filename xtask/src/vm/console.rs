@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     lines::{after, before_printk, clean, is_panic, test_line, NOTE, VM},
-    model::Outcome,
+    model::{Outcome, TestBinary},
 };
 
 /// How often the deadline and the child are checked while no output comes.
@@ -169,6 +169,7 @@ impl Console {
                     Outcome::Pass => *passed += 1,
                     Outcome::Fail => {
                         *failed += 1;
+                        let name = TestBinary::short(binary, name);
                         failure = Some(format!("  FAILED {binary}::{name}"));
                     }
                     _ => {}

@@ -54,8 +54,7 @@ fn run_binaries(
         let (reader, writer) = std::io::pipe()?;
         let child = {
             let mut cmd = Command::new(&binary.path);
-            cmd.arg("--test-threads=2")
-                .args(filter)
+            cmd.args(binary.run_args(filter))
                 .current_dir(tests_dir)
                 .env("CAPTURE_SKIP_LOG", skips)
                 .env(crate::testing::TestCache::VAR, cache.path())

@@ -3,8 +3,9 @@
 //! Each Debian kernel boots in qemu with the host's root shared read-only, so the test binaries
 //! built here run unchanged inside; `host` runs them natively. qemu emulates with one host thread
 //! per VM (multi-threaded TCG races the guest kernel's live code patching and panics it now and
-//! then), so each kernel's test binaries are split over several VMs (`--shards`, shards.rs) and
-//! the VMs run side by side, one per core (`--jobs`); the host's own run comes last, alone. Each
+//! then), so each kernel's subjects (the modules of the tier binaries) are split over several VMs
+//! (`--shards`, shards.rs) and the VMs run side by side, one per core (`--jobs`); the host's own
+//! run comes last, alone. Each
 //! VM's console goes to target/vm/logs/<kernel>.<shard>.log and runs under its own time limit; a
 //! kernel's parsed results, merged, go to target/vm/results/<kernel>.json.
 
@@ -43,72 +44,51 @@ const HOST: &str = "host";
 /// Where the report goes when the whole matrix ran unfiltered.
 const DEFAULT_REPORT: &str = "docs/kernel-support.md";
 
-/// Test binaries whose subject is capture's user space: malformed input, the agent's socket
-/// protocol, the agent killed at random, the CNI defaults, the container runtime's calls, the
-/// manifest and the metrics. What they ask of the kernel the tests that stay ask too (attach,
-/// release, traffic), so `--scope kernel` leaves them to the host's run (`cargo xtask test`).
-/// Under emulation they are the slowest third of the suite.
-pub const KERNEL_INDEPENDENT: &[&str] = &[
-    "agent_socket",
-    "bad_input",
-    "chaos",
-    "cni_defaults",
-    "containerd",
-    "daemonset",
-    "deploy",
-    "prometheus",
-];
-
-/// Test binaries whose subject is what the kernel answers: every hook and both backends on real
-/// traffic (outbound, inbound, DNS, interfaces, owners, TPROXY, user namespaces, the socket
-/// options, a real proxy's view), the iptables variants, the acceleration's correctness suite and
-/// the kernel's feature probes. What the rest of the kernel scope adds is the agent's bookkeeping
-/// over the same hooks (the CNI plugin, attach and detach lifecycles, a live node's history,
-/// limits, upgrades, validate, the image), and under emulation it costs as much again; CI runs it
-/// on the host and the whole matrix on every kernel, by hand.
-pub const HOOK_SEMANTICS: &[&str] = &[
-    "accel",
-    "coexistence",
-    "dns_and_groups",
-    "haproxy",
-    "interfaces",
-    "iptables_variant",
-    "kernel_compat",
-    "outbound",
-    "owner_identity",
-    "parity",
-    "sockopt_answers",
-    "stateless_redirect",
-    "tproxy",
-    "userns",
-];
-
-/// What CI asks of the kernels whose programs take the host's paths (6.1 and 6.12 have every
-/// feature the programs adapt to, as the host does): that every program loads, passes their
-/// verifier and attaches (the feature probes), and the netns cookie's two sources agree.
-pub const VERIFIER: &[&str] = &["kernel_compat"];
+/// The test binaries of capture-tests, one per tier (tests/tests/TIER/main.rs, one module per
+/// subject), from the smallest question a kernel must answer to what needs the node alone.
+pub mod tier {
+    /// That every program loads, passes the verifier and attaches (the feature probes), and the
+    /// netns cookie's two sources agree.
+    pub const VERIFIER: &str = "verifier";
+    /// What the kernel answers: every hook and both backends on real traffic, the iptables
+    /// variants, the acceleration's correctness suite.
+    pub const HOOKS: &str = "hooks";
+    /// The agent's bookkeeping over the same hooks (the CNI plugin, lifecycles, a live node's
+    /// history, limits, upgrades, validate, the image): a kernel that attaches, capture's state as
+    /// the subject. Under emulation it costs as much again as the hooks.
+    pub const NODE: &str = "node";
+    /// capture's user space whatever the kernel (malformed input, the agent's socket, the CNI
+    /// defaults, the container runtime, the manifest, the metrics): what it asks of the kernel
+    /// the other tiers ask too, so `--scope kernel` leaves it to the host's run.
+    pub const USERSPACE: &str = "userspace";
+    /// The agent killed at random under churn, its leaks counted in the kernel's node-wide
+    /// program, link and map totals: a binary of its own, because no other test may load or
+    /// unload anything while it counts. Kernel-independent like [`USERSPACE`].
+    pub const CHAOS: &str = "chaos";
+    pub const ALL: &[&str] = &[VERIFIER, HOOKS, NODE, USERSPACE, CHAOS];
+}
 
 /// Which test binaries the guests run.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum Scope {
     /// The whole suite (what the kernel support table is written from).
     All,
-    /// Only what depends on the kernel: the suite without [`KERNEL_INDEPENDENT`].
+    /// Only what depends on the kernel: the tiers verifier, hooks and node.
     Kernel,
-    /// Only what the kernel answers: [`HOOK_SEMANTICS`] (CI, where `cargo xtask test` has just
-    /// run the whole suite on the host).
+    /// Only what the kernel answers: the tiers verifier and hooks (CI, where `cargo xtask test`
+    /// has just run the whole suite on the host).
     Hooks,
-    /// Only that every program loads and verifies: [`VERIFIER`].
+    /// Only that every program loads and verifies: the tier verifier.
     Verifier,
 }
 
 impl Scope {
-    fn includes(self, binary: &str) -> bool {
+    fn includes(self, tier: &str) -> bool {
         match self {
             Self::All => true,
-            Self::Kernel => !KERNEL_INDEPENDENT.contains(&binary),
-            Self::Hooks => HOOK_SEMANTICS.contains(&binary),
-            Self::Verifier => VERIFIER.contains(&binary),
+            Self::Kernel => [tier::VERIFIER, tier::HOOKS, tier::NODE].contains(&tier),
+            Self::Hooks => [tier::VERIFIER, tier::HOOKS].contains(&tier),
+            Self::Verifier => tier == tier::VERIFIER,
         }
     }
 }
@@ -477,32 +457,46 @@ fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec
         bail!("building the test binaries failed ({})", out.status);
     }
     found.sort();
-    let named = only
-        .iter()
-        .map(String::as_str)
-        .chain(KERNEL_INDEPENDENT.iter().copied())
-        .chain(HOOK_SEMANTICS.iter().copied())
-        .chain(VERIFIER.iter().copied());
-    for name in named {
+    for name in tier::ALL {
         if !found.iter().any(|(n, _)| n == name) {
             let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
-            bail!("no test binary {name}: there are {}", names.join(","));
+            bail!(
+                "no test binary for the tier {name}: there are {}",
+                names.join(",")
+            );
         }
     }
     let mut binaries = Vec::new();
-    for (name, path) in found {
-        if (!only.is_empty() && !only.contains(&name)) || !scope.includes(&name) {
-            continue;
-        }
+    let mut subjects = Vec::new();
+    for (tier, path) in found {
         let listed = crate::output(Command::new(&path).arg("--list").args(filter))?;
-        let tests: Vec<String> = listed
-            .lines()
-            .filter_map(|l| l.strip_suffix(": test"))
-            .map(str::to_string)
-            .collect();
-        if !tests.is_empty() {
-            binaries.push(TestBinary { name, path, tests });
+        let mut by_subject: Vec<TestBinary> = Vec::new();
+        for test in listed.lines().filter_map(|l| l.strip_suffix(": test")) {
+            // A tier of one subject (chaos) keeps its tests at the top: the tier is the subject.
+            let (subject, name) = test.split_once("::").unwrap_or((tier.as_str(), test));
+            subjects.push(subject.to_string());
+            if (!only.is_empty() && !only.iter().any(|o| o == subject)) || !scope.includes(&tier) {
+                continue;
+            }
+            match by_subject.iter_mut().find(|b| b.name == subject) {
+                Some(binary) => binary.tests.push(name.to_string()),
+                None => by_subject.push(TestBinary {
+                    name: subject.to_string(),
+                    tier: tier.clone(),
+                    path: path.clone(),
+                    tests: vec![name.to_string()],
+                }),
+            }
         }
+        binaries.extend(by_subject);
+    }
+    if let Some(unknown) = only.iter().find(|o| !subjects.contains(o)) {
+        subjects.sort();
+        subjects.dedup();
+        bail!(
+            "no subject {unknown} (with this filter): there are {}",
+            subjects.join(",")
+        );
     }
     if binaries.is_empty() {
         bail!("no test matches the --tests and --filter given");

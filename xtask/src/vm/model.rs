@@ -5,12 +5,54 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-/// An integration-test binary of capture-tests and the tests it holds (after the filter).
+/// One subject of the suite: a top-level module of a tier's test binary (`outbound` in `hooks`)
+/// and the tests it holds (after the filter), run as a process of its own. The subject, not the
+/// tier, is the unit of a kernel's run: shards balance subjects, results and the report name them.
 pub struct TestBinary {
-    /// Its target name, e.g. `outbound`.
+    /// The module's name, e.g. `outbound` (the tier's name for a tier of one subject).
     pub name: String,
+    /// The tier's binary target, e.g. `hooks`.
+    pub tier: String,
     pub path: PathBuf,
+    /// The tests' names inside the module (`default_sidecar`, `istio::gateway_left_alone`).
     pub tests: Vec<String>,
+}
+
+/// libtest flags of the filter that still apply once the tests are named one by one.
+const PASSED_THROUGH: &[&str] = &["--ignored", "--include-ignored"];
+
+impl TestBinary {
+    /// The arguments that run exactly this subject's tests of the tier's binary, and of `filter`
+    /// the flags that still mean something once the names are exact.
+    pub fn run_args(&self, filter: &[String]) -> Vec<String> {
+        let flags = filter
+            .iter()
+            .filter(|a| PASSED_THROUGH.contains(&a.as_str()))
+            .cloned();
+        ["--test-threads=2".to_string(), "--exact".to_string()]
+            .into_iter()
+            .chain(flags)
+            .chain(self.tests.iter().map(|t| self.full_name(t)))
+            .collect()
+    }
+
+    /// `test` as the harness names it: inside the subject's module, or at the top of a tier
+    /// whose only subject it is.
+    fn full_name(&self, test: &str) -> String {
+        if self.name == self.tier {
+            test.to_string()
+        } else {
+            format!("{}::{test}", self.name)
+        }
+    }
+
+    /// `name` as the test harness prints it (`outbound::default_sidecar`) without this
+    /// subject's prefix.
+    pub fn short<'a>(subject: &str, name: &'a str) -> &'a str {
+        name.strip_prefix(subject)
+            .and_then(|rest| rest.strip_prefix("::"))
+            .unwrap_or(name)
+    }
 }
 
 #[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]

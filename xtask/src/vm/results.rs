@@ -93,9 +93,10 @@ pub fn parse(kernel: &str, text: &str, expected: &[&TestBinary]) -> KernelResult
                 parts = skip.splitn(3, char::is_whitespace).collect();
             }
             let part = |i: usize| parts.get(i).map_or("", |p| p.trim()).to_string();
-            skips.push([last_binary.clone(), part(0), part(1), part(2)]);
+            let test = TestBinary::short(&last_binary, &part(0)).to_string();
+            skips.push([last_binary.clone(), test, part(1), part(2)]);
         } else if let Some(binary) = &current {
-            let key = |name: &str| format!("{binary}::{name}");
+            let key = |name: &str| format!("{binary}::{}", TestBinary::short(binary, name));
             if let Some((name, outcome)) = test_line(line) {
                 match outcome {
                     Some(outcome) => record(&mut seen, key(name), outcome),

@@ -89,6 +89,7 @@ mod tests {
     fn binary(name: &str, tests: usize) -> TestBinary {
         TestBinary {
             name: name.to_string(),
+            tier: "hooks".to_string(),
             path: PathBuf::from(name),
             tests: (0..tests).map(|t| format!("t{t}")).collect(),
         }

@@ -66,7 +66,7 @@ echo o > /proc/sysrq-trigger
 sleep 30
 ";
 
-/// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter` appended.
+/// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter`'s flags.
 pub fn write(
     path: &Path,
     tests_dir: &Path,
@@ -81,13 +81,13 @@ pub fn write(
     script.push_str(&format!("cd {}\n", quote(&tests_dir.to_string_lossy())));
     for binary in binaries {
         let mut line = format!(
-            "run_binary {} {} --test-threads=2",
+            "run_binary {} {}",
             quote(&binary.name),
             quote(&binary.path.to_string_lossy())
         );
-        for arg in filter {
+        for arg in binary.run_args(filter) {
             line.push(' ');
-            line.push_str(&quote(arg));
+            line.push_str(&quote(&arg));
         }
         script.push_str(&line);
         script.push('\n');

@@ -14,6 +14,7 @@ use super::{
 fn binary(name: &str, tests: &[&str]) -> TestBinary {
     TestBinary {
         name: name.to_string(),
+        tier: "hooks".to_string(),
         path: PathBuf::from(format!("/x/{name}")),
         tests: tests.iter().map(ToString::to_string).collect(),
     }
@@ -54,31 +55,31 @@ Booting from ROM...\x1bc\x1b[?7l\x1b[2Jcapture-vm: kernel 5.10.0-32-amd64\r
 capture-vm: begin outbound\r
 \r
 running 4 tests\r
-test include_outbound_cidrs ... \x1b[32mok\x1b[0m\r
+test outbound::include_outbound_cidrs ... \x1b[32mok\x1b[0m\r
 [    6.123456] IPv6: ADDRCONF(NETDEV_CHANGE): veth0: link becomes ready\r
-test default_sidecar ... \x1b[31mFAILED\x1b[0m\r
-test ipv4_only_pod_leaves_ipv6_alone ... [    7.000001] device veth1 entered promiscuous mode\r
+test outbound::default_sidecar ... \x1b[31mFAILED\x1b[0m\r
+test outbound::ipv4_only_pod_leaves_ipv6_alone ... [    7.000001] device veth1 entered promiscuous mode\r
 \x1b[32mok\x1b[0m\r
-test udp_is_never_sent_to_the_proxy ... \x1b[32mok\x1b[m\x0f\r
+test outbound::udp_is_never_sent_to_the_proxy ... \x1b[32mok\x1b[m\x0f\r
 \r
 failures:\r
 \r
----- default_sidecar stdout ----\r
-thread 'default_sidecar' panicked at tests/tests/outbound.rs:40:5:\r
+---- outbound::default_sidecar stdout ----\r
+thread 'outbound::default_sidecar' panicked at tests/tests/hooks/outbound.rs:40:5:\r
 [    8.500000] veth0: left promiscuous mode\r
 expected 15001, got 80\r
 note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\r
 \r
 \r
 failures:\r
-    default_sidecar\r
+    outbound::default_sidecar\r
 \r
 test result: \x1b[31mFAILED\x1b[0m. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out\r
 \r
 capture-vm: end outbound rc=101[   30.000002] br0: port 1(veth2) entered disabled state\r
 capture-vm: begin parity\r
 running 2 tests\r
-test default_sidecar_inbound ... \x1b[32mok\x1b[0m\r
+test parity::default_sidecar_inbound ... \x1b[32mok\x1b[0m\r
 [   42.000000] Kernel panic - not syncing: Fatal exception in interrupt\r
 capture-xtask: timed out after 1500 s: killed qemu\r
 ";
@@ -368,7 +369,11 @@ fn a_failures_panic_message_reaches_the_terminal() {
     let _ = std::fs::remove_file(&log);
     let at = said
         .iter()
-        .position(|l| l.contains("thread 'default_sidecar' panicked at tests/tests/outbound.rs"))
+        .position(|l| {
+            l.contains(
+                "thread 'outbound::default_sidecar' panicked at tests/tests/hooks/outbound.rs",
+            )
+        })
         .unwrap_or_else(|| panic!("no panic line in {said:#?}"));
     assert_eq!(said[at + 1].trim(), "expected 15001, got 80", "{said:#?}");
     assert!(
@@ -391,5 +396,42 @@ fn the_notice_ci_ends_with_names_the_table_and_reads_as_one_line() {
     assert!(
         !notice.contains("  ") && !notice.contains('\n'),
         "{notice:?}"
+    );
+}
+
+#[test]
+fn a_subject_runs_exactly_its_tests_with_the_filters_flags() {
+    let subject = binary(
+        "outbound",
+        &["default_sidecar", "udp_is_never_sent_to_the_proxy"],
+    );
+    let filter = ["--include-ignored".to_string(), "udp".to_string()];
+    assert_eq!(
+        subject.run_args(&filter),
+        [
+            "--test-threads=2",
+            "--exact",
+            "--include-ignored",
+            "outbound::default_sidecar",
+            "outbound::udp_is_never_sent_to_the_proxy"
+        ]
+    );
+    let chaos = TestBinary {
+        name: "chaos".to_string(),
+        tier: "chaos".to_string(),
+        path: PathBuf::from("/x/chaos"),
+        tests: vec!["add_del_cycles_leak_nothing".to_string()],
+    };
+    assert_eq!(
+        chaos.run_args(&[]),
+        ["--test-threads=2", "--exact", "add_del_cycles_leak_nothing"]
+    );
+    assert_eq!(
+        TestBinary::short("cni", "cni::istio::gateway"),
+        "istio::gateway"
+    );
+    assert_eq!(
+        TestBinary::short("chaos", "add_del_cycles"),
+        "add_del_cycles"
     );
 }
