@@ -13,6 +13,7 @@ use crate::config::{
 
 pub use crate::addr::ip4;
 use crate::addr::{is_loopback4, same as same6};
+pub use crate::verdict::{InboundPass, InboundRule, InboundVerdict, OutboundRule, Pass, Verdict};
 
 /// `127.0.0.6`: the source Envoy's inbound clusters bind, passed on `lo` for everyone (B8).
 pub const INBOUND_PASSTHROUGH_SRC4: u32 = ip4(127, 0, 0, 6);
@@ -51,41 +52,6 @@ pub struct Connect {
     pub gid: u32,
     /// A UDP socket (connect or sendmsg); TCP otherwise.
     pub udp: bool,
-}
-
-/// Why a connection goes where it asked to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
-    /// `excludeOutboundPorts` (ranks above everything, spec E.7).
-    ExcludedPort,
-    /// Source `127.0.0.6`/`::6` towards a local address (B8).
-    InboundPassthroughSource,
-    /// The proxy's own connection (uid or gid).
-    Owner,
-    /// Stays inside the pod: a non-proxy socket to a local address (B10), or the host loopback CIDR (B15).
-    Local,
-    /// `excludeOutboundIPRanges`.
-    ExcludedCidr,
-    /// No include rule (ports or CIDRs) matched.
-    NotIncluded,
-    /// IPv6 in a pod without an IPv6 address: Istio writes no ip6tables rules for such a pod.
-    FamilyNotCaptured,
-    /// The socket's primary group is not captured (`ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE]`).
-    OwnerGroup,
-    /// UDP that is not captured DNS: only TCP goes to the proxy.
-    NotTcp,
-}
-
-/// What the decision does with a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Rewrite to the outbound listener (`ISTIO_REDIRECT`, 15001).
-    Outbound,
-    /// Rewrite to the inbound listener (`ISTIO_IN_REDIRECT` from the proxy, 15006).
-    Inbound,
-    /// Rewrite to the DNS proxy (`ISTIO_OUTPUT_DNS`, 15053), TCP and UDP.
-    Dns,
-    Pass(Pass),
 }
 
 /// The per-pod lists the decision consults; the kernel backs them with maps.
@@ -142,7 +108,20 @@ fn owner_rules(
     local: bool,
     owner_matches: bool,
     uid_rule: bool,
-) -> Option<Verdict> {
+) -> Option<OutboundRule> {
+    let (to_local, local_other, proxy) = if uid_rule {
+        (
+            OutboundRule::ProxyUidToLocal,
+            OutboundRule::LocalNotProxyUid,
+            OutboundRule::ProxyUid,
+        )
+    } else {
+        (
+            OutboundRule::ProxyGidToLocal,
+            OutboundRule::LocalNotProxyGid,
+            OutboundRule::ProxyGid,
+        )
+    };
     let dns = cfg.has(FLAG_DNS_CAPTURE);
     let dns_port = c.dst_port == DNS_PORT;
     if local
@@ -152,17 +131,17 @@ fn owner_rules(
         && c.dst_port != cfg.tunnel_port
         && !(dns && uid_rule && dns_port)
     {
-        return Some(Verdict::Inbound);
+        return Some(to_local);
     }
     if local
         && !owner_matches
         && !cfg.has(FLAG_INCLUDE_COVERS_LOOPBACK)
         && (!dns || (!c.udp && !dns_port))
     {
-        return Some(Verdict::Pass(Pass::Local));
+        return Some(local_other);
     }
     if owner_matches {
-        return Some(Verdict::Pass(Pass::Owner));
+        return Some(proxy);
     }
     None
 }
@@ -186,115 +165,110 @@ fn owner_group_captured(cfg: &PodConfig, gid: u32) -> bool {
 /// The DNS port.
 pub const DNS_PORT: u16 = 53;
 
-/// Spec section C, `outbound`, for a TCP `connect()` or a UDP `connect()`/`sendmsg()`.
+/// Spec section C, `outbound`, for a TCP `connect()` or a UDP `connect()`/`sendmsg()`: where the
+/// connection goes.
 #[inline(always)]
 pub fn decide_outbound<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> Verdict {
+    outbound_rule(cfg, lists, c).verdict()
+}
+
+/// Spec section C, `outbound`: the rule that decides the connection.
+#[inline(always)]
+pub fn outbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> OutboundRule {
     if c.ipv6 && !cfg.has(FLAG_HAS_POD_IP6) {
-        return Verdict::Pass(Pass::FamilyNotCaptured);
+        return OutboundRule::FamilyNotCaptured;
     }
     if cfg.has(FLAG_HAS_EXCLUDE_OUTBOUND_PORTS)
         && lists.port_listed(ListKind::ExcludeOutboundPorts, c.dst_port)
     {
-        return Verdict::Pass(Pass::ExcludedPort);
+        return OutboundRule::ExcludedPort;
     }
     let local = leaves_through_lo(cfg, c);
     if local && from_inbound_passthrough(c) {
-        return Verdict::Pass(Pass::InboundPassthroughSource);
+        return OutboundRule::InboundPassthroughSource;
     }
     // The bounds keep the loops unrollable for the verifier; the counts select the live entries.
     for i in 0..MAX_PROXY_IDS {
         if (i as u32) < cfg.proxy_uid_count {
-            if let Some(v) = owner_rules(cfg, c, local, c.uid == cfg.proxy_uids[i], true) {
-                return v;
+            if let Some(rule) = owner_rules(cfg, c, local, c.uid == cfg.proxy_uids[i], true) {
+                return rule;
             }
         }
     }
     for i in 0..MAX_PROXY_IDS {
         if (i as u32) < cfg.proxy_gid_count {
-            if let Some(v) = owner_rules(cfg, c, local, c.gid == cfg.proxy_gids[i], false) {
-                return v;
+            if let Some(rule) = owner_rules(cfg, c, local, c.gid == cfg.proxy_gids[i], false) {
+                return rule;
             }
         }
     }
     if !owner_group_captured(cfg, c.gid) {
-        return Verdict::Pass(Pass::OwnerGroup);
+        return OutboundRule::OwnerGroup;
     }
     if cfg.has(FLAG_DNS_CAPTURE)
         && c.dst_port == DNS_PORT
         && (cfg.has(FLAG_DNS_CAPTURE_ALL)
             || lists.cidr_listed(ListKind::DnsNameservers, c.ipv6, &c.dst))
     {
-        return Verdict::Dns;
+        return OutboundRule::Dns;
     }
     // Only DNS is captured for UDP (ISTIO_REDIRECT and ISTIO_IN_REDIRECT are TCP-only).
     if c.udp {
-        return Verdict::Pass(Pass::NotTcp);
+        return OutboundRule::NotTcp;
     }
     if in_host_loopback(cfg, c) {
-        return Verdict::Pass(Pass::Local);
+        return OutboundRule::HostLoopback;
     }
     if cfg.has(FLAG_HAS_EXCLUDE_CIDRS)
         && lists.cidr_listed(ListKind::ExcludeOutboundCidrs, c.ipv6, &c.dst)
     {
-        return Verdict::Pass(Pass::ExcludedCidr);
+        return OutboundRule::ExcludedCidr;
     }
     if cfg.has(FLAG_HAS_INCLUDE_OUTBOUND_PORTS)
         && lists.port_listed(ListKind::IncludeOutboundPorts, c.dst_port)
     {
-        return Verdict::Outbound;
+        return OutboundRule::IncludedPort;
     }
-    if cfg.has(FLAG_INCLUDE_ALL_OUTBOUND)
-        || (cfg.has(FLAG_HAS_INCLUDE_CIDRS)
-            && lists.cidr_listed(ListKind::IncludeOutboundCidrs, c.ipv6, &c.dst))
+    if cfg.has(FLAG_INCLUDE_ALL_OUTBOUND) {
+        return OutboundRule::AllOutbound;
+    }
+    if cfg.has(FLAG_HAS_INCLUDE_CIDRS)
+        && lists.cidr_listed(ListKind::IncludeOutboundCidrs, c.ipv6, &c.dst)
     {
-        return Verdict::Outbound;
+        return OutboundRule::IncludedCidr;
     }
-    Verdict::Pass(Pass::NotIncluded)
-}
-
-/// Why an arriving connection keeps its destination.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InboundPass {
-    /// `includeInboundPorts` is empty: no inbound capture at all.
-    Disabled,
-    /// The HBONE tunnel port (15008) is never captured in REDIRECT mode (B1).
-    Tunnel,
-    /// `excludeInboundPorts` (with `includeInboundPorts == "*"`).
-    ExcludedPort,
-    /// Not in an explicit `includeInboundPorts` list.
-    NotIncluded,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InboundVerdict {
-    /// Steer to the inbound listener (`ISTIO_IN_REDIRECT`, 15006).
-    Capture,
-    Pass(InboundPass),
+    OutboundRule::NotIncluded
 }
 
 /// Spec section C, `inbound_redirect`, for a TCP connection arriving from outside the pod.
 #[inline(always)]
 pub fn decide_inbound<L: PodLists>(cfg: &PodConfig, lists: &L, dst_port: u16) -> InboundVerdict {
+    inbound_rule(cfg, lists, dst_port).verdict()
+}
+
+/// Spec section C, `inbound_redirect`: the rule that decides the arriving connection.
+#[inline(always)]
+pub fn inbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, dst_port: u16) -> InboundRule {
     let all = cfg.has(FLAG_INBOUND_ALL_PORTS);
     if !all && !cfg.has(FLAG_HAS_INCLUDE_INBOUND_PORTS) {
-        return InboundVerdict::Pass(InboundPass::Disabled);
+        return InboundRule::Disabled;
     }
     if dst_port == cfg.tunnel_port {
-        return InboundVerdict::Pass(InboundPass::Tunnel);
+        return InboundRule::Tunnel;
     }
     if all {
         if cfg.has(FLAG_HAS_EXCLUDE_INBOUND_PORTS)
             && lists.port_listed(ListKind::ExcludeInboundPorts, dst_port)
         {
-            return InboundVerdict::Pass(InboundPass::ExcludedPort);
+            return InboundRule::ExcludedPort;
         }
-        return InboundVerdict::Capture;
+        return InboundRule::AllPorts;
     }
     // An explicit include list ignores the exclude list (spec E.8).
     if lists.port_listed(ListKind::IncludeInboundPorts, dst_port) {
-        InboundVerdict::Capture
+        InboundRule::IncludedPort
     } else {
-        InboundVerdict::Pass(InboundPass::NotIncluded)
+        InboundRule::NotIncluded
     }
 }
 

@@ -14,6 +14,7 @@ pub mod keys;
 pub mod layout;
 pub mod loopback;
 pub mod state;
+pub mod verdict;
 
 /// `AF_INET`, as the kernel and `sockaddr` spell it.
 pub const AF_INET: u16 = 2;
