@@ -12,6 +12,7 @@ pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod ebpf;
+pub mod explain;
 pub mod fsutil;
 pub mod install;
 pub mod iptables;

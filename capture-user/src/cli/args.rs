@@ -5,7 +5,7 @@ use std::{net::IpAddr, path::PathBuf};
 use clap::{Parser, Subcommand};
 
 use crate::{
-    cli::values::{parse_annotation, parse_id_list, parse_listen_addr, IdList},
+    cli::values::{parse_annotation, parse_id_list, parse_listen_addr, parse_pod_name, IdList},
     paths::{DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
     probe::ModeChoice,
 };
@@ -142,6 +142,37 @@ pub enum Command {
     },
     /// Probe this kernel and node for what capture needs, and say which mode `auto` would pick.
     Doctor {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Say what capture does with one connection of a pod and why: the verdict, the rule that
+    /// decides it (the same names `trace` prints), Istio's iptables rule for it, and, for an
+    /// iptables pod, that rule in the pod's netns with its packet counter.
+    Explain {
+        /// The pod's network namespace.
+        #[arg(long, required_unless_present = "pod", conflicts_with = "pod")]
+        netns: Option<PathBuf>,
+        /// The pod as NAMESPACE/NAME (pods captured through the CNI plugin).
+        #[arg(long, value_parser = parse_pod_name)]
+        pod: Option<(String, String)>,
+        /// The destination: ADDR:PORT, or [ADDR]:PORT for IPv6 (for --direction inbound, the
+        /// pod's address and port the connection arrives for).
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        /// The address the socket is bound to before it connects (127.0.0.6 is the proxy's
+        /// inbound passthrough).
+        #[arg(long)]
+        from: Option<IpAddr>,
+        /// The socket owner's uid, as the node sees it.
+        #[arg(long, default_value_t = 0)]
+        from_uid: u32,
+        /// The socket owner's primary gid (default: the uid).
+        #[arg(long)]
+        from_gid: Option<u32>,
+        #[arg(long, value_enum, default_value = "tcp")]
+        proto: crate::explain::Proto,
+        #[arg(long, value_enum, default_value = "outbound")]
+        direction: crate::explain::Direction,
         #[arg(long)]
         json: bool,
     },

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use super::{
     args::{Cli, Command},
-    render::{render_probe, render_status},
+    render::{render_explanation, render_probe, render_status},
 };
 use crate::{
     config::PodSpec,
+    explain::{PodChoice, Question},
     ops::{self, AttachRequest},
     paths::Paths,
     probe::ModeChoice,
@@ -274,6 +275,38 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::AccelCases { destination } => {
             crate::accel::check::run_cases_here(destination)?;
+        }
+        Command::Explain {
+            netns,
+            pod,
+            to,
+            from,
+            from_uid,
+            from_gid,
+            proto,
+            direction,
+            json,
+        } => {
+            let pod = match (netns, pod) {
+                (Some(netns), _) => PodChoice::Netns(netns),
+                (None, Some((namespace, name))) => PodChoice::Name { namespace, name },
+                (None, None) => anyhow::bail!("explain: give --netns PATH or --pod NAMESPACE/NAME"),
+            };
+            let question = Question {
+                pod,
+                to,
+                from,
+                uid: from_uid,
+                gid: from_gid.unwrap_or(from_uid),
+                proto,
+                direction,
+            };
+            let answer = crate::explain::explain(&paths, &question)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&answer)?);
+            } else {
+                print!("{}", render_explanation(&answer));
+            }
         }
         Command::Status { json } => {
             let status = ops::status(&paths)?;

@@ -356,3 +356,55 @@ pub fn render_accel_check(report: &crate::accel::check::Report) -> String {
     let _ = writeln!(out, "  bytes accelerated: {}", report.accelerated_bytes);
     out
 }
+
+/// `capture explain`'s answer for a reader.
+pub fn render_explanation(e: &crate::explain::Explanation) -> String {
+    use crate::explain::Outcome;
+    let mut out = format!(
+        "pod:      {} (netns {}), backend {}{}\n",
+        e.pod,
+        e.netns.display(),
+        e.backend,
+        if e.in_force {
+            ""
+        } else {
+            ", NOT fully in force"
+        }
+    );
+    out += &format!(
+        "question: {} {} to {} from uid {} gid {}\n",
+        serde_plain(&e.direction),
+        serde_plain(&e.proto),
+        e.to,
+        e.uid,
+        e.gid
+    );
+    out += &match e.verdict {
+        Outcome::Redirect => format!("verdict:  redirect to {}\n", e.port),
+        Outcome::Pass => format!("verdict:  pass (to {})\n", e.to),
+        Outcome::Refuse => format!(
+            "verdict:  refuse (redirected to {}, where nothing listens)\n",
+            e.port
+        ),
+    };
+    out += &format!("rule:     {}: {}\n", e.rule, e.reason);
+    out += &format!("iptables: {}\n", e.iptables_equivalent);
+    if let Some(live) = &e.iptables_rule {
+        out += &format!(
+            "in netns: {} packets, {} bytes: {}\n",
+            live.packets, live.bytes, live.line
+        );
+    }
+    for note in &e.notes {
+        out += &format!("note:     {note}\n");
+    }
+    out
+}
+
+/// A unit enum's serde name (`outbound`).
+fn serde_plain<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}

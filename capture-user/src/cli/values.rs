@@ -19,6 +19,20 @@ pub fn parse_annotation(arg: &str) -> Result<(String, String), String> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IdList(pub Vec<u32>);
 
+/// `NAMESPACE/NAME`.
+pub fn parse_pod_name(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok((namespace.to_string(), name.to_string()))
+        }
+        _ => Err(format!(
+            "{arg:?} is not NAMESPACE/NAME (for example default/httpbin-7d9c)"
+        )),
+    }
+}
+
 pub fn parse_id_list(arg: &str) -> Result<IdList, String> {
     items(arg)
         .map(|s| {

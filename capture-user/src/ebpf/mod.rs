@@ -7,12 +7,12 @@ pub mod foreign;
 pub mod hook_probe;
 pub mod hooks;
 pub mod limits;
-mod list_entries;
+pub mod list_entries;
 pub mod loader;
 mod migrate;
 pub mod netns_cookie;
 pub mod node;
-mod pod_maps;
+pub mod pod_maps;
 pub mod sys;
 pub mod takeover;
 

@@ -40,7 +40,7 @@ pub enum PodMapsError {
     Quota(#[from] super::limits::QuotaExceeded),
 }
 
-fn ip6_words(octets: [u8; 16]) -> [u32; 4] {
+pub fn ip6_words(octets: [u8; 16]) -> [u32; 4] {
     let w = |i: usize| u32::from_ne_bytes([octets[i], octets[i + 1], octets[i + 2], octets[i + 3]]);
     [w(0), w(4), w(8), w(12)]
 }

@@ -4,6 +4,7 @@
 //! the matrix by hand), but its subject is capture's own state.
 
 mod cni;
+mod explain;
 mod image;
 mod lifecycle;
 mod limits;
