@@ -9,6 +9,7 @@ use crate::{
     config::{AccelCounters, PodConfig, PodCounters},
     keys::{CidrKey, HandoffKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey},
     state::{OriginalDst, SockState},
+    trace::TraceLease,
 };
 
 /// What a takeover does with a pinned map whose layout or definition differs from its own.
@@ -46,11 +47,18 @@ pub enum MapId {
     AccelCounters,
     AccelPeers,
     LoopbackDests,
+    TraceGate,
+    TracePods,
+    TraceStats,
+    TraceRing0,
+    TraceRing1,
+    TraceRing2,
+    TraceRing3,
 }
 
 impl MapId {
     /// This build's maps, in the order user space pins them.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 19] = [
         Self::PodConfigs,
         Self::PodCounters,
         Self::NodeErrors,
@@ -63,6 +71,13 @@ impl MapId {
         Self::AccelCounters,
         Self::AccelPeers,
         Self::LoopbackDests,
+        Self::TraceGate,
+        Self::TracePods,
+        Self::TraceStats,
+        Self::TraceRing0,
+        Self::TraceRing1,
+        Self::TraceRing2,
+        Self::TraceRing3,
     ];
 
     /// The map's name in the object (and its pin's file name).
@@ -81,6 +96,13 @@ impl MapId {
             Self::AccelCounters => "ACCEL_COUNTERS",
             Self::AccelPeers => "ACCEL_PEERS",
             Self::LoopbackDests => "LOOPBACK_DESTS",
+            Self::TraceGate => "TRACE_GATE",
+            Self::TracePods => "TRACE_PODS",
+            Self::TraceStats => "TRACE_STATS",
+            Self::TraceRing0 => "TRACE_RING_0",
+            Self::TraceRing1 => "TRACE_RING_1",
+            Self::TraceRing2 => "TRACE_RING_2",
+            Self::TraceRing3 => "TRACE_RING_3",
         }
     }
 
@@ -114,9 +136,17 @@ impl MapId {
             }
             Self::PodCounters | Self::NodeErrors | Self::AccelCounters => Carry::Counters,
             Self::InboundListeners => Carry::FromSockets,
-            Self::Handoff | Self::SocketStates | Self::AccelPeers | Self::LoopbackDests => {
-                Carry::Live
-            }
+            Self::Handoff
+            | Self::SocketStates
+            | Self::AccelPeers
+            | Self::LoopbackDests
+            | Self::TraceGate
+            | Self::TracePods
+            | Self::TraceStats
+            | Self::TraceRing0
+            | Self::TraceRing1
+            | Self::TraceRing2
+            | Self::TraceRing3 => Carry::Live,
         }
     }
 
@@ -137,6 +167,10 @@ impl MapId {
             Self::AccelCounters => (size_of::<u64>(), size_of::<AccelCounters>()),
             Self::AccelPeers => (size_of::<HandoffKey>(), size_of::<u32>()),
             Self::LoopbackDests => (size_of::<LoopbackKey>(), size_of::<OriginalDst>()),
+            Self::TraceGate => (size_of::<u32>(), size_of::<u32>()),
+            Self::TracePods => (size_of::<u64>(), size_of::<TraceLease>()),
+            Self::TraceStats => (size_of::<u32>(), size_of::<u64>()),
+            Self::TraceRing0 | Self::TraceRing1 | Self::TraceRing2 | Self::TraceRing3 => (0, 0),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod keys;
 pub mod layout;
 pub mod loopback;
 pub mod state;
+pub mod trace;
 pub mod verdict;
 
 /// `AF_INET`, as the kernel and `sockaddr` spell it.
@@ -35,7 +36,10 @@ pub const SOL_IPV6: i32 = 41;
 /// and has no implicit padding (the size assertions next to each type pin that down).
 #[cfg(feature = "user")]
 mod user {
-    use crate::{config, keys, state};
+    use crate::{config, keys, state, trace};
+
+    // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
+    unsafe impl aya::Pod for trace::TraceLease {}
 
     // SAFETY: repr(C), Copy, no implicit padding (its size assertion).
     unsafe impl aya::Pod for config::PodConfig {}

@@ -17,9 +17,11 @@ use capture_common::{
         NodeError, PodConfig, PodCounter, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
     },
     decision::{
-        decide_outbound, spread_loopback4, Connect, Pass, Verdict, DNS_PORT, LOCALHOST4, LOOPBACK6,
+        outbound_rule, spread_loopback4, Connect, OutboundRule, Pass, Verdict, DNS_PORT,
+        LOCALHOST4, LOOPBACK6,
     },
     state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_DNS_SENT, SOCK_REDIRECTED},
+    trace::{TraceHook, TraceVerdict},
     AF_INET, AF_INET6, SOCK_DGRAM, SOCK_STREAM,
 };
 
@@ -28,7 +30,7 @@ use crate::{
     creator, loopback,
     maps::{MapLists, POD_CONFIGS},
     sockaddr::{sock_addr, SockAddr, SockaddrIn, SockaddrIn6},
-    storage,
+    storage, trace,
 };
 
 /// Why a connection was refused.
@@ -141,6 +143,49 @@ fn forget_redirect(state: Option<&mut SockState>, sk: *mut bpf_sock) {
     }
 }
 
+/// Tells `capture trace` of the decision, if the pod is traced. `v4_hook`: the IPv4 program runs
+/// (a v4-mapped connection is decided as IPv4 by the IPv6 program).
+#[inline(always)]
+fn trace_decision(
+    netns_cookie: u64,
+    conn: &Connect,
+    call: Call,
+    v4_hook: bool,
+    rule: OutboundRule,
+    redirect_port: u16,
+) {
+    let hook = match (call, v4_hook) {
+        (Call::Connect, true) => TraceHook::Connect4,
+        (Call::Connect, false) => TraceHook::Connect6,
+        (Call::Sendmsg, true) => TraceHook::Sendmsg4,
+        (Call::Sendmsg, false) => TraceHook::Sendmsg6,
+    };
+    let verdict = if redirect_port == 0 {
+        TraceVerdict::Pass
+    } else {
+        TraceVerdict::Redirect
+    };
+    trace::record(
+        netns_cookie,
+        true,
+        &trace::Decision {
+            hook,
+            inbound: false,
+            ipv6: conn.ipv6,
+            udp: conn.udp,
+            src: conn.src,
+            src_port: 0,
+            dst: conn.dst,
+            dst_port: conn.dst_port,
+            uid: conn.uid,
+            gid: conn.gid,
+            rule: rule as u8,
+            verdict,
+            redirect_port,
+        },
+    );
+}
+
 /// Decides one connect or datagram and records the original destination; `Ok(None)` lets it
 /// through unchanged.
 #[inline(always)]
@@ -169,18 +214,24 @@ fn decide(
         None => owner(state.insert(storage_of(netns_cookie, sk)?)),
     };
 
-    let verdict = decide_outbound(cfg, &MapLists { netns_cookie }, &conn);
+    let rule = outbound_rule(cfg, &MapLists { netns_cookie }, &conn);
+    let verdict = rule.verdict();
     bump_pod(netns_cookie, counter_for(verdict));
     let port = match verdict {
         Verdict::Outbound => cfg.outbound_port,
         Verdict::Inbound => cfg.inbound_port,
         Verdict::Dns => cfg.dns_port,
+        Verdict::Pass(_) => 0,
+    };
+    trace_decision(netns_cookie, &conn, call, stateless_hook, rule, port);
+    let port = match verdict {
         Verdict::Pass(_) => {
             if call == Call::Connect {
                 forget_redirect(state, sk);
             }
             return Ok(None);
         }
+        _ => port,
     };
 
     // Only TCP sockets are bound: a UDP socket bound without a port would not be given one.

@@ -10,14 +10,16 @@ use aya_ebpf::programs::SkLookupContext;
 use capture_common::{
     addr::{is_loopback4, same},
     config::{NodeError, PodCounter},
-    decision::{decide_inbound, InboundVerdict, INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
+    decision::{inbound_rule, InboundRule, InboundVerdict, INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
     keys::{ListenerKey, PodAddrKey, LISTENER_SLOTS},
+    trace::{TraceHook, TraceVerdict},
     AF_INET, AF_INET6,
 };
 
 use crate::{
     counters::{bump_node, bump_pod},
     maps::{MapLists, INBOUND_LISTENERS, INBOUND_PODS, POD_CONFIGS},
+    trace,
 };
 
 pub const SK_PASS: u32 = 1;
@@ -76,11 +78,14 @@ pub fn on_sk_lookup(ctx: &SkLookupContext) -> u32 {
     // SAFETY: the context pointer is valid for the whole program run.
     let field = |p: *const u32| unsafe { core::ptr::read_volatile(p) };
     // SAFETY: as above; only field addresses are formed, never dereferenced as a whole.
-    let (family, protocol, local_port) = unsafe {
+    let (family, protocol, local_port, remote_port) = unsafe {
         (
             field(&raw const (*l).family),
             field(&raw const (*l).protocol),
             field(&raw const (*l).local_port),
+            // A 2-byte load, in network order: kernels before 5.19 declare a 4-byte field there
+            // and take narrow loads of it.
+            core::ptr::read_volatile(&raw const (*l).remote_port),
         )
     };
     if protocol != IPPROTO_TCP {
@@ -130,19 +135,68 @@ pub fn on_sk_lookup(ctx: &SkLookupContext) -> u32 {
         bump_node(NodeError::UnknownPod);
         return SK_DROP;
     };
-    match decide_inbound(cfg, &MapLists { netns_cookie }, local_port as u16) {
-        InboundVerdict::Pass(_) => {
-            bump_pod(netns_cookie, PodCounter::PassedInbound);
-            SK_PASS
+    let rule = inbound_rule(cfg, &MapLists { netns_cookie }, local_port as u16);
+    let (verdict, counter, action) = match rule.verdict() {
+        InboundVerdict::Pass(_) => (TraceVerdict::Pass, PodCounter::PassedInbound, SK_PASS),
+        InboundVerdict::Capture if assign(ctx, netns_cookie, family).is_ok() => {
+            (TraceVerdict::Redirect, PodCounter::CapturedInbound, SK_PASS)
         }
-        InboundVerdict::Capture => {
-            if assign(ctx, netns_cookie, family).is_ok() {
-                bump_pod(netns_cookie, PodCounter::CapturedInbound);
-                SK_PASS
-            } else {
-                bump_pod(netns_cookie, PodCounter::RefusedInbound);
-                SK_DROP
-            }
-        }
-    }
+        InboundVerdict::Capture => (TraceVerdict::Refuse, PodCounter::RefusedInbound, SK_DROP),
+    };
+    bump_pod(netns_cookie, counter);
+    let ends = Ends {
+        ipv6,
+        src,
+        // local_port is in host order.
+        src_port: u16::from_be(remote_port),
+        dst,
+        dst_port: local_port as u16,
+    };
+    let redirect_port = if verdict == TraceVerdict::Redirect {
+        cfg.inbound_port
+    } else {
+        0
+    };
+    trace_inbound(netns_cookie, &ends, rule, verdict, redirect_port);
+    action
+}
+
+/// The addresses of an arriving connection.
+struct Ends {
+    ipv6: bool,
+    src: [u32; 4],
+    src_port: u16,
+    dst: [u32; 4],
+    dst_port: u16,
+}
+
+/// Tells `capture trace` of the decision, if the pod is traced (no task: `sk_lookup` runs in
+/// the receiving softirq).
+#[inline(always)]
+fn trace_inbound(
+    netns_cookie: u64,
+    ends: &Ends,
+    rule: InboundRule,
+    verdict: TraceVerdict,
+    redirect_port: u16,
+) {
+    trace::record(
+        netns_cookie,
+        false,
+        &trace::Decision {
+            hook: TraceHook::SkLookup,
+            inbound: true,
+            ipv6: ends.ipv6,
+            udp: false,
+            src: ends.src,
+            src_port: ends.src_port,
+            dst: ends.dst,
+            dst_port: ends.dst_port,
+            uid: 0,
+            gid: 0,
+            rule: rule as u8,
+            verdict,
+            redirect_port,
+        },
+    );
 }

@@ -22,6 +22,7 @@ mod sockaddr;
 mod sockops;
 mod sockopt;
 mod storage;
+mod trace;
 
 use aya_ebpf::{
     macros::{cgroup_sock, cgroup_sock_addr, cgroup_sockopt, sk_lookup, sk_msg, sock_ops},

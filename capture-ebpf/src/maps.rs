@@ -3,7 +3,10 @@
 
 use aya_ebpf::{
     bindings::{bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, BPF_F_CLONE, BPF_F_NO_PREALLOC},
-    btf_maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, SockHash},
+    btf_maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf,
+        SockHash,
+    },
     macros::btf_map,
 };
 use capture_common::{
@@ -14,6 +17,9 @@ use capture_common::{
     },
     layout,
     state::{OriginalDst, SockState},
+    trace::{
+        TraceEvent, TraceLease, TRACE_RING_BYTES, TRACE_SLOTS, TRACE_STATS as TRACE_STAT_COUNT,
+    },
 };
 
 /// Pods one node can capture at once.
@@ -129,3 +135,26 @@ impl PodLists for MapLists {
         CIDR_LISTS.get(&key).is_some()
     }
 }
+
+/// How many pods are traced (`capture trace`): the programs look at nothing else of tracing
+/// while it is 0. One array element, which the verifier turns into a direct load.
+#[btf_map]
+pub static TRACE_GATE: Array<u32, 1> = Array::new();
+
+/// Traced pods' leases, by netns cookie.
+#[btf_map]
+pub static TRACE_PODS: HashMap<u64, TraceLease, { TRACE_SLOTS as usize }> = HashMap::new();
+
+/// Events emitted and dropped, node-wide (`TraceStat`).
+#[btf_map]
+pub static TRACE_STATS: PerCpuArray<u64, { TRACE_STAT_COUNT as usize }> = PerCpuArray::new();
+
+/// One ring buffer per trace slot: each session reads its own.
+#[btf_map]
+pub static TRACE_RING_0: RingBuf<TraceEvent, { TRACE_RING_BYTES as usize }> = RingBuf::new();
+#[btf_map]
+pub static TRACE_RING_1: RingBuf<TraceEvent, { TRACE_RING_BYTES as usize }> = RingBuf::new();
+#[btf_map]
+pub static TRACE_RING_2: RingBuf<TraceEvent, { TRACE_RING_BYTES as usize }> = RingBuf::new();
+#[btf_map]
+pub static TRACE_RING_3: RingBuf<TraceEvent, { TRACE_RING_BYTES as usize }> = RingBuf::new();

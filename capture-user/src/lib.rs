@@ -24,5 +24,6 @@ pub mod paths;
 pub mod probe;
 pub mod record;
 pub mod test_hooks;
+pub mod trace;
 pub mod userns;
 pub mod validate;

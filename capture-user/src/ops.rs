@@ -467,6 +467,9 @@ pub struct NodeStatus {
     pub left_alone: Vec<crate::left_alone::LeftAlone>,
     /// The mesh configuration the agent reads, if it reads one.
     pub mesh_config: Option<crate::config::mesh_config::MeshConfigReport>,
+    /// `capture trace` on this node, where the node's programs have it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::NodeTrace>,
 }
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
@@ -504,5 +507,6 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         mesh_config: std::fs::read(paths.mesh_config_report_path())
             .ok()
             .and_then(|data| serde_json::from_slice(&data).ok()),
+        trace: crate::trace::node_trace(paths),
     })
 }

@@ -98,6 +98,12 @@ impl Paths {
         self.state_dir.join("lock")
     }
 
+    /// Serialises trace sessions' claims of slots (`capture trace`); never held for long.
+    #[must_use]
+    pub fn trace_lock_path(&self) -> PathBuf {
+        self.state_dir.join("trace.lock")
+    }
+
     #[must_use]
     pub fn node_record_path(&self) -> PathBuf {
         self.state_dir.join("node.json")

@@ -206,6 +206,13 @@ impl Topology {
 
     /// Runs `capture` with this topology's directories.
     pub fn capture(&self, args: &[&str]) -> Output {
+        let mut cmd = self.capture_command(args);
+        cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    }
+
+    /// `capture` with this topology's directories, to spawn.
+    #[must_use]
+    pub fn capture_command(&self, args: &[&str]) -> Command {
         let mut cmd = match &self.node_netns {
             Some(netns) => crate::guards::in_netns(netns, capture_bin()),
             None => Command::new(capture_bin()),
@@ -216,7 +223,7 @@ impl Topology {
             .arg(&self.dirs.state)
             .args(args)
             .envs(self.capture_env.iter().map(|(k, v)| (k, v)));
-        cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+        cmd
     }
 
     /// `capture attach` for this pod (both pod IPs) plus `extra`, returning the raw output.

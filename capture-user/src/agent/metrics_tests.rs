@@ -67,6 +67,12 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         pods,
         damaged_records: Vec::new(),
         node_errors: [("unknown_pod", 3), ("handoff_failed", 0)].into(),
+        trace: Some(crate::trace::NodeTrace {
+            traced_pods: 1,
+            emitted: 40,
+            dropped: 2,
+            sessions: Vec::new(),
+        }),
         pending_handoffs: 0,
         left_alone: Vec::new(),
         mesh_config: None,
@@ -168,6 +174,9 @@ fn pod_series_are_read_at_each_scrape() {
         "# TYPE capture_kernel_errors_total counter".to_string(),
         "capture_kernel_errors_total{kind=\"unknown_pod\"} 3".to_string(),
         "capture_kernel_errors_total{kind=\"handoff_failed\"} 0".to_string(),
+        "capture_traced_pods 1".to_string(),
+        "capture_trace_events_total{result=\"emitted\"} 40".to_string(),
+        "capture_trace_events_total{result=\"dropped\"} 2".to_string(),
     ] {
         assert!(
             text.lines().any(|l| l == line),

@@ -373,6 +373,8 @@ async fn retry_failed_releases(paths: Paths) {
             // Reports of pods whose DEL never came (the agent was down and the runtime sends no
             // GC): their sandbox, and with it their netns, is gone.
             crate::left_alone::retain(&p, crate::left_alone::netns_exists);
+            // A `capture trace` killed outright leaves its lease (expired within seconds).
+            crate::trace::sweep(&p);
             ops::release_abandoned_attaches(&p)
         });
         match abandoned.await {

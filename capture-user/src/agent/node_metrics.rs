@@ -232,7 +232,27 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         "capture_kernel_errors",
         "Errors counted by the kernel programs, node-wide.",
         &errors,
-    )
+    )?;
+
+    if let Some(trace) = &node.trace {
+        ConstGauge::new(i64::from(trace.traced_pods)).encode(encoder.encode_descriptor(
+            "capture_traced_pods",
+            "Pods whose decisions `capture trace` streams now.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?)?;
+        let events = [
+            ([("result", "emitted")], ConstCounter::new(trace.emitted)),
+            ([("result", "dropped")], ConstCounter::new(trace.dropped)),
+        ];
+        family(
+            encoder,
+            "capture_trace_events",
+            "Decisions of traced pods, emitted to `capture trace` or dropped (its rate limit, a full buffer).",
+            &events,
+        )?;
+    }
+    Ok(())
 }
 
 /// One metric family: its HELP and TYPE, then one sample per label set. A family without samples

@@ -176,6 +176,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Stream the decisions the kernel programs take for one pod, live: time, hook, process,
+    /// owner, addresses, verdict and rule. Off until asked for, bounded by a rate limit, and over
+    /// when this command ends (a lease the programs honour even if it is killed).
+    Trace {
+        /// The pod's network namespace.
+        #[arg(long, required_unless_present = "pod", conflicts_with = "pod")]
+        netns: Option<PathBuf>,
+        /// The pod as NAMESPACE/NAME (pods captured through the CNI plugin).
+        #[arg(long, value_parser = parse_pod_name)]
+        pod: Option<(String, String)>,
+        /// One JSON object per decision.
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many seconds (default: until interrupted).
+        #[arg(long)]
+        duration: Option<u64>,
+        /// Show only decisions matching every KEY=VALUE term (keys: rule, verdict, hook, proto,
+        /// direction, dst, port, uid, pid, comm), e.g. "verdict=pass port=443".
+        #[arg(long, default_value = "")]
+        filter: crate::trace::event::Filter,
+        /// Decisions per second the pod may emit; more are dropped and counted.
+        #[arg(long, default_value_t = crate::trace::DEFAULT_RATE)]
+        rate: u32,
+    },
     /// Show captured pods, their configuration, whether capture is in force, and counters.
     Status {
         #[arg(long)]

@@ -287,13 +287,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             direction,
             json,
         } => {
-            let pod = match (netns, pod) {
-                (Some(netns), _) => PodChoice::Netns(netns),
-                (None, Some((namespace, name))) => PodChoice::Name { namespace, name },
-                (None, None) => anyhow::bail!("explain: give --netns PATH or --pod NAMESPACE/NAME"),
-            };
             let question = Question {
-                pod,
+                pod: pod_choice(netns, pod)?,
                 to,
                 from,
                 uid: from_uid,
@@ -308,6 +303,31 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 print!("{}", render_explanation(&answer));
             }
         }
+        Command::Trace {
+            netns,
+            pod,
+            json,
+            duration,
+            filter,
+            rate,
+        } => {
+            let request = crate::trace::TraceRequest {
+                pod: pod_choice(netns, pod)?,
+                json,
+                duration: duration.map(std::time::Duration::from_secs),
+                filter,
+                rate,
+            };
+            let summary = crate::trace::run(&paths, &request, &mut std::io::stdout().lock())?;
+            if json {
+                eprintln!("{}", serde_json::to_string(&summary)?);
+            } else {
+                eprintln!(
+                    "trace: {} decisions, {} shown, {} dropped by the rate limit or a full buffer",
+                    summary.events, summary.shown, summary.dropped
+                );
+            }
+        }
         Command::Status { json } => {
             let status = ops::status(&paths)?;
             if json {
@@ -318,4 +338,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
+}
+
+/// `--netns` or `--pod`, which clap has made sure one of is given.
+fn pod_choice(netns: Option<PathBuf>, pod: Option<(String, String)>) -> anyhow::Result<PodChoice> {
+    match (netns, pod) {
+        (Some(netns), _) => Ok(PodChoice::Netns(netns)),
+        (None, Some((namespace, name))) => Ok(PodChoice::Name { namespace, name }),
+        (None, None) => anyhow::bail!("give --netns PATH or --pod NAMESPACE/NAME"),
+    }
 }

@@ -210,6 +210,24 @@ pub fn render_status(status: &NodeStatus) -> String {
     if let Some(mesh) = &status.mesh_config {
         out.push_str(&render_mesh_config(mesh));
     }
+    if let Some(trace) = status
+        .trace
+        .as_ref()
+        .filter(|t| t.traced_pods > 0 || t.dropped > 0)
+    {
+        let _ = writeln!(
+            out,
+            "trace: {} pod(s) traced now; {} decisions emitted, {} dropped since the programs loaded",
+            trace.traced_pods, trace.emitted, trace.dropped
+        );
+        for s in &trace.sessions {
+            let _ = writeln!(
+                out,
+                "  traced: netns cookie {} by process {} (slot {}, {} dropped)",
+                s.netns_cookie, s.pid, s.slot, s.dropped
+            );
+        }
+    }
     for damaged in &status.damaged_records {
         let _ = writeln!(
             out,

@@ -15,6 +15,7 @@ pub mod node;
 pub mod pod_maps;
 pub mod sys;
 pub mod takeover;
+pub mod trace_maps;
 
 use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
 

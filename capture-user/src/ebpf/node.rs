@@ -151,7 +151,7 @@ pub fn unpin_node(paths: &Paths) {
     let _ = fs::remove_dir_all(paths.builds_dir());
 }
 
-fn open_map<T>(dir: &Path, map: MapId) -> Result<T, LoadError>
+pub(super) fn open_map<T>(dir: &Path, map: MapId) -> Result<T, LoadError>
 where
     T: TryFrom<Map>,
     <T as TryFrom<Map>>::Error: std::error::Error + Send + Sync + 'static,

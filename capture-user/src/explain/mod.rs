@@ -148,7 +148,7 @@ struct RecordedLists {
 }
 
 /// An address of the decision's form (IPv4 in word 0, network order) as an `IpAddr`.
-fn ip_of(ipv6: bool, words: &[u32; 4]) -> IpAddr {
+pub(crate) fn ip_of(ipv6: bool, words: &[u32; 4]) -> IpAddr {
     if ipv6 {
         let mut octets = [0u8; 16];
         for (chunk, word) in octets.chunks_exact_mut(4).zip(words) {
@@ -181,7 +181,7 @@ impl PodLists for RecordedLists {
     }
 }
 
-fn find_pod(paths: &Paths, pod: &PodChoice) -> Result<PodRecord, ExplainError> {
+pub(crate) fn find_pod(paths: &Paths, pod: &PodChoice) -> Result<PodRecord, ExplainError> {
     let records = record::load_all(paths)?;
     let found = match pod {
         PodChoice::Netns(path) => {

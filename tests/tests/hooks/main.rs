@@ -15,4 +15,5 @@ mod parity;
 mod sockopt_answers;
 mod stateless_redirect;
 mod tproxy;
+mod trace;
 mod userns;
