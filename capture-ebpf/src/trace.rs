@@ -7,9 +7,18 @@ use capture_common::trace::{
     TRACE_TASK, TRACE_UDP, TRACE_WINDOW_NS,
 };
 
-use crate::maps::{
-    TRACE_GATE, TRACE_PODS, TRACE_RING_0, TRACE_RING_1, TRACE_RING_2, TRACE_RING_3, TRACE_STATS,
+use crate::{
+    maps::{
+        TRACE_GATE, TRACE_PODS, TRACE_RING_0, TRACE_RING_1, TRACE_RING_2, TRACE_RING_3, TRACE_STATS,
+    },
+    rodata::constant,
 };
+
+/// Whether tracing is part of the loaded programs. The loader clears it only to measure the
+/// programs without it (the benchmark's `ebpf-notrace`): the verifier then prunes every path it
+/// guards, so those programs hold no trace code at all.
+#[no_mangle]
+static TRACE_BUILT_IN: u8 = 1;
 
 /// One decision, as the hook saw it.
 pub struct Decision {
@@ -40,6 +49,9 @@ fn count(stat: TraceStat) {
 /// The pod's lease if the pod is traced now and its rate allows one more event.
 #[inline(always)]
 fn admitted(netns_cookie: u64) -> Option<&'static mut TraceLease> {
+    if constant(&TRACE_BUILT_IN) == 0 {
+        return None;
+    }
     if TRACE_GATE.get(0).is_none_or(|traced| *traced == 0) {
         return None;
     }

@@ -102,6 +102,10 @@ enum Task {
         /// Where to write the results.
         #[arg(long, default_value = "docs")]
         out: String,
+        /// Measure only what tracing costs: connection churn with the programs loaded without
+        /// tracing, with it built in and off, and with the pod traced; writes trace-cost.md.
+        #[arg(long)]
+        trace_cost: bool,
     },
     /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
     /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
@@ -281,7 +285,11 @@ fn run_task(task: Task) -> Result<()> {
                 image::build(&image::Options { out }).map(|_| ())
             }
         }
-        Task::Bench { quick, out } => {
+        Task::Bench {
+            quick,
+            out,
+            trace_cost,
+        } => {
             require_root("cargo xtask bench")?;
             setup::setup()?;
             run(cargo().args(["build", "--release", "--bins", "--locked"]))?;
@@ -289,6 +297,14 @@ fn run_task(task: Task) -> Result<()> {
             cmd.args(["run", "--out", &out]);
             if quick {
                 cmd.arg("--quick");
+            }
+            if trace_cost {
+                cmd.args([
+                    "--focus",
+                    "connect+rr+close",
+                    "--modes",
+                    "ebpf-notrace,ebpf,ebpf-trace",
+                ]);
             }
             run(&mut cmd)
         }

@@ -198,6 +198,14 @@ fn parse_object(
         switch(features.stateless_redirect),
         true,
     );
+    // CAPTURE_WITHOUT_TRACE=1 loads the node's programs without tracing: the benchmark's
+    // ebpf-notrace measures them so (the verifier prunes the trace code), and a node that must
+    // not have it can say so.
+    loader.override_global(
+        "TRACE_BUILT_IN",
+        switch(std::env::var_os("CAPTURE_WITHOUT_TRACE").is_none_or(|v| v != "1")),
+        true,
+    );
     for (name, offset) in [
         ("OWNER_OFFSET_SOCK_SK_SOCKET", &owner.sock_sk_socket),
         ("OWNER_OFFSET_SOCKET_FILE", &owner.socket_file),

@@ -86,8 +86,10 @@ fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// A lease is live until it expires: its session renews it every second. (Its process id
+/// alone cannot say: the session may run in another pid namespace.)
 fn lease_is_live(lease: &TraceLease, now: u64) -> bool {
-    lease.expires_ns > now && pid_alive(lease.owner_pid)
+    lease.expires_ns > now
 }
 
 fn lock(paths: &Paths) -> Result<NodeLock, TraceError> {
@@ -98,8 +100,7 @@ fn lock(paths: &Paths) -> Result<NodeLock, TraceError> {
     })
 }
 
-/// Removes the leases whose session is gone (expired, or its process dead) and sets the gate to
-/// the leases left. Returns how many it removed. The caller holds the trace lock.
+/// Removes the leases whose session is gone (expired) and sets the gate to the leases left. Returns how many it removed. The caller holds the trace lock.
 fn clear_dead(maps: &mut TraceMaps) -> Result<usize, TraceError> {
     let now = monotonic_ns();
     let dead: Vec<u64> = maps
@@ -226,6 +227,41 @@ fn claim(
     Ok(slot)
 }
 
+/// Claims a slot; a lease left by a session whose process is gone (killed) is waited out, at
+/// most one lease long, since it is not renewed any more.
+fn claim_when_free(
+    paths: &Paths,
+    maps: &mut TraceMaps,
+    record: &PodRecord,
+    pod: &str,
+    rate: u32,
+) -> Result<u32, TraceError> {
+    let deadline = Instant::now() + Duration::from_nanos(TRACE_LEASE_NS) + Duration::from_secs(1);
+    let mut told = false;
+    loop {
+        let claimed = {
+            let _lock = lock(paths)?;
+            let cleared = clear_dead(maps)?;
+            if cleared > 0 {
+                tracing::info!(cleared, "removed trace leases of sessions that are gone");
+            }
+            claim(maps, record, pod, rate)
+        };
+        match claimed {
+            Err(TraceError::AlreadyTraced { pid, .. })
+                if !pid_alive(pid) && Instant::now() < deadline =>
+            {
+                if !told {
+                    eprintln!("trace: waiting for the lease of a session that is gone (process {pid}) to expire");
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Set by SIGINT and SIGTERM: the session ends and removes its lease.
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -270,14 +306,7 @@ pub fn run(
         return Err(TraceError::IptablesPod { pod });
     }
     let mut maps = TraceMaps::open(paths)?;
-    let slot = {
-        let _lock = lock(paths)?;
-        let cleared = clear_dead(&mut maps)?;
-        if cleared > 0 {
-            tracing::info!(cleared, "removed trace leases of sessions that are gone");
-        }
-        claim(&mut maps, &record, &pod, req.rate)?
-    };
+    let slot = claim_when_free(paths, &mut maps, &record, &pod, req.rate)?;
     stop_on_signals();
     let result = follow(&mut maps, &record, slot, req, out);
     // The lease goes whatever happened while following.

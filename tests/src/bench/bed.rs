@@ -48,7 +48,7 @@ pub(super) struct Bed {
 
 impl Bed {
     pub(super) fn new(mode: Mode, proxy: Proxy, settings: Settings, accel: &AccelNote) -> Self {
-        let topo = Topology::new();
+        let mut topo = Topology::new();
         if settings == Settings::Tuned {
             for ns in [&topo.pod.netns.name, &topo.remote.name] {
                 for kv in Settings::TUNED_SYSCTLS {
@@ -61,6 +61,13 @@ impl Bed {
         match mode {
             Mode::None => {}
             Mode::Iptables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
+            Mode::EbpfNotrace | Mode::EbpfTrace => {
+                if mode == Mode::EbpfNotrace {
+                    topo.capture_env
+                        .push(("CAPTURE_WITHOUT_TRACE", "1".to_string()));
+                }
+                topo.attach(&["--mode", "ebpf"]);
+            }
             Mode::EbpfAccel => {
                 allow_acceleration(&topo, accel);
                 topo.attach(&[
@@ -106,6 +113,20 @@ impl Bed {
             &proxy_args,
         );
         servers.push(ChildGuard::spawn_ready(&mut p));
+        if mode == Mode::EbpfTrace {
+            // Every decision emitted and read: no rate limit to speak of.
+            let netns = topo.pod.netns.path();
+            let mut trace = topo.capture_command(&[
+                "trace",
+                "--json",
+                "--rate",
+                "1000000000",
+                "--netns",
+                netns.to_str().expect("netns path"),
+            ]);
+            trace.stdout(Stdio::null()).stderr(Stdio::null());
+            servers.push(ChildGuard::spawn(&mut trace));
+        }
         Self {
             mode,
             topo,

@@ -11,6 +11,7 @@ mod cpus;
 pub mod report;
 pub mod roles;
 mod stats;
+pub mod trace_cost;
 
 use std::{
     path::PathBuf,
@@ -35,10 +36,18 @@ pub enum Mode {
     /// ebpf with the app-to-proxy acceleration (`sk_msg`) on, whatever this kernel's checks found:
     /// the report says which differences were accepted for the measurement.
     EbpfAccel,
+    /// ebpf whose programs were loaded without tracing (`CAPTURE_WITHOUT_TRACE=1`: the verifier
+    /// prunes the trace code). Only when asked for (`--modes`), beside `ebpf`.
+    EbpfNotrace,
+    /// ebpf with `capture trace` reading the pod's decisions the whole time. Only when asked for.
+    EbpfTrace,
 }
 
 impl Mode {
+    /// The modes of a run that names none.
     pub const ALL: [Self; 4] = [Self::None, Self::Iptables, Self::Ebpf, Self::EbpfAccel];
+    /// What tracing costs: the programs without it, with it off, with it on.
+    pub const TRACE_COST: [Self; 3] = [Self::EbpfNotrace, Self::Ebpf, Self::EbpfTrace];
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -46,6 +55,8 @@ impl Mode {
             Self::Iptables => "iptables",
             Self::Ebpf => "ebpf",
             Self::EbpfAccel => "ebpf+accel",
+            Self::EbpfNotrace => "ebpf-notrace",
+            Self::EbpfTrace => "ebpf+trace",
         }
     }
 }
@@ -340,10 +351,11 @@ pub fn run(opts: &Options) -> Results {
                 .is_none_or(|f| c.label().contains(f.as_str()))
         })
         .collect();
-    let modes: Vec<Mode> = Mode::ALL
-        .into_iter()
-        .filter(|m| opts.modes.is_empty() || opts.modes.contains(m))
-        .collect();
+    let modes: Vec<Mode> = if opts.modes.is_empty() {
+        Mode::ALL.to_vec()
+    } else {
+        opts.modes.clone()
+    };
     let mut results: Vec<CellResult> = cells
         .iter()
         .map(|c| CellResult {
@@ -453,6 +465,10 @@ pub fn run(opts: &Options) -> Results {
         accel_program_costs: accel_profile.0,
         accel_profiled_requests: accel_profile.1,
     };
-    report::write(&results, &opts.out);
+    if trace_cost::is_trace_cost(&results) {
+        trace_cost::write(&results, &opts.out);
+    } else {
+        report::write(&results, &opts.out);
+    }
     results
 }

@@ -105,10 +105,12 @@ fn main() {
             if focused {
                 // The targets judge a full run; a focused one says what it measured.
                 for cell in &results.cells {
+                    let mut printed_ebpf = false;
                     let none = bench::report::summarize(cell, bench::Mode::None).rate;
-                    for mode in bench::Mode::ALL {
+                    for mode in bench::Mode::ALL.into_iter().chain(bench::Mode::TRACE_COST) {
                         let s = bench::report::summarize(cell, mode);
-                        if s.rate > 0.0 {
+                        if s.rate > 0.0 && !(mode == bench::Mode::Ebpf && printed_ebpf) {
+                            printed_ebpf |= mode == bench::Mode::Ebpf;
                             let per_round = bench::report::paired(cell, mode, bench::Mode::None)
                                 .filter(|_| mode != bench::Mode::None)
                                 .map_or(String::new(), |p| {
@@ -117,14 +119,18 @@ fn main() {
                                         p.median, p.min, p.max, p.rounds
                                     )
                                 });
+                            let vs_none = if none > 0.0 {
+                                format!(", {:.2}x none", s.rate / none)
+                            } else {
+                                String::new()
+                            };
                             println!(
-                                "{}: {} median {:.0}/s ({:.0}..{:.0}), {:.2}x none{per_round}; CPU {:.1} µs/op",
+                                "{}: {} median {:.0}/s ({:.0}..{:.0}){vs_none}{per_round}; CPU {:.1} µs/op",
                                 cell.label,
                                 mode.name(),
                                 s.rate,
                                 s.rate_min,
                                 s.rate_max,
-                                s.rate / none,
                                 s.cpu
                             );
                         }

@@ -238,7 +238,8 @@ fn a_trace_is_the_pods_own_bounded_and_ends_with_its_session() {
         "{metrics}"
     );
 
-    // A session killed outright leaves its lease; the next session takes the pod over at once.
+    // A session killed outright leaves its lease, which stops being renewed: the next session
+    // waits it out (5 s at the most) and takes the pod over.
     let mut killed = Session::start(&a, &[]);
     killed.0.kill().unwrap();
     killed.0.wait().unwrap();
