@@ -224,15 +224,12 @@ fn decide(
         Verdict::Pass(_) => 0,
     };
     trace_decision(netns_cookie, &conn, call, stateless_hook, rule, port);
-    let port = match verdict {
-        Verdict::Pass(_) => {
-            if call == Call::Connect {
-                forget_redirect(state, sk);
-            }
-            return Ok(None);
+    if matches!(verdict, Verdict::Pass(_)) {
+        if call == Call::Connect {
+            forget_redirect(state, sk);
         }
-        _ => port,
-    };
+        return Ok(None);
+    }
 
     // Only TCP sockets are bound: a UDP socket bound without a port would not be given one.
     // A loopback destination keeps its loopback source, as routing would pick it.

@@ -224,7 +224,11 @@ fn a_trace_is_the_pods_own_bounded_and_ends_with_its_session() {
     let mut made = 0;
     while made < 200 {
         for _ in 0..10 {
-            probes.connect(a.probe_in_pod(&app), "10.0.0.5:80", &Default::default());
+            probes.connect(
+                a.probe_in_pod(&app),
+                "10.0.0.5:80",
+                &capture_tests::probe::ConnectOpts::default(),
+            );
         }
         made += 10;
         if dropped(&a) > 0 {
