@@ -311,3 +311,57 @@ fn an_iptables_pod_or_an_unknown_pod_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn exclusions_dns_and_refusals_are_traced_with_their_rules() {
+    let mut topo = Topology::new();
+    topo.attach(&[
+        "--mode",
+        "ebpf",
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeOutboundPorts=9000",
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges=10.2.0.0/16",
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeInboundPorts=9100",
+        "--redirect-dns",
+        "--dns-nameserver",
+        "10.0.0.53",
+    ]);
+    // No proxy listens for inbound: a captured inbound connection is refused.
+    topo.start_dns_proxy();
+    let app = Who::app();
+    let udp = capture_tests::probe::ConnectOpts {
+        udp: true,
+        ..capture_tests::probe::ConnectOpts::default()
+    };
+    let session = Session::start(&topo, &[]);
+    topo.tcp(&app, "10.0.0.5:9000");
+    topo.tcp(&app, "10.2.0.5:80");
+    topo.connect(&app, "10.0.0.53:53", &udp);
+    topo.tcp(&Who::proxy(), "10.0.0.5:80");
+    topo.connect_from_remote("10.1.0.10:8080");
+    topo.connect_from_remote("10.1.0.10:9100");
+    let (events, _) = session.stop();
+    for (to, who, rule, verdict) in [
+        ("10.0.0.5:9000", Some(&app), "exclude-outbound-port", "pass"),
+        ("10.2.0.5:80", Some(&app), "exclude-outbound-cidr", "pass"),
+        ("10.0.0.53:53", Some(&app), "dns", "redirect"),
+        ("10.0.0.5:80", Some(&Who::proxy()), "proxy-uid", "pass"),
+        ("10.1.0.10:8080", None, "include-all-inbound", "refuse"),
+        ("10.1.0.10:9100", None, "exclude-inbound-port", "pass"),
+    ] {
+        let seen = events_of(&events, to, who);
+        assert!(
+            seen.iter()
+                .any(|e| e["rule"] == rule && e["verdict"] == verdict),
+            "{to}: want {rule} {verdict}, saw {seen:?}"
+        );
+    }
+    let dns = events_of(&events, "10.0.0.53:53", Some(&app));
+    assert!(
+        dns.iter()
+            .any(|e| e["proto"] == "udp" && e["port"] == 15053),
+        "{dns:?}"
+    );
+}
