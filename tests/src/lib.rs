@@ -164,3 +164,4 @@ pub mod cni;
 pub mod containerd;
 pub mod daemonset;
 pub mod enter;
+pub mod explain;

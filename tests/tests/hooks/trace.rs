@@ -10,6 +10,7 @@ use std::{
 
 use capture_tests::{
     cases::{default_sidecar_cases, Case},
+    explain::explain_case,
     probe::Who,
     topology::Topology,
     wait::wait_for,
@@ -76,43 +77,10 @@ fn traced_pods(topo: &Topology) -> u64 {
 }
 
 fn explain_rule(topo: &Topology, case: &Case, direction: &str) -> String {
-    let netns = topo.pod.netns.path();
-    let (uid, gid) = (case.who.uid.to_string(), case.who.gid.to_string());
-    let mut args = vec![
-        "explain",
-        "--json",
-        "--netns",
-        netns.to_str().unwrap(),
-        "--to",
-        case.to,
-        "--from-uid",
-        &uid,
-        "--from-gid",
-        &gid,
-        "--direction",
-        direction,
-    ];
-    let from = case.opts.bind.as_ref().map(|b| {
-        b.rsplit_once(':')
-            .unwrap()
-            .0
-            .trim_matches(['[', ']'])
-            .to_string()
-    });
-    if let Some(from) = &from {
-        args.extend(["--from", from]);
-    }
-    if case.opts.udp {
-        args.extend(["--proto", "udp"]);
-    }
-    let out = topo.capture(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-    answer["rule"].as_str().unwrap().to_string()
+    explain_case(topo, case, direction)["rule"]
+        .as_str()
+        .expect("a rule")
+        .to_string()
 }
 
 /// The events of a connection to `to` by `who` (any for inbound, which has no owner).

@@ -5,46 +5,13 @@
 
 use capture_tests::{
     cases::{default_sidecar_cases, run_cases_on, Backend, Case, Expect},
+    explain::explain_case,
     topology::Topology,
 };
 use serde_json::Value;
 
-/// `capture explain --json` for `case` as the pod's `case.who` would make it.
 fn explain(topo: &Topology, case: &Case) -> Value {
-    let netns = topo.pod.netns.path();
-    let (uid, gid) = (case.who.uid.to_string(), case.who.gid.to_string());
-    let mut args = vec![
-        "explain",
-        "--json",
-        "--netns",
-        netns.to_str().unwrap(),
-        "--to",
-        case.to,
-        "--from-uid",
-        &uid,
-        "--from-gid",
-        &gid,
-    ];
-    let from = case.opts.bind.as_ref().map(|b| {
-        b.parse::<std::net::SocketAddr>()
-            .expect("a case binds ADDR:PORT")
-            .ip()
-            .to_string()
-    });
-    if let Some(from) = &from {
-        args.extend(["--from", from]);
-    }
-    if case.opts.udp {
-        args.extend(["--proto", "udp"]);
-    }
-    let out = topo.capture(&args);
-    assert!(
-        out.status.success(),
-        "{}: capture explain failed: {}",
-        case.id,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("explain JSON")
+    explain_case(topo, case, "outbound")
 }
 
 /// The cases explain can be asked: a socket created and connected by one identity, from the pod.
