@@ -328,7 +328,7 @@ mod tests {
 
     /// Each version's sizes. A map whose types change size must get a new version (and a row
     /// here); a change of meaning at the same size must bump the version too.
-    const KNOWN: [(MapId, u32, usize, usize); 14] = [
+    const KNOWN: [(MapId, u32, usize, usize); 21] = [
         (MapId::PodConfigs, 1, 8, 120),
         (MapId::PodConfigs, 2, 8, 128),
         (MapId::PodCounters, 1, 8, 80),
@@ -343,6 +343,13 @@ mod tests {
         (MapId::AccelCounters, 1, 8, 24),
         (MapId::AccelPeers, 1, 48, 4),
         (MapId::LoopbackDests, 1, 16, 20),
+        (MapId::TraceGate, 1, 4, 4),
+        (MapId::TracePods, 1, 8, 48),
+        (MapId::TraceStats, 1, 4, 8),
+        (MapId::TraceRing0, 1, 0, 0),
+        (MapId::TraceRing1, 1, 0, 0),
+        (MapId::TraceRing2, 1, 0, 0),
+        (MapId::TraceRing3, 1, 0, 0),
     ];
 
     #[test]

@@ -100,7 +100,8 @@ fn lock(paths: &Paths) -> Result<NodeLock, TraceError> {
     })
 }
 
-/// Removes the leases whose session is gone (expired) and sets the gate to the leases left. Returns how many it removed. The caller holds the trace lock.
+/// Removes the leases whose session is gone (expired) and sets the gate to the leases left;
+/// returns how many it removed. The caller holds the trace lock.
 fn clear_dead(maps: &mut TraceMaps) -> Result<usize, TraceError> {
     let now = monotonic_ns();
     let dead: Vec<u64> = maps
@@ -181,7 +182,7 @@ pub fn node_trace(paths: &Paths) -> Option<NodeTrace> {
     })
 }
 
-/// The slot a new lease for `cookie` takes.
+/// Leases a slot for `record`'s pod and returns it.
 fn claim(
     maps: &mut TraceMaps,
     record: &PodRecord,
