@@ -165,25 +165,21 @@ fn trace_decision(
     } else {
         TraceVerdict::Redirect
     };
-    trace::record(
-        netns_cookie,
-        true,
-        &trace::Decision {
-            hook,
-            inbound: false,
-            ipv6: conn.ipv6,
-            udp: conn.udp,
-            src: conn.src,
-            src_port: 0,
-            dst: conn.dst,
-            dst_port: conn.dst_port,
-            uid: conn.uid,
-            gid: conn.gid,
-            rule: rule as u8,
-            verdict,
-            redirect_port,
-        },
-    );
+    trace::record(netns_cookie, true, || trace::Decision {
+        hook,
+        inbound: false,
+        ipv6: conn.ipv6,
+        udp: conn.udp,
+        src: conn.src,
+        src_port: 0,
+        dst: conn.dst,
+        dst_port: conn.dst_port,
+        uid: conn.uid,
+        gid: conn.gid,
+        rule: rule as u8,
+        verdict,
+        redirect_port,
+    });
 }
 
 /// Decides one connect or datagram and records the original destination; `Ok(None)` lets it

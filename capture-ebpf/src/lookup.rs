@@ -180,23 +180,19 @@ fn trace_inbound(
     verdict: TraceVerdict,
     redirect_port: u16,
 ) {
-    trace::record(
-        netns_cookie,
-        false,
-        &trace::Decision {
-            hook: TraceHook::SkLookup,
-            inbound: true,
-            ipv6: ends.ipv6,
-            udp: false,
-            src: ends.src,
-            src_port: ends.src_port,
-            dst: ends.dst,
-            dst_port: ends.dst_port,
-            uid: 0,
-            gid: 0,
-            rule: rule as u8,
-            verdict,
-            redirect_port,
-        },
-    );
+    trace::record(netns_cookie, false, || trace::Decision {
+        hook: TraceHook::SkLookup,
+        inbound: true,
+        ipv6: ends.ipv6,
+        udp: false,
+        src: ends.src,
+        src_port: ends.src_port,
+        dst: ends.dst,
+        dst_port: ends.dst_port,
+        uid: 0,
+        gid: 0,
+        rule: rule as u8,
+        verdict,
+        redirect_port,
+    });
 }

@@ -46,9 +46,9 @@ fn count(stat: TraceStat) {
     }
 }
 
-/// The pod's lease if the pod is traced now and its rate allows one more event.
+/// The pod's lease and the time now, if the pod is traced now and its rate allows one more event.
 #[inline(always)]
-fn admitted(netns_cookie: u64) -> Option<&'static mut TraceLease> {
+fn admitted(netns_cookie: u64) -> Option<(&'static mut TraceLease, u64)> {
     if constant(&TRACE_BUILT_IN) == 0 {
         return None;
     }
@@ -73,16 +73,19 @@ fn admitted(netns_cookie: u64) -> Option<&'static mut TraceLease> {
         return None;
     }
     lease.window_events += 1;
-    Some(lease)
+    Some((lease, now))
 }
 
-/// Emits `d` for the pod if it is traced. `with_task`: the hook runs in the calling task (not
-/// `sk_lookup`), so its pid and command are the connection's.
+/// Emits the decision `describe` gives for the pod if it is traced; an untraced pod's decision
+/// is never described (on the connection's path that is the gate's load alone). `with_task`:
+/// the hook runs in the calling task (not `sk_lookup`), so its pid and command are the
+/// connection's.
 #[inline(always)]
-pub fn record(netns_cookie: u64, with_task: bool, d: &Decision) {
-    let Some(lease) = admitted(netns_cookie) else {
+pub fn record(netns_cookie: u64, with_task: bool, describe: impl FnOnce() -> Decision) {
+    let Some((lease, now)) = admitted(netns_cookie) else {
         return;
     };
+    let d = &describe();
     let entry = match lease.slot {
         0 => TRACE_RING_0.reserve(0),
         1 => TRACE_RING_1.reserve(0),
@@ -106,7 +109,7 @@ pub fn record(netns_cookie: u64, with_task: bool, d: &Decision) {
             flags |= flag;
         }
     }
-    fill(entry.as_mut_ptr(), with_task, flags, d);
+    fill(entry.as_mut_ptr(), now, with_task, flags, d);
     entry.submit(0);
     lease.emitted += 1;
     count(TraceStat::Emitted);
@@ -120,12 +123,12 @@ pub fn record(netns_cookie: u64, with_task: bool, d: &Decision) {
     clippy::cast_ptr_alignment,
     reason = "comm sits at offset 16 of an 8-byte aligned ring buffer record"
 )]
-fn fill(p: *mut TraceEvent, with_task: bool, flags: u8, d: &Decision) {
+fn fill(p: *mut TraceEvent, now: u64, with_task: bool, flags: u8, d: &Decision) {
     use core::ptr::write_volatile as put;
     // SAFETY: `p` is a reserved, 8-byte aligned record of the event's size; every store stays in
     // its field, and the helpers write at most the 16 bytes of `comm`.
     unsafe {
-        put(&raw mut (*p).time_ns, bpf_ktime_get_ns());
+        put(&raw mut (*p).time_ns, now);
         let comm = (&raw mut (*p).comm).cast::<u64>();
         put(comm, 0);
         put(comm.add(1), 0);

@@ -226,10 +226,7 @@ pub fn monotonic_to_unix() -> i128 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos();
-    let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
-        i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
-    });
-    i128::try_from(unix).unwrap_or(0) - mono
+    i128::try_from(unix).unwrap_or(0) - i128::from(super::monotonic_ns())
 }
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ pub struct Summary {
     pub dropped: u64,
 }
 
+/// `CLOCK_MONOTONIC` now, the programs' `bpf_ktime_get_ns` clock.
 fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
         u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
