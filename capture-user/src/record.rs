@@ -77,6 +77,15 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
+    /// `NAMESPACE/NAME` where the record knows the pod, else its netns path.
+    #[must_use]
+    pub fn display_name(&self) -> String {
+        self.pod.as_ref().map_or_else(
+            || self.netns.display().to_string(),
+            |p| format!("{}/{}", p.namespace, p.name),
+        )
+    }
+
     /// The iptables variant to remove or check the pod's rules with.
     #[must_use]
     pub fn iptables_flavour(&self) -> crate::iptables::flavour::Flavour {

@@ -307,10 +307,7 @@ fn decide(cfg: &CaptureConfig, q: &Question) -> Decision {
 /// An unknown pod, unreadable records, or an iptables pod whose rules cannot be read.
 pub fn explain(paths: &Paths, q: &Question) -> Result<Explanation, ExplainError> {
     let record = find_pod(paths, &q.pod)?;
-    let pod = record.pod.as_ref().map_or_else(
-        || record.netns.display().to_string(),
-        |p| format!("{}/{}", p.namespace, p.name),
-    );
+    let pod = record.display_name();
     let decision = decide(&record.config, q);
     let mut notes = Vec::new();
     if let Some(why) = &record.fallback_reason {

@@ -300,10 +300,7 @@ pub fn run(
     out: &mut dyn std::io::Write,
 ) -> Result<Summary, TraceError> {
     let record = find_pod(paths, &req.pod)?;
-    let pod = record.pod.as_ref().map_or_else(
-        || record.netns.display().to_string(),
-        |p| format!("{}/{}", p.namespace, p.name),
-    );
+    let pod = record.display_name();
     if record.mode == Mode::Iptables {
         return Err(TraceError::IptablesPod { pod });
     }
