@@ -9,6 +9,8 @@ use std::{
 use capture_common::config::PodCounters;
 use serde::Serialize;
 
+pub use crate::record::PodSelector;
+
 use crate::{
     any_backend::{AnyBackend, BackendError, ExistingBackends},
     backend::PodTarget,
@@ -177,40 +179,6 @@ fn attach_backend(
     Ok(())
 }
 
-/// How a caller names a captured pod.
-#[derive(Clone, Debug)]
-pub enum PodSelector {
-    /// By netns: its cookie while the netns exists, else the path it was attached with (the
-    /// netns may be gone by the time the pod is released).
-    Netns(PathBuf),
-    /// By the runtime's container id (CNI DEL, CHECK, GC).
-    ContainerId(String),
-}
-
-impl std::fmt::Display for PodSelector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Netns(p) => write!(f, "netns {}", p.display()),
-            Self::ContainerId(id) => write!(f, "container {id}"),
-        }
-    }
-}
-
-fn find_record(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, Error> {
-    let records = record::load_all(paths)?;
-    Ok(match which {
-        PodSelector::Netns(path) => {
-            let cookie = Netns::open(path).ok().and_then(|n| n.cookie().ok());
-            records
-                .into_iter()
-                .find(|r| cookie.map_or(r.netns == *path, |c| r.netns_cookie == c))
-        }
-        PodSelector::ContainerId(id) => records
-            .into_iter()
-            .find(|r| r.pod.as_ref().is_some_and(|p| p.container_id == *id)),
-    })
-}
-
 /// Releases a recorded pod. When its backend cannot take everything away, the record stays,
 /// saying why, so that `status` reports the pod and the release is tried again.
 fn release(paths: &Paths, record: &PodRecord) -> Result<(), Error> {
@@ -266,7 +234,7 @@ pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecor
         return Ok(None);
     }
     let _lock = lock(paths)?;
-    let Some(record) = find_record(paths, which)? else {
+    let Some(record) = record::find(paths, which)? else {
         if let PodSelector::Netns(netns) = which {
             release_unrecorded(paths, netns)?;
         }
@@ -371,7 +339,7 @@ pub fn collect_garbage(paths: &Paths, valid: &[String]) -> Result<Vec<PodRecord>
 
 /// The status of one captured pod, `None` if it is not captured.
 pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus>, Error> {
-    let Some(record) = find_record(paths, which)? else {
+    let Some(record) = record::find(paths, which)? else {
         return Ok(None);
     };
     let mut backends = ExistingBackends::new(paths);

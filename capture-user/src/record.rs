@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     config::{CaptureConfig, FallbackCause},
     fsutil::write_atomic,
+    netns::Netns,
     paths::Paths,
 };
 
@@ -202,6 +203,52 @@ pub fn scan(paths: &Paths) -> Result<Scan, RecordError> {
 /// Every pod record that reads back, oldest first (`scan` names the others).
 pub fn load_all(paths: &Paths) -> Result<Vec<PodRecord>, RecordError> {
     Ok(scan(paths)?.records)
+}
+
+/// How a caller names a captured pod.
+#[derive(Clone, Debug)]
+pub enum PodSelector {
+    /// By netns: its cookie while the netns exists, else the path it was attached with (the
+    /// netns may be gone by the time the pod is released).
+    Netns(PathBuf),
+    /// By the runtime's container id (CNI DEL, CHECK, GC).
+    ContainerId(String),
+    /// By `NAMESPACE/NAME`, for pods captured through the CNI plugin (their record knows it).
+    Name { namespace: String, name: String },
+}
+
+impl std::fmt::Display for PodSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Netns(p) => write!(f, "netns {}", p.display()),
+            Self::ContainerId(id) => write!(f, "container {id}"),
+            Self::Name { namespace, name } => write!(f, "pod {namespace}/{name}"),
+        }
+    }
+}
+
+/// The record of the pod `which` names, if the node has one.
+///
+/// # Errors
+/// The records cannot be read.
+pub fn find(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, RecordError> {
+    let records = load_all(paths)?;
+    Ok(match which {
+        PodSelector::Netns(path) => {
+            let cookie = Netns::open(path).ok().and_then(|n| n.cookie().ok());
+            records
+                .into_iter()
+                .find(|r| cookie.map_or(r.netns == *path, |c| r.netns_cookie == c))
+        }
+        PodSelector::ContainerId(id) => records
+            .into_iter()
+            .find(|r| r.pod.as_ref().is_some_and(|p| p.container_id == *id)),
+        PodSelector::Name { namespace, name } => records.into_iter().find(|r| {
+            r.pod
+                .as_ref()
+                .is_some_and(|p| p.namespace == *namespace && p.name == *name)
+        }),
+    })
 }
 
 #[cfg(test)]

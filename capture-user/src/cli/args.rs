@@ -149,12 +149,8 @@ pub enum Command {
     /// decides it (the same names `trace` prints), Istio's iptables rule for it, and, for an
     /// iptables pod, that rule in the pod's netns with its packet counter.
     Explain {
-        /// The pod's network namespace.
-        #[arg(long, required_unless_present = "pod", conflicts_with = "pod")]
-        netns: Option<PathBuf>,
-        /// The pod as NAMESPACE/NAME (pods captured through the CNI plugin).
-        #[arg(long, value_parser = parse_pod_name)]
-        pod: Option<(String, String)>,
+        #[command(flatten)]
+        pod: PodArgs,
         /// The destination: ADDR:PORT, or [ADDR]:PORT for IPv6 (for --direction inbound, the
         /// pod's address and port the connection arrives for).
         #[arg(long)]
@@ -180,12 +176,8 @@ pub enum Command {
     /// owner, addresses, verdict and rule. Off until asked for, bounded by a rate limit, and over
     /// when this command ends (a lease the programs honour even if it is killed).
     Trace {
-        /// The pod's network namespace.
-        #[arg(long, required_unless_present = "pod", conflicts_with = "pod")]
-        netns: Option<PathBuf>,
-        /// The pod as NAMESPACE/NAME (pods captured through the CNI plugin).
-        #[arg(long, value_parser = parse_pod_name)]
-        pod: Option<(String, String)>,
+        #[command(flatten)]
+        pod: PodArgs,
         /// One JSON object per decision.
         #[arg(long)]
         json: bool,
@@ -199,6 +191,16 @@ pub enum Command {
         /// Decisions per second the pod may emit; more are dropped and counted.
         #[arg(long, default_value_t = crate::trace::DEFAULT_RATE)]
         rate: u32,
+    },
+    /// List a pod's TCP connections: their addresses as the app sees them and as the kernel
+    /// holds them (which `ss` shows), where each was going, whether it went through the proxy,
+    /// and which hook decided it under which rule.
+    Sockets {
+        #[command(flatten)]
+        pod: PodArgs,
+        /// One JSON object (stable field names: `connections`, `listeners`, `notes`).
+        #[arg(long)]
+        json: bool,
     },
     /// Show captured pods, their configuration, whether capture is in force, and counters.
     Status {
@@ -292,6 +294,32 @@ impl MeshArgs {
             drop_invalid: self.drop_invalid,
         };
         (defaults, self.mesh_config)
+    }
+}
+
+/// Which captured pod: by netns or by name.
+#[derive(Debug, clap::Args)]
+pub struct PodArgs {
+    /// The pod's network namespace.
+    #[arg(long, required_unless_present = "pod", conflicts_with = "pod")]
+    pub netns: Option<PathBuf>,
+    /// The pod as NAMESPACE/NAME (pods captured through the CNI plugin).
+    #[arg(long, value_parser = parse_pod_name)]
+    pub pod: Option<(String, String)>,
+}
+
+impl PodArgs {
+    /// The selector; clap has made sure one of the two is given.
+    ///
+    /// # Errors
+    /// Neither is (only when parsed other than by clap).
+    pub fn selector(self) -> anyhow::Result<crate::record::PodSelector> {
+        use crate::record::PodSelector;
+        match (self.netns, self.pod) {
+            (Some(netns), _) => Ok(PodSelector::Netns(netns)),
+            (None, Some((namespace, name))) => Ok(PodSelector::Name { namespace, name }),
+            (None, None) => anyhow::bail!("give --netns PATH or --pod NAMESPACE/NAME"),
+        }
     }
 }
 

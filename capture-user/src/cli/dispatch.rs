@@ -9,7 +9,7 @@ use super::{
 };
 use crate::{
     config::PodSpec,
-    explain::{PodChoice, Question},
+    explain::Question,
     ops::{self, AttachRequest},
     paths::Paths,
     probe::ModeChoice,
@@ -277,7 +277,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             crate::accel::check::run_cases_here(destination)?;
         }
         Command::Explain {
-            netns,
             pod,
             to,
             from,
@@ -288,7 +287,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             json,
         } => {
             let question = Question {
-                pod: pod_choice(netns, pod)?,
+                pod: pod.selector()?,
                 to,
                 from,
                 uid: from_uid,
@@ -304,7 +303,6 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             }
         }
         Command::Trace {
-            netns,
             pod,
             json,
             duration,
@@ -312,7 +310,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             rate,
         } => {
             let request = crate::trace::TraceRequest {
-                pod: pod_choice(netns, pod)?,
+                pod: pod.selector()?,
                 json,
                 duration: duration.map(std::time::Duration::from_secs),
                 filter,
@@ -328,6 +326,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 );
             }
         }
+        Command::Sockets { pod, json } => {
+            let report = crate::sockets::sockets(&paths, &pod.selector()?)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", crate::sockets::render::render(&report));
+            }
+        }
         Command::Status { json } => {
             let status = ops::status(&paths)?;
             if json {
@@ -338,13 +344,4 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
-}
-
-/// `--netns` or `--pod`, which clap has made sure one of is given.
-fn pod_choice(netns: Option<PathBuf>, pod: Option<(String, String)>) -> anyhow::Result<PodChoice> {
-    match (netns, pod) {
-        (Some(netns), _) => Ok(PodChoice::Netns(netns)),
-        (None, Some((namespace, name))) => Ok(PodChoice::Name { namespace, name }),
-        (None, None) => anyhow::bail!("give --netns PATH or --pod NAMESPACE/NAME"),
-    }
 }

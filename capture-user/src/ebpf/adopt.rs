@@ -21,7 +21,7 @@ use std::{
     fs, io,
     net::{IpAddr, SocketAddr},
     os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        fd::{AsRawFd as _, OwnedFd},
         unix::fs::MetadataExt as _,
     },
 };
@@ -33,7 +33,14 @@ use capture_common::{
 };
 
 use super::node::Maps;
-use crate::{backend::PodTarget, config::CaptureConfig};
+use crate::{
+    backend::PodTarget,
+    config::CaptureConfig,
+    socket_fds::{
+        held_sockets, in_netns, int_option, is_gone, local_addr, socket_cookie, socket_netns,
+        Process,
+    },
+};
 
 /// `BPF_NOEXIST`.
 const NOEXIST: u64 = 1;
@@ -127,9 +134,7 @@ fn pod_pids(pod: &PodTarget<'_>, netns_ino: u64) -> Vec<u32> {
             );
         }
     }
-    pids.retain(|pid| {
-        fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| m.ino() == netns_ino)
-    });
+    pids.retain(|&pid| in_netns(pid, netns_ino));
     pids
 }
 
@@ -143,35 +148,15 @@ fn pod_listeners(
     let mut found = Vec::new();
     let mut seen = BTreeSet::new();
     for &pid in pids {
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        // Opened on the first socket: most pods' first process (the sandbox's) holds none.
-        let mut pidfd = None;
-        for entry in fds.flatten() {
-            let Some(inode) = fs::read_link(entry.path()).ok().and_then(|t| {
-                t.to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse::<u64>()
-                    .ok()
-            }) else {
-                continue;
-            };
-            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-                continue;
-            };
+        let mut process = Process::new(pid);
+        for (fd, inode) in held_sockets(pid) {
             if !seen.insert(inode) {
                 continue;
             }
-            let taken = match &pidfd {
-                Some(p) => take_fd(p, fd),
-                None => open_pidfd(pid).and_then(|p| take_fd(pidfd.insert(p), fd)),
-            };
-            let socket = match taken {
+            let socket = match process.take(fd) {
                 Ok(s) => s,
                 // The process or the descriptor is gone since the scan: nothing to adopt.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::EBADF)) => continue,
+                Err(e) if is_gone(&e) => continue,
                 Err(source) => return Err(AdoptError::TakeFd { pid, inode, source }),
             };
             let Some(addr) = tcp_listener_on(&socket, ports) else {
@@ -195,92 +180,6 @@ fn tcp_listener_on(socket: &OwnedFd, ports: &[u16]) -> Option<SocketAddr> {
     local_addr(socket)
         .ok()
         .filter(|addr| ports.contains(&addr.port()))
-}
-
-fn int_option(socket: &OwnedFd, name: libc::c_int) -> Option<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are valid for the kernel to write; the fd is ours.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            name,
-            (&raw mut value).cast(),
-            &raw mut len,
-        )
-    };
-    (rc == 0).then_some(value)
-}
-
-/// The inode of the netns `socket` belongs to (SIOCGSKNS, Linux 4.9+).
-fn socket_netns(socket: &OwnedFd) -> io::Result<u64> {
-    /// `SIOCGSKNS` from linux/sockios.h.
-    const SIOCGSKNS: libc::c_ulong = 0x894C;
-    // SAFETY: the ioctl returns a new descriptor, owned at once.
-    let netns = unsafe {
-        let fd = libc::ioctl(socket.as_raw_fd(), SIOCGSKNS);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        fs::File::from(OwnedFd::from_raw_fd(fd))
-    };
-    Ok(netns.metadata()?.ino())
-}
-
-fn open_pidfd(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the descriptor is owned at once.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-        if pidfd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(OwnedFd::from_raw_fd(pidfd as i32))
-    }
-}
-
-/// A descriptor of our own for the process's `fd` (`pidfd_getfd`, Linux 5.6+).
-fn take_fd(pidfd: &OwnedFd, fd: i32) -> io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the descriptor is owned at once.
-    unsafe {
-        let taken = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0);
-        if taken < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(OwnedFd::from_raw_fd(taken as i32))
-    }
-}
-
-fn local_addr(socket: &OwnedFd) -> io::Result<SocketAddr> {
-    use nix::sys::socket::{getsockname, SockaddrLike as _, SockaddrStorage};
-    let addr: SockaddrStorage = getsockname(socket.as_raw_fd()).map_err(io::Error::from)?;
-    if let Some(v4) = addr.as_sockaddr_in() {
-        return Ok(SocketAddr::from((v4.ip(), v4.port())));
-    }
-    if let Some(v6) = addr.as_sockaddr_in6() {
-        return Ok(SocketAddr::from((v6.ip(), v6.port())));
-    }
-    Err(io::Error::other(format!(
-        "not an inet socket (family {:?})",
-        addr.family()
-    )))
-}
-
-/// The kernel's cookie of a socket (`SO_COOKIE`), which no other socket ever has.
-fn socket_cookie(socket: &OwnedFd) -> Option<u64> {
-    let mut cookie = 0u64;
-    let mut len = size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `cookie` and `len` are valid for the kernel to write; the fd is ours.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&raw mut cookie).cast(),
-            &raw mut len,
-        )
-    };
-    (rc == 0).then_some(cookie)
 }
 
 /// Whether a listener on `ip` serves the pod's inbound traffic: the wildcard or a pod address,

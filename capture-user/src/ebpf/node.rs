@@ -166,6 +166,16 @@ where
     T::try_from(map).map_err(|e| adopt(e.into()))
 }
 
+/// The socket-local storage of the node's programs: what they recorded per socket.
+///
+/// # Errors
+/// No programs on the node, or the map's pin cannot be opened.
+pub fn open_socket_states(paths: &Paths) -> Result<SkStorage<MapData, SockState>, LoadError> {
+    let record =
+        read_node_record(paths).ok_or_else(|| LoadError::NotLoaded(paths.node_record_path()))?;
+    open_map(&record.maps_dir(paths), MapId::SocketStates)
+}
+
 /// The typed maps pinned in `dir`.
 pub(super) fn open_maps(dir: &Path) -> Result<Maps, LoadError> {
     Ok(Maps {

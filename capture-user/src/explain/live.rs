@@ -1,14 +1,13 @@
-//! What the pod's netns holds right now: an iptables rule with its packet counter, and whether
-//! anything listens on a port (a redirect to a port nobody listens on is refused).
+//! What the pod's netns holds right now: an iptables rule with its packet counter.
 
-use std::{fs, path::Path, process::Command};
+use std::{path::Path, process::Command};
 
 use serde::Serialize;
 
 use super::rules::Table;
 use crate::{
     iptables::{flavour::Flavour, rules::Family},
-    netns::{output_in, Netns},
+    netns::output_in,
 };
 
 /// A rule found in the pod's netns, with its counters as `iptables-save -c` gives them.
@@ -99,36 +98,6 @@ pub fn save(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Whether a TCP socket of the netns listens on `port` (any address, either family).
-///
-/// # Errors
-/// The netns cannot be entered or its socket tables read.
-pub fn listening(netns: &Netns, port: u16) -> Result<bool, String> {
-    let tables = netns
-        .run_in(|| {
-            ["tcp", "tcp6"].map(|t| {
-                fs::read_to_string(format!("/proc/thread-self/net/{t}")).unwrap_or_default()
-            })
-        })
-        .map_err(|e| e.to_string())?;
-    Ok(tables.iter().any(|t| listens_in(t, port)))
-}
-
-/// `/proc/net/tcp` rows: `sl local_address rem_address st ...`, with the port in hex after the
-/// colon and the state `0A` for a listener.
-fn listens_in(table: &str, port: u16) -> bool {
-    table.lines().skip(1).any(|row| {
-        let mut cols = row.split_whitespace().skip(1);
-        let local = cols.next().unwrap_or_default();
-        let state = cols.nth(1).unwrap_or_default();
-        state == "0A"
-            && local
-                .rsplit_once(':')
-                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
-                == Some(port)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,18 +161,5 @@ mod tests {
             "-A ISTIO_OUTPUT -p udp --dport 8080 -j RETURN"
         )
         .is_none());
-    }
-
-    #[test]
-    fn listeners_are_read_from_the_socket_table() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-           0: 00000000:3A99 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1337        0 1\n\
-           1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2\n";
-        assert!(listens_in(table, 15001));
-        assert!(
-            !listens_in(table, 8080),
-            "an established socket is no listener"
-        );
-        assert!(!listens_in(table, 15006));
     }
 }

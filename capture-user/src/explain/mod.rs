@@ -37,19 +37,9 @@ use crate::{
     iptables::rules::Family,
     netns::Netns,
     paths::Paths,
-    record::{self, Mode, PodRecord},
+    record::{self, Mode, PodRecord, PodSelector},
+    sockdiag,
 };
-
-/// Which pod.
-#[derive(Clone, Debug)]
-pub enum PodChoice {
-    Netns(PathBuf),
-    /// `NAMESPACE/NAME`, for pods captured through the CNI plugin (their record knows the name).
-    Name {
-        namespace: String,
-        name: String,
-    },
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -70,7 +60,7 @@ pub enum Proto {
 /// The hypothetical connection.
 #[derive(Clone, Debug)]
 pub struct Question {
-    pub pod: PodChoice,
+    pub pod: PodSelector,
     pub to: SocketAddr,
     /// The address the socket is bound to before it connects, if any (`127.0.0.6` is the proxy's
     /// inbound passthrough).
@@ -127,7 +117,7 @@ pub struct Explanation {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
-    #[error("no captured pod {0}: `capture status` lists the pods capture knows")]
+    #[error("no captured pod matches {0}: `capture status` lists the pods capture knows")]
     UnknownPod(String),
     #[error(transparent)]
     Records(#[from] record::RecordError),
@@ -181,29 +171,12 @@ impl PodLists for RecordedLists {
     }
 }
 
-pub(crate) fn find_pod(paths: &Paths, pod: &PodChoice) -> Result<PodRecord, ExplainError> {
-    let records = record::load_all(paths)?;
-    let found = match pod {
-        PodChoice::Netns(path) => {
-            let cookie = Netns::open(path).ok().and_then(|n| n.cookie().ok());
-            records
-                .into_iter()
-                .find(|r| cookie.map_or(r.netns == *path, |c| r.netns_cookie == c))
-        }
-        PodChoice::Name { namespace, name } => records.into_iter().find(|r| {
-            r.pod
-                .as_ref()
-                .is_some_and(|p| p.namespace == *namespace && p.name == *name)
-        }),
-    };
-    found.ok_or_else(|| ExplainError::UnknownPod(describe(pod)))
-}
-
-fn describe(pod: &PodChoice) -> String {
-    match pod {
-        PodChoice::Netns(path) => format!("with netns {}", path.display()),
-        PodChoice::Name { namespace, name } => format!("{namespace}/{name}"),
-    }
+/// The record of the pod `which` names.
+///
+/// # Errors
+/// No such pod, or the records cannot be read.
+pub(crate) fn find_pod(paths: &Paths, which: &PodSelector) -> Result<PodRecord, ExplainError> {
+    record::find(paths, which)?.ok_or_else(|| ExplainError::UnknownPod(which.to_string()))
 }
 
 /// The position of `id` among the first `count` of `ids` (the owner rule that matched), or 0
@@ -216,12 +189,12 @@ fn owner_index(ids: &[u32], count: u32, id: u32) -> usize {
 }
 
 /// The decision for the question, in the kernel's terms.
-struct Decision {
-    rule: &'static str,
+pub(crate) struct Decision {
+    pub(crate) rule: &'static str,
     words: &'static str,
     equivalent: Equivalent,
     /// The proxy's port for a redirect.
-    redirect_to: Option<u16>,
+    pub(crate) redirect_to: Option<u16>,
 }
 
 fn decide_outbound(
@@ -289,7 +262,7 @@ fn decide_inbound(
 }
 
 /// What the kernel decides for `q` in a pod of configuration `cfg` (`q.pod` aside).
-fn decide(cfg: &CaptureConfig, q: &Question) -> Decision {
+pub(crate) fn decide(cfg: &CaptureConfig, q: &Question) -> Decision {
     let kcfg = kernel_config(cfg);
     let lists = RecordedLists {
         ports: port_entries(cfg),
@@ -331,7 +304,7 @@ pub fn explain(paths: &Paths, q: &Question) -> Result<Explanation, ExplainError>
     if let Some(port) = decision.redirect_to {
         match Netns::open(&record.netns)
             .map_err(|e| e.to_string())
-            .and_then(|n| live::listening(&n, port))
+            .and_then(|n| sockdiag::listening(&n, port).map_err(|e| e.to_string()))
         {
             Ok(true) => {}
             Ok(false) => {

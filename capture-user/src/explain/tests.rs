@@ -37,7 +37,7 @@ fn sidecar(annotations: &[(&str, &str)]) -> CaptureConfig {
 
 fn question(to: &str, uid: u32, proto: Proto, direction: Direction) -> Question {
     Question {
-        pod: PodChoice::Netns("/unused".into()),
+        pod: PodSelector::Netns("/unused".into()),
         to: to.parse().unwrap(),
         from: None,
         uid,

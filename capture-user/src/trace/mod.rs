@@ -22,10 +22,10 @@ use serde::Serialize;
 use self::event::{decode, monotonic_to_unix, Filter, Line};
 use crate::{
     ebpf::{loader::LoadError, trace_maps::TraceMaps},
-    explain::{find_pod, ExplainError, PodChoice},
+    explain::{find_pod, ExplainError},
     lock::NodeLock,
     paths::Paths,
-    record::{Mode, PodRecord},
+    record::{Mode, PodRecord, PodSelector},
 };
 
 /// Events a traced pod may emit per second unless `--rate` says otherwise.
@@ -59,7 +59,7 @@ pub enum TraceError {
 
 /// What to trace and how.
 pub struct TraceRequest {
-    pub pod: PodChoice,
+    pub pod: PodSelector,
     pub json: bool,
     pub duration: Option<Duration>,
     pub filter: Filter,

@@ -265,7 +265,7 @@ fn an_iptables_pod_or_an_unknown_pod_is_a_clear_error() {
     let out = topo.capture(&["trace", "--pod", "default/nobody", "--duration", "1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && stderr.contains("no captured pod default/nobody"),
+        !out.status.success() && stderr.contains("no captured pod matches pod default/nobody"),
         "{stderr}"
     );
     let mut cmd = Command::new(capture_tests::topology::capture_bin());

@@ -118,7 +118,7 @@ fn an_unknown_pod_or_a_malformed_question_is_a_clear_error() {
     let out = topo.capture(&["explain", "--netns", netns, "--to", "10.0.0.5:80"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && stderr.contains("no captured pod"),
+        !out.status.success() && stderr.contains("no captured pod matches"),
         "{stderr}"
     );
     topo.attach(&["--mode", "ebpf"]);
@@ -145,7 +145,7 @@ fn an_unknown_pod_or_a_malformed_question_is_a_clear_error() {
     let out = topo.capture(&["explain", "--pod", "default/nobody", "--to", "10.0.0.5:80"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("no captured pod default/nobody"),
+        stderr.contains("no captured pod matches pod default/nobody"),
         "{stderr}"
     );
     // The text form names the verdict, the rule and Istio's rule; IPv6 is asked like IPv4.

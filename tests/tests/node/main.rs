@@ -9,5 +9,6 @@ mod image;
 mod lifecycle;
 mod limits;
 mod live_node;
+mod sockets;
 mod upgrade;
 mod validate;

@@ -1,0 +1,353 @@
+//! From observed sockets to connections: which end of what each socket is, which sockets are the
+//! two ends of one connection, and the decision the pod's configuration gives for it. Pure, so
+//! the tests can feed it what a netns would hold.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+};
+
+use capture_common::state::{
+    SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_INBOUND_LISTENER,
+};
+
+use super::{Connection, Holder, Kind, Listener};
+use crate::{
+    config::CaptureConfig,
+    explain::{decide, Direction, Proto, Question},
+    record::{Mode, PodSelector},
+    sockdiag::{state_name, KernelSocket, TCP_TIME_WAIT},
+};
+
+/// One socket of the pod as the kernel and its holder's descriptor show it.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    pub kernel: KernelSocket,
+    pub holder: Option<Holder>,
+    pub fs_gid: Option<u32>,
+    /// `getsockname` and `getpeername` through the holder's descriptor.
+    pub app_local: Option<SocketAddr>,
+    pub app_remote: Option<SocketAddr>,
+    /// What the kernel programs recorded for the socket (ebpf backend).
+    pub state: Option<SockState>,
+    /// The `SO_ORIGINAL_DST` answer, asked of the proxy's ends only.
+    pub original: Option<SocketAddr>,
+}
+
+impl Observed {
+    /// A socket no process holds (or whose holder could not be asked).
+    #[must_use]
+    pub fn kernel_only(kernel: KernelSocket) -> Self {
+        Self {
+            kernel,
+            holder: None,
+            fs_gid: None,
+            app_local: None,
+            app_remote: None,
+            state: None,
+            original: None,
+        }
+    }
+
+    fn has(&self, flags: u32) -> bool {
+        self.state.is_some_and(|s| s.has(flags))
+    }
+
+    fn local(&self) -> SocketAddr {
+        self.app_local.unwrap_or(self.kernel.local)
+    }
+
+    fn remote(&self) -> SocketAddr {
+        self.app_remote.unwrap_or(self.kernel.remote)
+    }
+
+    /// The owner the decision went by: the creator the programs recorded, else the socket's file
+    /// owner and its holder's fs gid.
+    fn owner(&self) -> (u32, u32) {
+        match self.state {
+            Some(s) if s.has(SOCK_CREATOR_KNOWN) => (s.creator_uid, s.creator_gid),
+            _ => (self.kernel.uid, self.fs_gid.unwrap_or(self.kernel.uid)),
+        }
+    }
+}
+
+/// Whether `seen` may be the proxy's end of a redirected connection, whose `SO_ORIGINAL_DST` is
+/// worth asking.
+#[must_use]
+pub fn may_be_proxy_end(seen: &Observed, cfg: &CaptureConfig) -> bool {
+    !seen.kernel.is_listener()
+        && (proxy_port(seen.kernel.local.port(), cfg).is_some()
+            || seen.has(SOCK_INBOUND_LISTENER | SOCK_ACCEPTED_REDIRECTED))
+}
+
+fn proxy_port(port: u16, cfg: &CaptureConfig) -> Option<&'static str> {
+    if port == cfg.outbound_port {
+        Some("outbound")
+    } else if port == cfg.inbound_port {
+        Some("inbound")
+    } else {
+        None
+    }
+}
+
+fn kind_of(seen: &Observed, cfg: &CaptureConfig, listeners: &[&Observed]) -> Kind {
+    let local = seen.kernel.local;
+    if local.port() == cfg.outbound_port {
+        Kind::ProxyOutbound
+    } else if local.port() == cfg.inbound_port
+        || seen.has(SOCK_INBOUND_LISTENER | SOCK_ACCEPTED_REDIRECTED)
+    {
+        // Under the ebpf backend the inbound listener accepts connections for the pod's other
+        // ports (sk_lookup): its sockets keep their destination, and `sock_ops` marks them
+        // redirected when they are established (until then they carry the listener's flag).
+        Kind::ProxyInbound
+    } else if listeners.iter().any(|l| {
+        l.kernel.local.port() == local.port()
+            && (l.kernel.local.ip().is_unspecified() || l.kernel.local.ip() == local.ip())
+    }) {
+        Kind::Inbound
+    } else {
+        Kind::Outbound
+    }
+}
+
+/// The other end of `seen` in the pod: the socket whose addresses are its own reversed, or, for
+/// the iptables backend's NAT, the proxy's end whose peer is its local address and whose original
+/// destination is its peer.
+fn peer_of<'o>(seen: &Observed, all: &'o [Observed]) -> Option<&'o Observed> {
+    let k = &seen.kernel;
+    all.iter().filter(|o| !o.kernel.is_listener()).find(|o| {
+        let o_k = &o.kernel;
+        o_k.cookie != k.cookie
+            && ((o_k.remote == k.local && (o_k.local == k.remote || o.original == Some(k.remote)))
+                || (o_k.local == k.remote && seen.original == Some(o_k.remote)))
+    })
+}
+
+/// What the pod's configuration decides for a connection from `owner` to `to`.
+fn decision(
+    cfg: &CaptureConfig,
+    direction: Direction,
+    to: SocketAddr,
+    from: Option<IpAddr>,
+    owner: (u32, u32),
+) -> crate::explain::Decision {
+    decide(
+        cfg,
+        &Question {
+            // Not read: the configuration is given.
+            pod: PodSelector::Netns(PathBuf::new()),
+            to,
+            from,
+            uid: owner.0,
+            gid: owner.1,
+            proto: Proto::Tcp,
+            direction,
+        },
+    )
+}
+
+fn outbound_hook(mode: Mode, ipv6: bool) -> &'static str {
+    match (mode, ipv6) {
+        (Mode::Ebpf, false) => "connect4",
+        (Mode::Ebpf, true) => "connect6",
+        (Mode::Iptables, _) => "nat OUTPUT",
+    }
+}
+
+fn inbound_hook(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Ebpf => "sk_lookup",
+        Mode::Iptables => "nat PREROUTING",
+    }
+}
+
+/// The pod's connections, its listeners and how many sockets wait in `TIME-WAIT`.
+#[must_use]
+pub fn classify(
+    observed: &[Observed],
+    cfg: &CaptureConfig,
+    mode: Mode,
+) -> (Vec<Connection>, Vec<Listener>, usize) {
+    let listeners: Vec<&Observed> = observed.iter().filter(|o| o.kernel.is_listener()).collect();
+    let time_wait = observed
+        .iter()
+        .filter(|o| o.kernel.state == TCP_TIME_WAIT)
+        .count();
+    let kinds: Vec<Kind> = observed
+        .iter()
+        .map(|o| kind_of(o, cfg, &listeners))
+        .collect();
+    let kind_at = |peer: &Observed| {
+        observed
+            .iter()
+            .position(|o| o.kernel.cookie == peer.kernel.cookie)
+            .map(|i| kinds[i])
+    };
+    let mut connections = Vec::new();
+    for (seen, &kind) in observed.iter().zip(&kinds) {
+        if seen.kernel.is_listener() || seen.kernel.state == TCP_TIME_WAIT {
+            continue;
+        }
+        let peer = peer_of(seen, observed);
+        let peer_kind = peer.and_then(kind_at);
+        let mut c = Connection {
+            kind,
+            state: state_name(seen.kernel.state),
+            holder: seen.holder.clone(),
+            uid: seen.kernel.uid,
+            local: seen.local(),
+            remote: seen.remote(),
+            kernel_local: seen.kernel.local,
+            kernel_remote: seen.kernel.remote,
+            original_dst: None,
+            via_proxy: false,
+            hook: None,
+            verdict: None,
+            port: None,
+            rule: None,
+            peer: peer.and_then(|p| p.holder.clone()),
+            note: None,
+            cookie: seen.kernel.cookie,
+        };
+        match kind {
+            Kind::Outbound => {
+                let proxy = peer.filter(|_| {
+                    matches!(peer_kind, Some(Kind::ProxyOutbound | Kind::ProxyInbound))
+                });
+                outbound(&mut c, seen, proxy, cfg, mode);
+            }
+            Kind::ProxyOutbound | Kind::ProxyInbound => proxy_end(&mut c, seen, peer, cfg, mode),
+            Kind::Inbound => inbound(&mut c, seen, peer, cfg, mode),
+        }
+        connections.push(c);
+    }
+    // Each kind together, the app's connections first.
+    connections.sort_by_key(|c| (c.kind, c.local));
+    let listeners = listeners
+        .into_iter()
+        .map(|l| {
+            let proxy_port = proxy_port(l.kernel.local.port(), cfg);
+            Listener {
+                local: l.kernel.local,
+                holder: l.holder.clone(),
+                uid: l.kernel.uid,
+                proxy_port,
+                registered: (mode == Mode::Ebpf
+                    && proxy_port == Some("inbound")
+                    && l.holder.is_some())
+                .then(|| l.has(SOCK_INBOUND_LISTENER)),
+            }
+        })
+        .collect();
+    (connections, listeners, time_wait)
+}
+
+/// A connection the pod opened: through the proxy when its other end is `proxy`'s.
+fn outbound(
+    c: &mut Connection,
+    seen: &Observed,
+    proxy: Option<&Observed>,
+    cfg: &CaptureConfig,
+    mode: Mode,
+) {
+    let redirected = proxy.is_some();
+    let to = seen.remote();
+    let decided = decision(
+        cfg,
+        Direction::Outbound,
+        to,
+        Some(seen.local().ip()),
+        seen.owner(),
+    );
+    c.original_dst = Some(to);
+    c.via_proxy = redirected;
+    c.hook = Some(outbound_hook(mode, seen.kernel.ipv6));
+    c.rule = Some(decided.rule);
+    if let Some(proxy) = proxy {
+        c.verdict = Some("redirect");
+        c.port = Some(proxy.kernel.local.port());
+    } else {
+        c.verdict = Some("pass");
+    }
+    c.note = disagreement(redirected, decided.redirect_to);
+}
+
+/// The proxy's end: its original destination, and the decision of the connection it belongs to.
+fn proxy_end(
+    c: &mut Connection,
+    seen: &Observed,
+    peer: Option<&Observed>,
+    cfg: &CaptureConfig,
+    mode: Mode,
+) {
+    c.via_proxy = true;
+    c.verdict = Some("redirect");
+    if let Some(app) = peer {
+        // Redirected on the way out of the pod (or to its own address): the app's decision.
+        let to = app.remote();
+        let decided = decision(
+            cfg,
+            Direction::Outbound,
+            to,
+            Some(app.local().ip()),
+            app.owner(),
+        );
+        c.original_dst = seen.original.or(Some(to));
+        c.hook = Some(outbound_hook(mode, app.kernel.ipv6));
+        c.rule = Some(decided.rule);
+        c.port = Some(seen.kernel.local.port());
+    } else {
+        // Arrived from outside: the inbound decision for the port it was going to.
+        let to = seen.original.unwrap_or(seen.kernel.local);
+        let decided = decision(cfg, Direction::Inbound, to, None, (0, 0));
+        c.original_dst = Some(to);
+        c.hook = Some(inbound_hook(mode));
+        c.rule = Some(decided.rule);
+        c.port = Some(cfg.inbound_port);
+        c.note = disagreement(true, decided.redirect_to);
+    }
+}
+
+/// A connection accepted by a listener of the app: from the proxy (its inbound passthrough) or
+/// another process of the pod, which no hook decides, or from outside, let through.
+fn inbound(
+    c: &mut Connection,
+    seen: &Observed,
+    peer: Option<&Observed>,
+    cfg: &CaptureConfig,
+    mode: Mode,
+) {
+    if let Some(opener) = peer {
+        let (uid, gid) = opener.owner();
+        c.via_proxy = cfg.proxy_uids.contains(&uid)
+            || cfg.proxy_gids.contains(&gid)
+            || host_proxy(cfg, uid, gid);
+        return;
+    }
+    let decided = decision(cfg, Direction::Inbound, seen.kernel.local, None, (0, 0));
+    c.hook = Some(inbound_hook(mode));
+    c.verdict = Some("pass");
+    c.rule = Some(decided.rule);
+    c.note = disagreement(false, decided.redirect_to);
+}
+
+/// Whether the node-side ids of a user-namespaced pod's proxy are `uid` or `gid`.
+fn host_proxy(cfg: &CaptureConfig, uid: u32, gid: u32) -> bool {
+    cfg.host_ids
+        .as_ref()
+        .is_some_and(|h| h.proxy_uids.contains(&uid) || h.proxy_gids.contains(&gid))
+}
+
+/// Why what happened differs from what the configuration says, if it does.
+fn disagreement(redirected: bool, today: Option<u16>) -> Option<String> {
+    match (redirected, today) {
+        (true, None) => Some(
+            "went through the proxy, but the pod's configuration lets it pass now: it was decided before a configuration change".into(),
+        ),
+        (false, Some(port)) => Some(format!(
+            "not through the proxy, but the pod's configuration sends such connections to {port}: it was opened before capture was in force (adoption leaves open connections alone) or under another configuration"
+        )),
+        _ => None,
+    }
+}
