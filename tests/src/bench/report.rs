@@ -176,6 +176,8 @@ pub fn markdown(r: &Results) -> String {
         }
         let _ = writeln!(o);
     }
+    let _ = writeln!(o, "## Tracing\n");
+    let _ = writeln!(o, "What `capture trace` costs (the programs with tracing built in and off against the same build without it, and with the pod traced) is measured by `cargo xtask bench --trace-cost`, interleaved in one run of its own: [trace-cost.md](trace-cost.md).\n");
     let _ = writeln!(o, "## Targets\n");
     for (what, ok) in targets(r) {
         let _ = writeln!(o, "- [{}] {what}", if ok { "x" } else { " " });
