@@ -23,6 +23,7 @@ pub mod ops;
 pub mod paths;
 pub mod probe;
 pub mod record;
+pub mod runtime;
 pub mod sockdiag;
 pub mod socket_fds;
 pub mod sockets;

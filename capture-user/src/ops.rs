@@ -438,6 +438,9 @@ pub struct NodeStatus {
     /// `capture trace` on this node, where the node's programs have it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace::NodeTrace>,
+    /// Every sandbox of the node's runtime beside capture's records (`status --all`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<crate::runtime::RuntimeReport>,
 }
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
@@ -476,5 +479,6 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
             .ok()
             .and_then(|data| serde_json::from_slice(&data).ok()),
         trace: crate::trace::node_trace(paths),
+        runtime: None,
     })
 }

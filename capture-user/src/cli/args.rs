@@ -206,6 +206,17 @@ pub enum Command {
     Status {
         #[arg(long)]
         json: bool,
+        /// Every pod sandbox of the node's container runtime too (over CRI): meshed or not,
+        /// captured or not and by which backend, and why not; and records whose sandbox is gone.
+        #[arg(long)]
+        all: bool,
+        /// The runtime's CRI socket (containerd's by default; CRI-O's is /var/run/crio/crio.sock).
+        #[arg(long, default_value = crate::runtime::cri::CONTAINERD_SOCKET)]
+        cri_socket: PathBuf,
+        /// Where the node's CNI configuration is: the chained capture-cni entry's keys decide which
+        /// pods are meshed, as at ADD.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        cni_conf_dir: PathBuf,
     },
     /// Run the acceleration's correctness checks on this node's kernel (a scratch pod, every
     /// case plain and accelerated, compared) and record the verdict the agent goes by.

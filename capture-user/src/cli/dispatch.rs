@@ -334,8 +334,20 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 print!("{}", crate::sockets::render::render(&report));
             }
         }
-        Command::Status { json } => {
-            let status = ops::status(&paths)?;
+        Command::Status {
+            json,
+            all,
+            cri_socket,
+            cni_conf_dir,
+        } => {
+            let mut status = ops::status(&paths)?;
+            if all {
+                status.runtime = Some(crate::runtime::report_blocking(
+                    &paths,
+                    &cri_socket,
+                    &cni_conf_dir,
+                )?);
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {

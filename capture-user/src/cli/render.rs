@@ -302,6 +302,62 @@ pub fn render_status(status: &NodeStatus) -> String {
             left.detail
         );
     }
+    if let Some(runtime) = &status.runtime {
+        out += &render_runtime(runtime);
+    }
+    out
+}
+
+/// `status --all`: the runtime's sandboxes, the uncaptured meshed ones first.
+fn render_runtime(r: &crate::runtime::RuntimeReport) -> String {
+    use std::fmt::Write as _;
+
+    use crate::runtime::Standing;
+    let mut out = format!(
+        "runtime: {} (meshed pods chosen by {})\n",
+        r.cri_socket, r.selection
+    );
+    if let Some(e) = &r.error {
+        let _ = writeln!(
+            out,
+            "  UNREADABLE: {e}; nothing is known of the node's sandboxes"
+        );
+        return out;
+    }
+    let uncaptured = r.view.uncaptured().count();
+    let _ = writeln!(
+        out,
+        "  {} sandboxes, {} meshed, {} meshed and NOT captured, {} records without a sandbox",
+        r.view.sandboxes.len(),
+        r.view.sandboxes.iter().filter(|s| s.meshed).count(),
+        uncaptured,
+        r.view.orphans.len()
+    );
+    let mut rows: Vec<_> = r.view.sandboxes.iter().collect();
+    rows.sort_by_key(|s| (s.captured.is_some() || !s.meshed, !s.meshed, s.pod.clone()));
+    for s in rows {
+        let standing = match (s.standing, s.captured) {
+            (Standing::Captured, Some(mode)) => format!("captured ({mode})"),
+            (Standing::MeshedNotCaptured | Standing::MeshedNotReady, _) => {
+                "MESHED, NOT CAPTURED".into()
+            }
+            (Standing::HostNetwork, _) => "host network".into(),
+            _ => "not meshed".into(),
+        };
+        let why = s
+            .why
+            .as_deref()
+            .map(|w| format!(": {w}"))
+            .unwrap_or_default();
+        let _ = writeln!(out, "  {:<40} {standing}{why}", s.pod);
+    }
+    for o in &r.view.orphans {
+        let _ = writeln!(
+            out,
+            "  record without a sandbox: {} (netns {}): its DEL never came",
+            o.pod, o.netns
+        );
+    }
     out
 }
 

@@ -219,6 +219,45 @@ pub fn active_config(conf_dir: &Path) -> Result<PathBuf, InstallError> {
         .ok_or_else(|| InstallError::NoConfig(conf_dir.into()))
 }
 
+/// The keys of the capture-cni entry chained in `conf_dir`'s active configuration, as the plugin
+/// reads them at ADD (its defaults where the entry sets none); none when capture is not chained
+/// there.
+///
+/// # Errors
+/// The configuration cannot be read, is no JSON, or the entry's keys are not the plugin's.
+pub fn chained_plugin_config(
+    conf_dir: &Path,
+) -> Result<Option<crate::cni::PluginConfig>, InstallError> {
+    let path = active_config(conf_dir)?;
+    let text = fs::read_to_string(&path).map_err(io_err(&path))?;
+    let bad = |reason: String| InstallError::BadConfig {
+        path: path.clone(),
+        reason,
+    };
+    let config: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let Some(entry) = config["plugins"]
+        .as_array()
+        .and_then(|plugins| plugins.iter().find(|p| p["type"] == PLUGIN_TYPE))
+    else {
+        return Ok(None);
+    };
+    let mut keys = entry.as_object().cloned().unwrap_or_default();
+    // The keys CNI itself defines; the rest are the plugin's.
+    for standard in [
+        "type",
+        "name",
+        "cniVersion",
+        "capabilities",
+        "runtimeConfig",
+        "args",
+    ] {
+        keys.remove(standard);
+    }
+    serde_json::from_value(Value::Object(keys))
+        .map(Some)
+        .map_err(|e| bad(format!("its {PLUGIN_TYPE} entry: {e}")))
+}
+
 fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), InstallError> {
     crate::fsutil::write_atomic(path, data, Some(mode)).map_err(io_err(path))
 }

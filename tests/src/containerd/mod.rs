@@ -214,6 +214,12 @@ impl Containerd {
         runtime
     }
 
+    /// The runtime's CRI socket.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// The CRI client.
     pub fn cri(&self) -> MutexGuard<'_, Cri> {
         self.cri.lock().unwrap()

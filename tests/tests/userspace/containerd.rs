@@ -303,3 +303,100 @@ fn restarting_containerd_or_the_agent_changes_nothing_for_running_pods() {
     assert_eq!(records(&node), 0);
     assert!(!pod_pins_left(&node.dirs.bpffs), "link pins left");
 }
+
+/// `capture status --all --json` over the node's directories and `runtime`'s socket.
+fn status_all(node: &Node, runtime: &Containerd, socket: Option<&str>) -> serde_json::Value {
+    let socket = socket.map_or_else(|| runtime.socket().display().to_string(), str::to_owned);
+    let conf_dir = node.conf_dir();
+    let out = node.capture(&[
+        "status",
+        "--all",
+        "--json",
+        "--cri-socket",
+        &socket,
+        "--cni-conf-dir",
+        conf_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "capture status --all: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+fn standing(status: &serde_json::Value, pod: &str) -> String {
+    let found = status["runtime"]["sandboxes"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["pod"] == format!("default/{pod}")));
+    found.unwrap_or_else(|| panic!("no sandbox default/{pod} in {status:#}"))["standing"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn status_all_tells_meshed_pods_capture_never_saw_and_records_whose_pod_is_gone() {
+    let node = Node::new();
+    node.write_network_conflist();
+    let runtime = Containerd::start(&node);
+    // Before install-cni: a meshed pod starts, and runs uncaptured.
+    let Some(early) = first(&runtime, &meshed("early")) else {
+        return;
+    };
+    let other = run(&runtime, &plain("plain"));
+    let before = status_all(&node, &runtime, None);
+    assert!(before["runtime"]["error"].is_null(), "{before:#}");
+    assert_eq!(
+        standing(&before, "early"),
+        "meshed-not-captured",
+        "{before:#}"
+    );
+    assert_eq!(standing(&before, "plain"), "not-meshed", "{before:#}");
+
+    node.run_install_cni(&[]).expect("install-cni");
+    let agent = node.start_agent("ebpf");
+    let late = run(&runtime, &meshed("late"));
+    let during = status_all(&node, &runtime, None);
+    assert_eq!(standing(&during, "late"), "captured", "{during:#}");
+    assert!(
+        during["runtime"]["selection"]
+            .as_str()
+            .is_some_and(|s| s.contains("chained")),
+        "{during:#}"
+    );
+    assert_eq!(standing(&during, "early"), "meshed-not-captured");
+    let text = node.capture(&[
+        "status",
+        "--all",
+        "--cri-socket",
+        runtime.socket().to_str().unwrap(),
+        "--cni-conf-dir",
+        node.conf_dir().to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("default/early") && text.contains("MESHED, NOT CAPTURED"),
+        "{text}"
+    );
+
+    // A DEL that never reaches capture (the chain lost capture-cni) leaves an orphan record.
+    node.uninstall_cni().expect("uninstall-cni");
+    runtime.remove_pod(&late).expect("RemovePodSandbox");
+    let after = status_all(&node, &runtime, None);
+    let orphans = after["runtime"]["orphans"].as_array().expect("orphans");
+    assert_eq!(orphans.len(), 1, "{after:#}");
+    assert_eq!(orphans[0]["container_id"], late.id.as_str(), "{after:#}");
+
+    // An unreachable runtime is said, and nothing else is claimed.
+    let gone = status_all(&node, &runtime, Some("/nonexistent/cri.sock"));
+    assert!(
+        gone["runtime"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("/nonexistent/cri.sock")),
+        "{gone:#}"
+    );
+    assert!(gone["runtime"]["sandboxes"]
+        .as_array()
+        .is_some_and(Vec::is_empty));
+    drop(agent);
+    for pod in [&early, &other] {
+        runtime.remove_pod(pod).expect("RemovePodSandbox");
+    }
+}

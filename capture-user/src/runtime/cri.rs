@@ -1,0 +1,180 @@
+//! The node's container runtime over CRI (the kubelet's API: `k8s-cri`'s v1 client over the
+//! runtime's Unix socket). Every call has a deadline: a runtime that answers slowly is reported
+//! as unreachable, never waited for while anything else waits on capture.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::{
+    runtime_service_client::RuntimeServiceClient, ListPodSandboxRequest, PodSandboxStatusRequest,
+    StopPodSandboxRequest, VersionRequest,
+};
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::sandbox::Sandbox;
+
+/// containerd's CRI socket, the default.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+/// CRI-O's.
+pub const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
+/// How long one CRI call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CriError {
+    #[error("the container runtime at {socket} did not answer {call} within {secs} s")]
+    Timeout {
+        socket: String,
+        call: &'static str,
+        secs: u64,
+    },
+    #[error("the container runtime at {socket} failed {call}: {status} (is the CRI socket mounted, and is it the runtime's? --cri-socket names it)")]
+    Call {
+        socket: String,
+        call: &'static str,
+        status: String,
+    },
+    #[error("connecting to the container runtime at {socket}: {why}")]
+    Connect { socket: String, why: String },
+}
+
+/// A client of one runtime's CRI socket; connections are made at the first call (and again after
+/// the runtime restarts).
+#[derive(Clone)]
+pub struct Cri {
+    socket: PathBuf,
+    runtime: RuntimeServiceClient<Channel>,
+    timeout: Duration,
+}
+
+impl Cri {
+    /// A client of the CRI socket at `socket`; nothing is dialled yet.
+    ///
+    /// # Errors
+    /// The endpoint cannot be built (never for a path).
+    pub fn new(socket: &Path, timeout: Duration) -> Result<Self, CriError> {
+        let path = socket.to_path_buf();
+        // The URI is never dialled: every connection goes to the socket.
+        let channel =
+            Endpoint::try_from("http://[::]:0")
+                .map_err(|e| CriError::Connect {
+                    socket: socket.display().to_string(),
+                    why: e.to_string(),
+                })?
+                .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }));
+        Ok(Self {
+            socket: socket.to_path_buf(),
+            runtime: RuntimeServiceClient::new(channel),
+            timeout,
+        })
+    }
+
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    async fn call<T>(
+        &self,
+        call: &'static str,
+        fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(CriError::Call {
+                socket: self.socket.display().to_string(),
+                call,
+                status: format!("{:?}: {}", status.code(), status.message()),
+            }),
+            Err(_) => Err(CriError::Timeout {
+                socket: self.socket.display().to_string(),
+                call,
+                secs: self.timeout.as_secs(),
+            }),
+        }
+    }
+
+    /// The runtime's name and version, e.g. ("containerd", "1.6.20~ds1").
+    ///
+    /// # Errors
+    /// The runtime does not answer.
+    pub async fn version(&self) -> Result<(String, String), CriError> {
+        let mut client = self.runtime.clone();
+        let v = self
+            .call("Version", client.version(VersionRequest::default()))
+            .await?;
+        Ok((v.runtime_name, v.runtime_version))
+    }
+
+    /// Every pod sandbox of the node, each with its verbose status where the runtime has one
+    /// (a sandbox removed between the list and its status is left out).
+    ///
+    /// # Errors
+    /// The runtime does not answer the list. A failed status call leaves that sandbox without
+    /// its netns and addresses rather than failing the whole list.
+    pub async fn sandboxes(&self) -> Result<Vec<Sandbox>, CriError> {
+        let mut client = self.runtime.clone();
+        let listed = self
+            .call(
+                "ListPodSandbox",
+                client.list_pod_sandbox(ListPodSandboxRequest::default()),
+            )
+            .await?
+            .items;
+        let mut sandboxes = Vec::with_capacity(listed.len());
+        for item in &listed {
+            let request = PodSandboxStatusRequest {
+                pod_sandbox_id: item.id.clone(),
+                verbose: true,
+            };
+            let status = self
+                .call("PodSandboxStatus", client.pod_sandbox_status(request))
+                .await;
+            match status {
+                Ok(status) => sandboxes.push(Sandbox::from_cri(item, Some(&status))),
+                Err(CriError::Call { status, .. }) if status.starts_with("NotFound") => {}
+                Err(_) => sandboxes.push(Sandbox::from_cri(item, None)),
+            }
+        }
+        Ok(sandboxes)
+    }
+
+    /// Stops a sandbox: the kubelet sees it gone and creates the pod's sandbox again, through
+    /// the CNI chain.
+    ///
+    /// # Errors
+    /// The runtime does not answer or refuses.
+    pub async fn stop_sandbox(&self, id: &str) -> Result<(), CriError> {
+        let mut client = self.runtime.clone();
+        let request = StopPodSandboxRequest {
+            pod_sandbox_id: id.to_owned(),
+        };
+        self.call("StopPodSandbox", client.stop_pod_sandbox(request))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// The sandboxes of the runtime at `socket`, from a thread that has no async runtime (the CLI).
+///
+/// # Errors
+/// As `Cri::sandboxes`, or no runtime could be started.
+pub fn sandboxes_blocking(socket: &Path) -> Result<Vec<Sandbox>, CriError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CriError::Connect {
+            socket: socket.display().to_string(),
+            why: format!("starting an async runtime: {e}"),
+        })?;
+    rt.block_on(async { Cri::new(socket, CALL_TIMEOUT)?.sandboxes().await })
+}
