@@ -441,6 +441,9 @@ pub struct NodeStatus {
     /// Every sandbox of the node's runtime beside capture's records (`status --all`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runtime: Option<crate::runtime::RuntimeReport>,
+    /// The agent's last reconcile with the runtime, where it runs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconcile: Option<crate::runtime::ReconcileReport>,
 }
 
 pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
@@ -480,5 +483,6 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
             .and_then(|data| serde_json::from_slice(&data).ok()),
         trace: crate::trace::node_trace(paths),
         runtime: None,
+        reconcile: crate::runtime::report::load(paths),
     })
 }

@@ -43,6 +43,12 @@ struct RequestLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RepairLabels {
+    action: String,
+    result: &'static str,
+}
+
 /// The registry and handles on the metrics the agent updates. The handles share their values
 /// with the registry (prometheus-client metrics are shared on clone).
 pub struct Metrics {
@@ -51,6 +57,9 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     attach_duration: Histogram,
     cni_rechained: Counter,
+    uncaptured: Gauge,
+    runtime_reachable: Gauge,
+    repairs: Family<RepairLabels, Counter>,
 }
 
 impl Metrics {
@@ -103,6 +112,24 @@ impl Metrics {
             "Times the agent chained capture-cni again after the network plugin's configuration dropped it",
             cni_rechained.clone(),
         );
+        let uncaptured = Gauge::default();
+        registry.register(
+            "capture_pods_uncaptured",
+            "Meshed pod sandboxes of the node's runtime that run without capture, at the last reconcile",
+            uncaptured.clone(),
+        );
+        let runtime_reachable = Gauge::default();
+        registry.register(
+            "capture_runtime_reachable",
+            "Whether the last reconcile could read the container runtime over CRI",
+            runtime_reachable.clone(),
+        );
+        let repairs = Family::<RepairLabels, Counter>::default();
+        registry.register(
+            "capture_repairs",
+            "What the reconcile did: capture, restart or report a meshed pod found uncaptured, release a pod whose sandbox is gone; by result",
+            repairs.clone(),
+        );
         registry.register_collector(Box::new(NodeCollector::new(read_node)));
         Self {
             registry,
@@ -110,7 +137,26 @@ impl Metrics {
             requests,
             attach_duration,
             cni_rechained,
+            uncaptured,
+            runtime_reachable,
+            repairs,
         }
+    }
+
+    pub fn set_uncaptured(&self, pods: usize) {
+        self.uncaptured.set(i64::try_from(pods).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_runtime_reachable(&self, reachable: bool) {
+        self.runtime_reachable.set(i64::from(reachable));
+    }
+
+    pub fn count_repair(&self, action: &str, ok: bool) {
+        let labels = RepairLabels {
+            action: action.to_owned(),
+            result: if ok { "ok" } else { "failed" },
+        };
+        self.repairs.get_or_create(&labels).inc();
     }
 
     pub fn set_ready(&self, ready: bool) {

@@ -77,6 +77,7 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         left_alone: Vec::new(),
         mesh_config: None,
         runtime: None,
+        reconcile: None,
     }
 }
 
@@ -121,9 +122,20 @@ fn the_agents_own_metrics_keep_their_names_and_labels() {
         "{text}"
     );
     assert!(
-        !text.contains("capture_pods"),
+        !text
+            .lines()
+            .any(|l| l.starts_with("capture_pods ") || l.starts_with("capture_pod_")),
         "no node, no node series: {text}"
     );
+    for reconcile in [
+        "# TYPE capture_pods_uncaptured gauge",
+        "# TYPE capture_runtime_reachable gauge",
+    ] {
+        assert!(
+            text.lines().any(|l| l == reconcile),
+            "{reconcile} missing from\n{text}"
+        );
+    }
     assert!(!text.contains("..") && !text.contains("# EOF"), "{text}");
 }
 

@@ -11,11 +11,13 @@ mod mesh_watch;
 mod metrics;
 mod node_metrics;
 mod prepare;
+mod reconcile;
 mod socket;
 
 pub use http::HEADER_READ_TIMEOUT;
 
 pub use cni_watch::CniWatch;
+pub use reconcile::ReconcileConfig;
 
 use std::{
     io,
@@ -60,6 +62,8 @@ pub struct AgentConfig {
     pub accelerate: bool,
     /// Check cases whose differences are accepted (`--accelerate-accepting`).
     pub accelerate_accepting: Vec<String>,
+    /// Hold the runtime's sandboxes against the records (`--cri-socket`, `--repair`).
+    pub reconcile: Option<ReconcileConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -503,6 +507,12 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
         if agent.mesh.is_some() {
             tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
+        }
+        match agent.cfg.reconcile.clone() {
+            Some(cfg) => {
+                tokio::spawn(reconcile::run(Arc::clone(&agent), cfg));
+            }
+            None => crate::runtime::report::forget(&agent.cfg.paths),
         }
         agent.enter(Phase::Serving);
         match agent.readiness().err() {

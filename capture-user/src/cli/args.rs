@@ -111,6 +111,19 @@ pub enum Command {
         /// accelerated anyway.
         #[arg(long, value_delimiter = ',', requires = "accelerate")]
         accelerate_accepting: Vec<String>,
+        /// The container runtime's CRI socket, read at start and every --reconcile-period to find
+        /// meshed pods capture never saw and records whose pod is gone (CRI-O's:
+        /// /var/run/crio/crio.sock).
+        #[arg(long, default_value = crate::runtime::cri::CONTAINERD_SOCKET)]
+        cri_socket: PathBuf,
+        /// What to do with a meshed pod found running uncaptured: capture it in place, restart
+        /// its sandbox through the runtime (the kubelet recreates it through the CNI chain), or
+        /// only report it.
+        #[arg(long, value_enum, default_value_t = crate::runtime::Repair::Capture)]
+        repair: crate::runtime::Repair,
+        /// Seconds between reconcile passes; 0 turns the reconcile off.
+        #[arg(long, default_value_t = 30)]
+        reconcile_period: u64,
         #[command(flatten)]
         cni: CniDirs,
     },

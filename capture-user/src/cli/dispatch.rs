@@ -125,8 +125,17 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             watch_cni_config,
             accelerate,
             accelerate_accepting,
+            cri_socket,
+            repair,
+            reconcile_period,
             cni,
         } => {
+            let reconcile = (reconcile_period > 0).then(|| crate::agent::ReconcileConfig {
+                cri_socket,
+                repair,
+                period: std::time::Duration::from_secs(reconcile_period),
+                cni_conf_dir: cni.cni_conf_dir.clone(),
+            });
             let (mut mesh, mesh_config) = mesh.into_parts();
             mesh.capture_all_dns |= mesh.nameservers.is_empty();
             let socket = socket.unwrap_or_else(|| paths.state_dir.join("agent.sock"));
@@ -149,6 +158,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 cni_watch,
                 accelerate,
                 accelerate_accepting,
+                reconcile,
             })?;
         }
         Command::InstallCni {

@@ -302,8 +302,43 @@ pub fn render_status(status: &NodeStatus) -> String {
             left.detail
         );
     }
+    if let Some(r) = &status.reconcile {
+        out += &render_reconcile(r);
+    }
     if let Some(runtime) = &status.runtime {
         out += &render_runtime(runtime);
+    }
+    out
+}
+
+/// The agent's last reconcile pass.
+fn render_reconcile(r: &crate::runtime::ReconcileReport) -> String {
+    use std::fmt::Write as _;
+    let repair = r.repair.map_or_else(|| "-".to_owned(), |m| m.to_string());
+    let mut out = format!(
+        "reconcile: the agent reads {} every {} s (repair {repair}); last pass at {} (unix): ",
+        r.cri_socket, r.period_secs, r.at_unix
+    );
+    if let Some(e) = &r.runtime_error {
+        let _ = writeln!(out, "RUNTIME UNREADABLE, nothing repaired or released: {e}");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{} sandboxes, {} meshed and not captured, {} released",
+        r.sandboxes,
+        r.uncaptured.len(),
+        r.released.len()
+    );
+    for u in &r.uncaptured {
+        let _ = writeln!(
+            out,
+            "  meshed, not captured: {} ({}): {}; {}: {}",
+            u.pod, u.sandbox_id, u.why, u.action, u.result
+        );
+    }
+    for pod in &r.released {
+        let _ = writeln!(out, "  released {pod}: its sandbox is gone");
     }
     out
 }

@@ -3,6 +3,7 @@
 //! gone are both told.
 
 pub mod cri;
+pub mod report;
 pub mod sandbox;
 pub mod view;
 #[cfg(test)]
@@ -14,6 +15,7 @@ use serde::Serialize;
 
 pub use self::{
     cri::{Cri, CriError},
+    report::{ReconcileReport, Repair},
     sandbox::Sandbox,
     view::{node_view, NodeView, SandboxView, Standing},
 };

@@ -46,7 +46,8 @@ pub struct SandboxView {
 pub struct Orphan {
     pub pod: String,
     pub netns: String,
-    pub container_id: Option<String>,
+    pub netns_cookie: u64,
+    pub container_id: String,
 }
 
 /// Every sandbox with its standing, and the records no sandbox accounts for.
@@ -123,13 +124,19 @@ pub fn node_view(
             why,
         });
     }
+    // Only the pods a CNI ADD captured are the runtime's: one captured with the CLI alone is
+    // no sandbox's, and its absence from the list says nothing.
     view.orphans = records
         .iter()
         .filter(|r| !sandboxes.iter().any(|s| record_of(s, r)))
-        .map(|r| Orphan {
-            pod: r.display_name(),
-            netns: r.netns.display().to_string(),
-            container_id: r.pod.as_ref().map(|p| p.container_id.clone()),
+        .filter_map(|r| {
+            let pod = r.pod.as_ref().filter(|p| !p.container_id.is_empty())?;
+            Some(Orphan {
+                pod: r.display_name(),
+                netns: r.netns.display().to_string(),
+                netns_cookie: r.netns_cookie,
+                container_id: pod.container_id.clone(),
+            })
         })
         .collect();
     view.sandboxes.sort_by(|a, b| a.pod.cmp(&b.pod));

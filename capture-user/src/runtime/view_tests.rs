@@ -139,7 +139,12 @@ fn a_record_without_its_sandbox_is_an_orphan_and_a_cli_capture_matches_by_netns(
     let mut not_ready = meshed("shop", "leaving");
     not_ready.ready = false;
     let sandboxes = [meshed("shop", "cli"), not_ready];
-    let records = [record("gone", Some("sb-gone")), record("cli", None)];
+    let records = [
+        record("gone", Some("sb-gone")),
+        record("cli", None),
+        // Captured with the CLI alone, and no sandbox's: never an orphan.
+        record("test-netns", None),
+    ];
     let view = node_view(&sandboxes, &records, &PluginConfig::default());
     assert_eq!(standing(&view, "shop/cli").standing, Standing::Captured);
     assert_eq!(
@@ -147,5 +152,5 @@ fn a_record_without_its_sandbox_is_an_orphan_and_a_cli_capture_matches_by_netns(
         Standing::MeshedNotReady
     );
     assert_eq!(view.orphans.len(), 1, "{view:#?}");
-    assert_eq!(view.orphans[0].container_id.as_deref(), Some("sb-gone"));
+    assert_eq!(view.orphans[0].container_id, "sb-gone");
 }

@@ -255,6 +255,11 @@ impl Node {
             &format!("127.0.0.1:{}", self.http),
         ]);
         cmd.args(extra);
+        // The host's runtime is none of a test's business: only the tests of the reconcile,
+        // which name their runtime, turn it on.
+        if !extra.contains(&"--reconcile-period") {
+            cmd.args(["--reconcile-period", "0"]);
+        }
         cmd.arg("--socket")
             .arg(&self.socket)
             .stdout(Stdio::null())

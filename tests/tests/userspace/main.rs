@@ -10,3 +10,4 @@ mod containerd;
 mod daemonset;
 mod deploy;
 mod prometheus;
+mod reconcile;

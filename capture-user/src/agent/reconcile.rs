@@ -1,0 +1,260 @@
+//! The runtime reconcile: at start and every `--reconcile-period`, the agent lists the node's pod
+//! sandboxes over CRI and holds them against its records (`runtime::view`).
+//!
+//! - A meshed sandbox capture never saw (it started before `install-cni`, or while the network
+//!   plugin's rewrite of the CNI configuration had dropped capture-cni) is repaired by `--repair`:
+//!   captured in place as CNI ADD would have captured it (annotations and addresses from the
+//!   runtime, listeners adopted, open connections left as they are), its sandbox stopped so that
+//!   the kubelet recreates it through the CNI chain, or only reported.
+//! - A record whose sandbox the runtime no longer has (a DEL that never came: containerd 1.6 sends
+//!   no CNI GC) is released as DEL would release it, once it has been missing from two listings
+//!   in a row and is older than two periods: a runtime lists a sandbox only once its ADD has
+//!   returned, so a fresh record can be ahead of the list.
+//!
+//! The runtime is asked before anything else and with a deadline, and nothing holds the node lock
+//! while it answers; a pass whose listing fails changes nothing and says why.
+
+use std::{
+    collections::BTreeSet,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tracing::{info, warn};
+
+use super::Agent;
+use crate::{
+    api::PodRequest,
+    cni::cgroup::find_pod_cgroup,
+    ops,
+    record::{self, PodRef, PodSelector},
+    runtime::{
+        cri::{Cri, CALL_TIMEOUT},
+        node_view,
+        report::{self, ReconcileReport, Repair, Uncaptured},
+        selection_rules, Sandbox, Standing,
+    },
+};
+
+#[derive(Clone, Debug)]
+pub struct ReconcileConfig {
+    pub cri_socket: PathBuf,
+    pub repair: Repair,
+    pub period: Duration,
+    /// Where the chained capture-cni entry says which pods are meshed.
+    pub cni_conf_dir: PathBuf,
+}
+
+/// What one pass remembers for the next.
+#[derive(Default)]
+struct Memory {
+    /// Records (netns cookies) missing from the last listing.
+    missing: BTreeSet<u64>,
+    /// Sandboxes already stopped: each is restarted once.
+    restarted: BTreeSet<String>,
+    /// Whether the runtime answered last time (a change is logged, not every pass).
+    reachable: Option<bool>,
+}
+
+/// Runs a pass now and then every period, until the agent stops.
+pub async fn run(agent: Arc<Agent>, cfg: ReconcileConfig) {
+    let cri = match Cri::new(&cfg.cri_socket, CALL_TIMEOUT) {
+        Ok(cri) => cri,
+        Err(e) => {
+            warn!(error = %e, "no runtime reconcile");
+            return;
+        }
+    };
+    let mut memory = Memory::default();
+    let mut tick = tokio::time::interval(cfg.period);
+    loop {
+        tick.tick().await;
+        let report = pass(&agent, &cri, &cfg, &mut memory).await;
+        agent.metrics.set_uncaptured(report.uncaptured.len());
+        agent
+            .metrics
+            .set_runtime_reachable(report.runtime_error.is_none());
+        if let Err(e) = report::save(&agent.cfg.paths, &report) {
+            warn!(error = %e, "keeping the reconcile report");
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn pass(
+    agent: &Arc<Agent>,
+    cri: &Cri,
+    cfg: &ReconcileConfig,
+    memory: &mut Memory,
+) -> ReconcileReport {
+    let mut report = ReconcileReport {
+        at_unix: now_unix(),
+        cri_socket: cfg.cri_socket.display().to_string(),
+        repair: Some(cfg.repair),
+        period_secs: cfg.period.as_secs(),
+        ..ReconcileReport::default()
+    };
+    let sandboxes = match cri.sandboxes().await {
+        Ok(s) => s,
+        Err(e) => {
+            if memory.reachable != Some(false) {
+                warn!(error = %e, "the container runtime cannot be read: nothing is repaired or released until it can");
+            }
+            memory.reachable = Some(false);
+            report.runtime_error = Some(e.to_string());
+            return report;
+        }
+    };
+    if memory.reachable != Some(true) {
+        info!(socket = %cfg.cri_socket.display(), sandboxes = sandboxes.len(), repair = %cfg.repair, "reading the container runtime");
+    }
+    memory.reachable = Some(true);
+    report.sandboxes = sandboxes.len();
+    let paths = agent.cfg.paths.clone();
+    let conf_dir = cfg.cni_conf_dir.clone();
+    let listed = sandboxes.clone();
+    let view = tokio::task::spawn_blocking(move || {
+        let records = record::load_all(&paths)?;
+        let (selection, _) = selection_rules(&conf_dir);
+        Ok::<_, record::RecordError>((node_view(&listed, &records, &selection), records, selection))
+    })
+    .await;
+    let (view, records, selection) = match view {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            warn!(error = %e, "reading the pod records for the reconcile");
+            return report;
+        }
+        Err(e) => {
+            warn!(error = %e, "the reconcile's reading thread failed");
+            return report;
+        }
+    };
+    for seen in view.uncaptured() {
+        let Some(sandbox) = sandboxes.iter().find(|s| s.id == seen.sandbox_id) else {
+            continue;
+        };
+        let why = seen.why.clone().unwrap_or_default();
+        let (action, result) = if seen.standing == Standing::MeshedNotCaptured {
+            repair(agent, cri, cfg.repair, sandbox, &selection, memory).await
+        } else {
+            ("none".to_owned(), "pending".to_owned())
+        };
+        warn!(pod = %seen.pod, sandbox = %seen.sandbox_id, %why, %action, %result, "meshed, not captured");
+        report.uncaptured.push(Uncaptured {
+            pod: seen.pod.clone(),
+            sandbox_id: seen.sandbox_id.clone(),
+            why,
+            action,
+            result,
+        });
+    }
+    let now = now_unix();
+    let mut missing = BTreeSet::new();
+    for orphan in &view.orphans {
+        missing.insert(orphan.netns_cookie);
+        let old_enough = records.iter().any(|r| {
+            r.netns_cookie == orphan.netns_cookie
+                && now.saturating_sub(r.attached_at_unix) >= 2 * cfg.period.as_secs()
+        });
+        if !(memory.missing.contains(&orphan.netns_cookie) && old_enough) {
+            continue;
+        }
+        let paths = agent.cfg.paths.clone();
+        let which = PodSelector::ContainerId(orphan.container_id.clone());
+        let released = tokio::task::spawn_blocking(move || ops::release_pod(&paths, &which)).await;
+        let ok = matches!(released, Ok(Ok(_)));
+        agent.metrics.count_repair("release", ok);
+        if ok {
+            agent.forget_left_alone(&orphan.container_id);
+            info!(pod = %orphan.pod, netns = %orphan.netns, "released: its sandbox is gone (a DEL that never came)");
+            report.released.push(orphan.pod.clone());
+        } else {
+            warn!(pod = %orphan.pod, result = ?released, "releasing a pod whose sandbox is gone");
+        }
+    }
+    memory.missing = missing;
+    report
+}
+
+/// Acts on one meshed, ready, uncaptured sandbox; the action and its result, in words.
+async fn repair(
+    agent: &Arc<Agent>,
+    cri: &Cri,
+    mode: Repair,
+    sandbox: &Sandbox,
+    selection: &crate::cni::PluginConfig,
+    memory: &mut Memory,
+) -> (String, String) {
+    let result = match mode {
+        Repair::Report => return ("report".into(), "reported".into()),
+        Repair::Restart => {
+            if !memory.restarted.insert(sandbox.id.clone()) {
+                return ("restart".into(), "pending (stopped already)".into());
+            }
+            cri.stop_sandbox(&sandbox.id)
+                .await
+                .map(|()| "ok".to_owned())
+                .map_err(|e| e.to_string())
+        }
+        Repair::Capture => {
+            let request = pod_request(sandbox, selection);
+            match request {
+                Ok(pod) => {
+                    let a = Arc::clone(agent);
+                    match tokio::task::spawn_blocking(move || a.add(pod)).await {
+                        Ok(response) if response.ok => Ok("ok".to_owned()),
+                        Ok(response) => Err(response.error.unwrap_or_default()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+                Err(why) => Err(why),
+            }
+        }
+    };
+    agent
+        .metrics
+        .count_repair(&mode.to_string(), result.is_ok());
+    match result {
+        Ok(ok) => (mode.to_string(), ok),
+        Err(why) => (mode.to_string(), format!("failed: {why}")),
+    }
+}
+
+/// The ADD capture-cni would have sent for `sandbox`: its netns and addresses from the runtime,
+/// its cgroup found from its uid as the plugin finds it.
+fn pod_request(
+    sandbox: &Sandbox,
+    selection: &crate::cni::PluginConfig,
+) -> Result<PodRequest, String> {
+    let netns = sandbox
+        .netns
+        .clone()
+        .ok_or("the runtime does not say where its netns is")?;
+    if sandbox.ips.is_empty() {
+        return Err("the runtime gives it no address".into());
+    }
+    let root = match &selection.cgroup_root {
+        Some(root) => root.clone(),
+        None => crate::cgroup::cgroup2_mount().map_err(|e| e.to_string())?,
+    };
+    let cgroup = find_pod_cgroup(&root, &sandbox.uid)?;
+    Ok(PodRequest {
+        netns,
+        cgroup,
+        pod_ips: sandbox.ips.clone(),
+        annotations: sandbox.annotations.clone(),
+        pod: PodRef {
+            namespace: sandbox.namespace.clone(),
+            name: sandbox.name.clone(),
+            uid: sandbox.uid.clone(),
+            container_id: sandbox.id.clone(),
+        },
+    })
+}
