@@ -106,6 +106,10 @@ enum Task {
         /// tracing, with it built in and off, and with the pod traced; writes trace-cost.md.
         #[arg(long)]
         trace_cost: bool,
+        /// Measure only the CPU of one reconcile pass over a synthetic node of 1,000 pod
+        /// sandboxes; writes reconcile-cost.md.
+        #[arg(long, conflicts_with = "trace_cost")]
+        reconcile_cost: bool,
     },
     /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
     /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
@@ -289,10 +293,18 @@ fn run_task(task: Task) -> Result<()> {
             quick,
             out,
             trace_cost,
+            reconcile_cost,
         } => {
             require_root("cargo xtask bench")?;
             setup::setup()?;
             run(cargo().args(["build", "--release", "--bins", "--locked"]))?;
+            if reconcile_cost {
+                return run(Command::new("target/release/capture-bench").args([
+                    "reconcile-cost",
+                    "--out",
+                    &out,
+                ]));
+            }
             let mut cmd = Command::new("target/release/capture-bench");
             cmd.args(["run", "--out", &out]);
             if quick {

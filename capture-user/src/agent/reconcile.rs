@@ -33,7 +33,9 @@ use crate::{
         cri::{Cri, CALL_TIMEOUT},
         node_view,
         report::{self, ReconcileReport, Repair, Uncaptured},
-        selection_rules, Sandbox, Standing,
+        selection_rules,
+        view::{may_need_repair, RecordIndex},
+        Sandbox, Standing,
     },
 };
 
@@ -100,7 +102,7 @@ async fn pass(
         period_secs: cfg.period.as_secs(),
         ..ReconcileReport::default()
     };
-    let sandboxes = match cri.sandboxes().await {
+    let listed = match cri.list().await {
         Ok(s) => s,
         Err(e) => {
             if memory.reachable != Some(false) {
@@ -112,20 +114,18 @@ async fn pass(
         }
     };
     if memory.reachable != Some(true) {
-        info!(socket = %cfg.cri_socket.display(), sandboxes = sandboxes.len(), repair = %cfg.repair, "reading the container runtime");
+        info!(socket = %cfg.cri_socket.display(), sandboxes = listed.len(), repair = %cfg.repair, "reading the container runtime");
     }
     memory.reachable = Some(true);
-    report.sandboxes = sandboxes.len();
+    report.sandboxes = listed.len();
     let paths = agent.cfg.paths.clone();
     let conf_dir = cfg.cni_conf_dir.clone();
-    let listed = sandboxes.clone();
-    let view = tokio::task::spawn_blocking(move || {
+    let read = tokio::task::spawn_blocking(move || {
         let records = record::load_all(&paths)?;
-        let (selection, _) = selection_rules(&conf_dir);
-        Ok::<_, record::RecordError>((node_view(&listed, &records, &selection), records, selection))
+        Ok::<_, record::RecordError>((records, selection_rules(&conf_dir).0))
     })
     .await;
-    let (view, records, selection) = match view {
+    let (records, selection) = match read {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             warn!(error = %e, "reading the pod records for the reconcile");
@@ -136,6 +136,23 @@ async fn pass(
             return report;
         }
     };
+    // Only a sandbox that may need repair is asked for its network: one status call per
+    // candidate, not per sandbox of the node.
+    let index = RecordIndex::new(&records);
+    let mut sandboxes = Vec::with_capacity(listed.len());
+    for mut sandbox in listed {
+        if may_need_repair(&sandbox, &index, &selection) {
+            match cri.describe(&mut sandbox).await {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => {
+                    warn!(pod = %sandbox.display_name(), error = %e, "the runtime did not describe a sandbox");
+                }
+            }
+        }
+        sandboxes.push(sandbox);
+    }
+    let view = node_view(&sandboxes, &records, &selection);
     for seen in view.uncaptured() {
         let Some(sandbox) = sandboxes.iter().find(|s| s.id == seen.sandbox_id) else {
             continue;

@@ -115,13 +115,11 @@ impl Cri {
         Ok((v.runtime_name, v.runtime_version))
     }
 
-    /// Every pod sandbox of the node, each with its verbose status where the runtime has one
-    /// (a sandbox removed between the list and its status is left out).
+    /// Every pod sandbox of the node as the list gives it (no network yet: see `describe`).
     ///
     /// # Errors
-    /// The runtime does not answer the list. A failed status call leaves that sandbox without
-    /// its netns and addresses rather than failing the whole list.
-    pub async fn sandboxes(&self) -> Result<Vec<Sandbox>, CriError> {
+    /// The runtime does not answer the list.
+    pub async fn list(&self) -> Result<Vec<Sandbox>, CriError> {
         let mut client = self.runtime.clone();
         let listed = self
             .call(
@@ -130,22 +128,47 @@ impl Cri {
             )
             .await?
             .items;
-        let mut sandboxes = Vec::with_capacity(listed.len());
-        for item in &listed {
-            let request = PodSandboxStatusRequest {
-                pod_sandbox_id: item.id.clone(),
-                verbose: true,
-            };
-            let status = self
-                .call("PodSandboxStatus", client.pod_sandbox_status(request))
-                .await;
-            match status {
-                Ok(status) => sandboxes.push(Sandbox::from_cri(item, Some(&status))),
-                Err(CriError::Call { status, .. }) if status.starts_with("NotFound") => {}
-                Err(_) => sandboxes.push(Sandbox::from_cri(item, None)),
+        Ok(listed.iter().map(Sandbox::listed).collect())
+    }
+
+    /// Adds the sandbox's network from its verbose status; false when the runtime no longer has
+    /// it.
+    ///
+    /// # Errors
+    /// The runtime does not answer.
+    pub async fn describe(&self, sandbox: &mut Sandbox) -> Result<bool, CriError> {
+        let mut client = self.runtime.clone();
+        let request = PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox.id.clone(),
+            verbose: true,
+        };
+        match self
+            .call("PodSandboxStatus", client.pod_sandbox_status(request))
+            .await
+        {
+            Ok(status) => {
+                sandbox.describe(&status);
+                Ok(true)
+            }
+            Err(CriError::Call { status, .. }) if status.starts_with("NotFound") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every pod sandbox of the node, each described (a sandbox removed between the list and
+    /// its status is left out; one whose status fails is kept without its network).
+    ///
+    /// # Errors
+    /// The runtime does not answer the list.
+    pub async fn sandboxes(&self) -> Result<Vec<Sandbox>, CriError> {
+        let mut sandboxes = self.list().await?;
+        let mut kept = Vec::with_capacity(sandboxes.len());
+        for mut sandbox in sandboxes.drain(..) {
+            if !matches!(self.describe(&mut sandbox).await, Ok(false)) {
+                kept.push(sandbox);
             }
         }
-        Ok(sandboxes)
+        Ok(kept)
     }
 
     /// Stops a sandbox: the kubelet sees it gone and creates the pod's sandbox again, through

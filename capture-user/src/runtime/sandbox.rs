@@ -38,8 +38,19 @@ impl Sandbox {
     /// The sandbox from its list entry and, where the runtime answered it, its verbose status.
     #[must_use]
     pub fn from_cri(listed: &PodSandbox, status: Option<&PodSandboxStatusResponse>) -> Self {
+        let mut sandbox = Self::listed(listed);
+        if let Some(response) = status {
+            sandbox.describe(response);
+        }
+        sandbox
+    }
+
+    /// What the list entry says: identity, state, annotations and labels. The network (host or
+    /// not, addresses, netns) comes from the status (`describe`).
+    #[must_use]
+    pub fn listed(listed: &PodSandbox) -> Self {
         let metadata = listed.metadata.clone().unwrap_or_default();
-        let mut sandbox = Self {
+        Self {
             id: listed.id.clone(),
             namespace: metadata.namespace,
             name: metadata.name,
@@ -51,12 +62,13 @@ impl Sandbox {
             netns: None,
             ips: Vec::new(),
             unreadable: Vec::new(),
-        };
-        let Some(response) = status else {
-            return sandbox;
-        };
+        }
+    }
+
+    /// Adds what the verbose status says of the sandbox's network.
+    pub fn describe(&mut self, response: &PodSandboxStatusResponse) {
         if let Some(status) = &response.status {
-            sandbox.host_network = status
+            self.host_network = status
                 .linux
                 .as_ref()
                 .and_then(|l| l.namespaces.as_ref())
@@ -66,16 +78,16 @@ impl Sandbox {
                 let all = std::iter::once(network.ip.as_str())
                     .chain(network.additional_ips.iter().map(|ip| ip.ip.as_str()))
                     .filter(|ip| !ip.is_empty());
+                self.ips.clear();
                 for ip in all {
                     match ip.parse() {
-                        Ok(ip) => sandbox.ips.push(ip),
-                        Err(_) => sandbox.unreadable.push(format!("address {ip:?}")),
+                        Ok(ip) => self.ips.push(ip),
+                        Err(_) => self.unreadable.push(format!("address {ip:?}")),
                     }
                 }
             }
         }
-        sandbox.netns = netns_path(&response.info);
-        sandbox
+        self.netns = netns_path(&response.info);
     }
 
     /// `NAMESPACE/NAME`.

@@ -2,6 +2,11 @@
 //! sandbox without a record runs uncaptured; a record without a sandbox is a DEL that never came.
 //! Pure: the agent's reconcile and `capture status --all` both read it.
 
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+};
+
 use serde::Serialize;
 
 use super::sandbox::Sandbox;
@@ -69,13 +74,62 @@ impl NodeView {
     }
 }
 
-/// Whether `record` is `sandbox`'s: the ADD's container id is the sandbox id; a pod captured
-/// with the CLI alone has no id, and is matched by its netns.
-fn record_of(sandbox: &Sandbox, record: &PodRecord) -> bool {
-    match &record.pod {
-        Some(pod) if !pod.container_id.is_empty() => pod.container_id == sandbox.id,
-        _ => sandbox.netns.as_ref() == Some(&record.netns),
+/// The records by what names their sandbox: the ADD's container id (the sandbox id), or, for a
+/// pod captured with the CLI alone, its netns path. One lookup per sandbox, so a pass over a
+/// thousand sandboxes costs a thousand lookups, not a million comparisons.
+pub struct RecordIndex<'r> {
+    by_id: HashMap<&'r str, &'r PodRecord>,
+    by_netns: HashMap<&'r Path, &'r PodRecord>,
+}
+
+impl<'r> RecordIndex<'r> {
+    #[must_use]
+    pub fn new(records: &'r [PodRecord]) -> Self {
+        let mut index = Self {
+            by_id: HashMap::with_capacity(records.len()),
+            by_netns: HashMap::new(),
+        };
+        for r in records {
+            match r.pod.as_ref().filter(|p| !p.container_id.is_empty()) {
+                Some(pod) => index.by_id.insert(&pod.container_id, r),
+                None => index.by_netns.insert(&r.netns, r),
+            };
+        }
+        index
     }
+
+    /// `sandbox`'s record, if capture has one.
+    #[must_use]
+    pub fn of(&self, sandbox: &Sandbox) -> Option<&'r PodRecord> {
+        self.by_id.get(sandbox.id.as_str()).copied().or_else(|| {
+            sandbox
+                .netns
+                .as_deref()
+                .and_then(|n| self.by_netns.get(n).copied())
+        })
+    }
+}
+
+fn k8s_args(sandbox: &Sandbox) -> K8sArgs {
+    K8sArgs {
+        namespace: sandbox.namespace.clone(),
+        name: sandbox.name.clone(),
+        uid: sandbox.uid.clone(),
+        infra_container_id: sandbox.id.clone(),
+    }
+}
+
+/// Whether `sandbox` could be a meshed pod capture has not captured: ready, meshed by its
+/// annotations, and no record's. Only these need their network asked for (one CRI call each).
+#[must_use]
+pub fn may_need_repair(
+    sandbox: &Sandbox,
+    records: &RecordIndex<'_>,
+    selection: &PluginConfig,
+) -> bool {
+    sandbox.ready
+        && records.of(sandbox).is_none()
+        && skip_reason(selection, &k8s_args(sandbox), &sandbox.annotations).is_none()
 }
 
 /// The node's sandboxes beside its records, with `selection` (the chained capture-cni's keys)
@@ -87,15 +141,10 @@ pub fn node_view(
     selection: &PluginConfig,
 ) -> NodeView {
     let mut view = NodeView::default();
+    let index = RecordIndex::new(records);
     for sandbox in sandboxes {
-        let record = records.iter().find(|r| record_of(sandbox, r));
-        let k8s = K8sArgs {
-            namespace: sandbox.namespace.clone(),
-            name: sandbox.name.clone(),
-            uid: sandbox.uid.clone(),
-            infra_container_id: sandbox.id.clone(),
-        };
-        let skip = skip_reason(selection, &k8s, &sandbox.annotations);
+        let record = index.of(sandbox);
+        let skip = skip_reason(selection, &k8s_args(sandbox), &sandbox.annotations);
         let meshed = skip.is_none() && !sandbox.host_network;
         let (standing, why) = match (record, sandbox.host_network, &skip) {
             (Some(_), _, _) => (Standing::Captured, None),
@@ -126,11 +175,14 @@ pub fn node_view(
     }
     // Only the pods a CNI ADD captured are the runtime's: one captured with the CLI alone is
     // no sandbox's, and its absence from the list says nothing.
+    let listed: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
     view.orphans = records
         .iter()
-        .filter(|r| !sandboxes.iter().any(|s| record_of(s, r)))
         .filter_map(|r| {
             let pod = r.pod.as_ref().filter(|p| !p.container_id.is_empty())?;
+            if listed.contains(pod.container_id.as_str()) {
+                return None;
+            }
             Some(Orphan {
                 pod: r.display_name(),
                 netns: r.netns.display().to_string(),

@@ -8,6 +8,7 @@
 mod bed;
 pub mod cni_add;
 mod cpus;
+pub mod reconcile_cost;
 pub mod report;
 pub mod roles;
 mod stats;

@@ -178,6 +178,8 @@ pub fn markdown(r: &Results) -> String {
     }
     let _ = writeln!(o, "## Tracing\n");
     let _ = writeln!(o, "What `capture trace` costs (the programs with tracing built in and off against the same build without it, and with the pod traced) is measured by `cargo xtask bench --trace-cost`, interleaved in one run of its own: [trace-cost.md](trace-cost.md).\n");
+    let _ = writeln!(o, "## Reconcile\n");
+    let _ = writeln!(o, "The CPU of one pass of the agent's reconcile with the container runtime over a node of 1,000 pod sandboxes is measured by `cargo xtask bench --reconcile-cost`: [reconcile-cost.md](reconcile-cost.md).\n");
     let _ = writeln!(o, "## Targets\n");
     for (what, ok) in targets(r) {
         let _ = writeln!(o, "- [{}] {what}", if ok { "x" } else { " " });

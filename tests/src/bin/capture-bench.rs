@@ -42,6 +42,15 @@ enum Cmd {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
+    /// Measure the CPU of one reconcile pass over a synthetic node; writes reconcile-cost.md.
+    ReconcileCost {
+        #[arg(long, default_value_t = 1000)]
+        sandboxes: usize,
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
     /// One process of the benchmark, entered into a pod.
     Role {
         #[arg(long)]
@@ -85,6 +94,17 @@ enum Role {
 
 fn main() {
     match Args::parse().cmd {
+        Cmd::ReconcileCost {
+            sandboxes,
+            rounds,
+            out,
+        } => {
+            let cost = bench::reconcile_cost::measure(sandboxes, rounds);
+            let text = bench::reconcile_cost::markdown(&cost);
+            std::fs::create_dir_all(&out).expect("the output directory");
+            std::fs::write(out.join("reconcile-cost.md"), &text).expect("reconcile-cost.md");
+            print!("{text}");
+        }
         Cmd::Run {
             quick,
             out,
