@@ -15,7 +15,7 @@
 //! while it answers; a pass whose listing fails changes nothing and says why.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::PathBuf,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -57,6 +57,8 @@ struct Memory {
     restarted: BTreeSet<String>,
     /// Whether the runtime answered last time (a change is logged, not every pass).
     reachable: Option<bool>,
+    /// The uncaptured sandboxes logged, with the outcome logged for each.
+    told: BTreeMap<String, String>,
 }
 
 /// Runs a pass now and then every period, until the agent stops.
@@ -153,6 +155,7 @@ async fn pass(
         sandboxes.push(sandbox);
     }
     let view = node_view(&sandboxes, &records, &selection);
+    let mut told = BTreeMap::new();
     for seen in view.uncaptured() {
         let Some(sandbox) = sandboxes.iter().find(|s| s.id == seen.sandbox_id) else {
             continue;
@@ -163,7 +166,11 @@ async fn pass(
         } else {
             ("none".to_owned(), "pending".to_owned())
         };
-        warn!(pod = %seen.pod, sandbox = %seen.sandbox_id, %why, %action, %result, "meshed, not captured");
+        // Once per sandbox and outcome: a pod reported every pass would bury the log.
+        if memory.told.get(&seen.sandbox_id) != Some(&result) {
+            warn!(pod = %seen.pod, sandbox = %seen.sandbox_id, %why, %action, %result, "meshed, not captured");
+        }
+        told.insert(seen.sandbox_id.clone(), result.clone());
         report.uncaptured.push(Uncaptured {
             pod: seen.pod.clone(),
             sandbox_id: seen.sandbox_id.clone(),
@@ -197,6 +204,7 @@ async fn pass(
         }
     }
     memory.missing = missing;
+    memory.told = told;
     report
 }
 
