@@ -122,7 +122,7 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = crate::runtime::Repair::Capture)]
         repair: crate::runtime::Repair,
         /// Seconds between reconcile passes; 0 turns the reconcile off.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, env = "CAPTURE_RECONCILE_PERIOD")]
         reconcile_period: u64,
         #[command(flatten)]
         cni: CniDirs,

@@ -256,10 +256,9 @@ impl Node {
         ]);
         cmd.args(extra);
         // The host's runtime is none of a test's business: only the tests of the reconcile,
-        // which name their runtime, turn it on.
-        if !extra.contains(&"--reconcile-period") {
-            cmd.args(["--reconcile-period", "0"]);
-        }
+        // which name their runtime and period, turn it on. An environment variable, which the
+        // previous release's agent (the upgrade tests') ignores, where a flag would stop it.
+        cmd.env("CAPTURE_RECONCILE_PERIOD", "0");
         cmd.arg("--socket")
             .arg(&self.socket)
             .stdout(Stdio::null())
