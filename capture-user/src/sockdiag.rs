@@ -8,10 +8,7 @@
 //! A netlink socket answers for the netns it was created in: it is created on a thread that
 //! entered the pod's netns and used from the caller's.
 
-use std::{
-    io,
-    net::{IpAddr, SocketAddr},
-};
+use std::{io, net::SocketAddr};
 
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
@@ -23,7 +20,10 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NetlinkAddr};
 
-use crate::netns::{Netns, NetnsError};
+use crate::{
+    netns::{Netns, NetnsError},
+    socket_fds::unmapped,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SockDiagError {
@@ -179,18 +179,10 @@ fn kernel_socket(response: &InetResponse) -> KernelSocket {
         cookie: word(low) | (word(high) << 32),
         inode: u64::from(response.header.inode),
         state: response.header.state,
-        local: SocketAddr::new(unmapped(id.source_address), id.source_port),
-        remote: SocketAddr::new(unmapped(id.destination_address), id.destination_port),
+        local: unmapped(SocketAddr::new(id.source_address, id.source_port)),
+        remote: unmapped(SocketAddr::new(id.destination_address, id.destination_port)),
         uid: response.header.uid,
         ipv6: response.header.family == AF_INET6,
-    }
-}
-
-/// An IPv4 peer of an IPv6 socket as the IPv4 address it is.
-fn unmapped(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        IpAddr::V4(_) => ip,
     }
 }
 

@@ -203,39 +203,30 @@ fn inet_addr(addr: nix::Result<nix::sys::socket::SockaddrStorage>) -> io::Result
 /// `IP6T_SO_ORIGINAL_DST` at `SOL_IPV6` for an IPv6 socket): conntrack's answer, or capture's
 /// `getsockopt` program's for a socket of a captured cgroup.
 pub fn original_dst(socket: impl AsFd, ipv6: bool) -> Option<SocketAddr> {
-    let fd = socket.as_fd().as_raw_fd();
-    let name = capture_common::SO_ORIGINAL_DST;
+    use nix::sys::socket::{getsockopt, sockopt};
     if ipv6 {
-        // SAFETY: all-zero is a valid `sockaddr_in6`.
-        let mut addr: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-        let mut len = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-        // SAFETY: `addr` and `len` are valid for the kernel to write; the fd is borrowed.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_IPV6,
-                name,
-                (&raw mut addr).cast(),
-                &raw mut len,
-            )
-        };
-        (rc == 0).then(|| {
-            let ip = std::net::Ipv6Addr::from(addr.sin6_addr.s6_addr);
-            let ip = ip.to_ipv4_mapped().map_or(ip.into(), std::net::IpAddr::V4);
-            SocketAddr::new(ip, u16::from_be(addr.sin6_port))
-        })
+        let a = getsockopt(&socket, sockopt::Ip6tOriginalDst).ok()?;
+        let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+        Some(unmapped(SocketAddr::new(
+            ip.into(),
+            u16::from_be(a.sin6_port),
+        )))
     } else {
-        // SAFETY: all-zero is a valid `sockaddr_in`.
-        let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `addr` and `len` are valid for the kernel to write; the fd is borrowed.
-        let rc = unsafe {
-            libc::getsockopt(fd, libc::SOL_IP, name, (&raw mut addr).cast(), &raw mut len)
-        };
-        (rc == 0).then(|| {
-            let ip = std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
-            SocketAddr::from((ip, u16::from_be(addr.sin_port)))
-        })
+        let a = getsockopt(&socket, sockopt::OriginalDst).ok()?;
+        let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+        Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+    }
+}
+
+/// An IPv4 address of an IPv6 socket (`::ffff:a.b.c.d`) as the IPv4 address it is.
+#[must_use]
+pub fn unmapped(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => v6
+            .ip()
+            .to_ipv4_mapped()
+            .map_or(addr, |v4| SocketAddr::from((v4, v6.port()))),
+        SocketAddr::V4(_) => addr,
     }
 }
 

@@ -502,25 +502,7 @@ fn ulp_tls(p: &Pair<'_>) -> io::Result<Observation> {
 
 fn original_destination(p: &Pair<'_>) -> io::Result<Observation> {
     let (app, proxy) = p.connect()?;
-    // SAFETY: all-zero bytes are a valid sockaddr_in (plain integers).
-    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::sockaddr_in>() as u32;
-    // SAFETY: a sockaddr_in buffer and its length.
-    let rc = unsafe {
-        libc::getsockopt(
-            proxy.as_raw_fd(),
-            libc::SOL_IP,
-            capture_common::SO_ORIGINAL_DST,
-            (&raw mut addr).cast(),
-            &raw mut len,
-        )
-    };
-    let orig = (rc == 0).then(|| {
-        std::net::SocketAddrV4::new(
-            u32::from_be(addr.sin_addr.s_addr).into(),
-            u16::from_be(addr.sin_port),
-        )
-    });
+    let orig = crate::socket_fds::original_dst(&proxy, false);
     Ok(vec![
         format!("SO_ORIGINAL_DST {orig:?}"),
         outcome("app's peer", app.peer_addr()),

@@ -15,7 +15,7 @@
 //! while it answers; a pass whose listing fails changes nothing and says why.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
     sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -33,9 +33,7 @@ use crate::{
         cri::{Cri, CALL_TIMEOUT},
         node_view,
         report::{self, ReconcileReport, Repair, Uncaptured},
-        selection_rules,
-        view::{may_need_repair, RecordIndex},
-        Sandbox, Standing,
+        selection_rules, Sandbox, Standing,
     },
 };
 
@@ -138,31 +136,29 @@ async fn pass(
             return report;
         }
     };
-    // Only a sandbox that may need repair is asked for its network: one status call per
-    // candidate, not per sandbox of the node.
-    let index = RecordIndex::new(&records);
-    let mut sandboxes = Vec::with_capacity(listed.len());
-    for mut sandbox in listed {
-        if may_need_repair(&sandbox, &index, &selection) {
-            match cri.describe(&mut sandbox).await {
-                Ok(false) => continue,
-                Ok(true) => {}
-                Err(e) => {
-                    warn!(pod = %sandbox.display_name(), error = %e, "the runtime did not describe a sandbox");
-                }
-            }
-        }
-        sandboxes.push(sandbox);
-    }
-    let view = node_view(&sandboxes, &records, &selection);
+    let view = node_view(&listed, &records, &selection);
+    let by_id: HashMap<&str, &Sandbox> = listed.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut told = BTreeMap::new();
     for seen in view.uncaptured() {
-        let Some(sandbox) = sandboxes.iter().find(|s| s.id == seen.sandbox_id) else {
+        let Some(&listed) = by_id.get(seen.sandbox_id.as_str()) else {
             continue;
         };
         let why = seen.why.clone().unwrap_or_default();
         let (action, result) = if seen.standing == Standing::MeshedNotCaptured {
-            repair(agent, cri, cfg.repair, sandbox, &selection, memory).await
+            // Only a repair candidate is asked for its network: one status call per candidate,
+            // not per sandbox of the node.
+            let mut sandbox = listed.clone();
+            match cri.describe(&mut sandbox).await {
+                // Gone since the list.
+                Ok(false) => continue,
+                // No CNI ADD ever runs for a pod on the node's network: not meshed.
+                Ok(true) if sandbox.host_network => continue,
+                Ok(true) => {}
+                Err(e) => {
+                    warn!(pod = %seen.pod, error = %e, "the runtime did not describe a sandbox");
+                }
+            }
+            repair(agent, cri, cfg.repair, &sandbox, &selection, memory).await
         } else {
             ("none".to_owned(), "pending".to_owned())
         };
@@ -183,10 +179,7 @@ async fn pass(
     let mut missing = BTreeSet::new();
     for orphan in &view.orphans {
         missing.insert(orphan.netns_cookie);
-        let old_enough = records.iter().any(|r| {
-            r.netns_cookie == orphan.netns_cookie
-                && now.saturating_sub(r.attached_at_unix) >= 2 * cfg.period.as_secs()
-        });
+        let old_enough = now.saturating_sub(orphan.attached_at_unix) >= 2 * cfg.period.as_secs();
         if !(memory.missing.contains(&orphan.netns_cookie) && old_enough) {
             continue;
         }

@@ -161,9 +161,8 @@ impl Cri {
     /// # Errors
     /// The runtime does not answer the list.
     pub async fn sandboxes(&self) -> Result<Vec<Sandbox>, CriError> {
-        let mut sandboxes = self.list().await?;
-        let mut kept = Vec::with_capacity(sandboxes.len());
-        for mut sandbox in sandboxes.drain(..) {
+        let mut kept = Vec::new();
+        for mut sandbox in self.list().await? {
             if !matches!(self.describe(&mut sandbox).await, Ok(false)) {
                 kept.push(sandbox);
             }

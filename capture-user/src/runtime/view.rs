@@ -53,6 +53,8 @@ pub struct Orphan {
     pub netns: String,
     pub netns_cookie: u64,
     pub container_id: String,
+    /// When it was captured (a fresh record can be ahead of the runtime's list).
+    pub attached_at_unix: u64,
 }
 
 /// Every sandbox with its standing, and the records no sandbox accounts for.
@@ -77,14 +79,13 @@ impl NodeView {
 /// The records by what names their sandbox: the ADD's container id (the sandbox id), or, for a
 /// pod captured with the CLI alone, its netns path. One lookup per sandbox, so a pass over a
 /// thousand sandboxes costs a thousand lookups, not a million comparisons.
-pub struct RecordIndex<'r> {
+struct RecordIndex<'r> {
     by_id: HashMap<&'r str, &'r PodRecord>,
     by_netns: HashMap<&'r Path, &'r PodRecord>,
 }
 
 impl<'r> RecordIndex<'r> {
-    #[must_use]
-    pub fn new(records: &'r [PodRecord]) -> Self {
+    fn new(records: &'r [PodRecord]) -> Self {
         let mut index = Self {
             by_id: HashMap::with_capacity(records.len()),
             by_netns: HashMap::new(),
@@ -99,8 +100,7 @@ impl<'r> RecordIndex<'r> {
     }
 
     /// `sandbox`'s record, if capture has one.
-    #[must_use]
-    pub fn of(&self, sandbox: &Sandbox) -> Option<&'r PodRecord> {
+    fn of(&self, sandbox: &Sandbox) -> Option<&'r PodRecord> {
         self.by_id.get(sandbox.id.as_str()).copied().or_else(|| {
             sandbox
                 .netns
@@ -117,19 +117,6 @@ fn k8s_args(sandbox: &Sandbox) -> K8sArgs {
         uid: sandbox.uid.clone(),
         infra_container_id: sandbox.id.clone(),
     }
-}
-
-/// Whether `sandbox` could be a meshed pod capture has not captured: ready, meshed by its
-/// annotations, and no record's. Only these need their network asked for (one CRI call each).
-#[must_use]
-pub fn may_need_repair(
-    sandbox: &Sandbox,
-    records: &RecordIndex<'_>,
-    selection: &PluginConfig,
-) -> bool {
-    sandbox.ready
-        && records.of(sandbox).is_none()
-        && skip_reason(selection, &k8s_args(sandbox), &sandbox.annotations).is_none()
 }
 
 /// The node's sandboxes beside its records, with `selection` (the chained capture-cni's keys)
@@ -188,6 +175,7 @@ pub fn node_view(
                 netns: r.netns.display().to_string(),
                 netns_cookie: r.netns_cookie,
                 container_id: pod.container_id.clone(),
+                attached_at_unix: r.attached_at_unix,
             })
         })
         .collect();

@@ -3,6 +3,7 @@
 //! the tests can feed it what a netns would hold.
 
 use std::{
+    collections::HashMap,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
 };
@@ -71,13 +72,29 @@ impl Observed {
     }
 }
 
+/// Which of the proxy's ends `seen` is, if it is one: accepted on the proxy's outbound or
+/// inbound port, or, under the ebpf backend, by the inbound listener for another port of the pod
+/// (`sk_lookup`): such sockets keep their destination, and `sock_ops` marks them redirected when
+/// they are established (until then they carry the listener's flag).
+fn proxy_end_kind(seen: &Observed, cfg: &CaptureConfig) -> Option<Kind> {
+    let port = seen.kernel.local.port();
+    if seen.kernel.is_listener() {
+        None
+    } else if port == cfg.outbound_port {
+        Some(Kind::ProxyOutbound)
+    } else if port == cfg.inbound_port || seen.has(SOCK_INBOUND_LISTENER | SOCK_ACCEPTED_REDIRECTED)
+    {
+        Some(Kind::ProxyInbound)
+    } else {
+        None
+    }
+}
+
 /// Whether `seen` may be the proxy's end of a redirected connection, whose `SO_ORIGINAL_DST` is
 /// worth asking.
 #[must_use]
 pub fn may_be_proxy_end(seen: &Observed, cfg: &CaptureConfig) -> bool {
-    !seen.kernel.is_listener()
-        && (proxy_port(seen.kernel.local.port(), cfg).is_some()
-            || seen.has(SOCK_INBOUND_LISTENER | SOCK_ACCEPTED_REDIRECTED))
+    proxy_end_kind(seen, cfg).is_some()
 }
 
 fn proxy_port(port: u16, cfg: &CaptureConfig) -> Option<&'static str> {
@@ -92,15 +109,8 @@ fn proxy_port(port: u16, cfg: &CaptureConfig) -> Option<&'static str> {
 
 fn kind_of(seen: &Observed, cfg: &CaptureConfig, listeners: &[&Observed]) -> Kind {
     let local = seen.kernel.local;
-    if local.port() == cfg.outbound_port {
-        Kind::ProxyOutbound
-    } else if local.port() == cfg.inbound_port
-        || seen.has(SOCK_INBOUND_LISTENER | SOCK_ACCEPTED_REDIRECTED)
-    {
-        // Under the ebpf backend the inbound listener accepts connections for the pod's other
-        // ports (sk_lookup): its sockets keep their destination, and `sock_ops` marks them
-        // redirected when they are established (until then they carry the listener's flag).
-        Kind::ProxyInbound
+    if let Some(kind) = proxy_end_kind(seen, cfg) {
+        kind
     } else if listeners.iter().any(|l| {
         l.kernel.local.port() == local.port()
             && (l.kernel.local.ip().is_unspecified() || l.kernel.local.ip() == local.ip())
@@ -111,17 +121,55 @@ fn kind_of(seen: &Observed, cfg: &CaptureConfig, listeners: &[&Observed]) -> Kin
     }
 }
 
-/// The other end of `seen` in the pod: the socket whose addresses are its own reversed, or, for
-/// the iptables backend's NAT, the proxy's end whose peer is its local address and whose original
-/// destination is its peer.
-fn peer_of<'o>(seen: &Observed, all: &'o [Observed]) -> Option<&'o Observed> {
-    let k = &seen.kernel;
-    all.iter().filter(|o| !o.kernel.is_listener()).find(|o| {
-        let o_k = &o.kernel;
-        o_k.cookie != k.cookie
-            && ((o_k.remote == k.local && (o_k.local == k.remote || o.original == Some(k.remote)))
-                || (o_k.local == k.remote && seen.original == Some(o_k.remote)))
-    })
+/// The sockets of the pod by their ends, to find each one's other end in one lookup.
+struct Ends {
+    /// (local, remote) → position, every socket but the listeners.
+    by_ends: HashMap<(SocketAddr, SocketAddr), usize>,
+    /// (remote, original destination) → position, the sockets that have an original destination.
+    by_original: HashMap<(SocketAddr, SocketAddr), usize>,
+}
+
+impl Ends {
+    fn new(all: &[Observed]) -> Self {
+        let mut ends = Self {
+            by_ends: HashMap::with_capacity(all.len()),
+            by_original: HashMap::new(),
+        };
+        for (i, o) in all
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| !o.kernel.is_listener())
+        {
+            ends.by_ends
+                .entry((o.kernel.local, o.kernel.remote))
+                .or_insert(i);
+            if let Some(original) = o.original {
+                ends.by_original
+                    .entry((o.kernel.remote, original))
+                    .or_insert(i);
+            }
+        }
+        ends
+    }
+
+    /// The position of `all[i]`'s other end in the pod: the socket whose addresses are its own
+    /// reversed, or, for the iptables backend's NAT, the proxy's end whose peer is its local
+    /// address and whose original destination is its peer (and, from the proxy's end, the app's
+    /// socket whose ends are its peer and its original destination).
+    fn peer_of(&self, all: &[Observed], i: usize) -> Option<usize> {
+        let seen = &all[i];
+        let k = &seen.kernel;
+        [
+            self.by_ends.get(&(k.remote, k.local)),
+            self.by_original.get(&(k.local, k.remote)),
+            seen.original
+                .and_then(|original| self.by_ends.get(&(k.remote, original))),
+        ]
+        .into_iter()
+        .flatten()
+        .copied()
+        .find(|&p| p != i)
+    }
 }
 
 /// What the pod's configuration decides for a connection from `owner` to `to`.
@@ -178,19 +226,15 @@ pub fn classify(
         .iter()
         .map(|o| kind_of(o, cfg, &listeners))
         .collect();
-    let kind_at = |peer: &Observed| {
-        observed
-            .iter()
-            .position(|o| o.kernel.cookie == peer.kernel.cookie)
-            .map(|i| kinds[i])
-    };
+    let ends = Ends::new(observed);
     let mut connections = Vec::new();
-    for (seen, &kind) in observed.iter().zip(&kinds) {
+    for (i, (seen, &kind)) in observed.iter().zip(&kinds).enumerate() {
         if seen.kernel.is_listener() || seen.kernel.state == TCP_TIME_WAIT {
             continue;
         }
-        let peer = peer_of(seen, observed);
-        let peer_kind = peer.and_then(kind_at);
+        let peer_at = ends.peer_of(observed, i);
+        let peer = peer_at.map(|p| &observed[p]);
+        let peer_kind = peer_at.map(|p| kinds[p]);
         let mut c = Connection {
             kind,
             state: state_name(seen.kernel.state),

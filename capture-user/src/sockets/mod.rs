@@ -38,7 +38,7 @@ use crate::{
     sockdiag::{self, SockDiagError},
     socket_fds::{
         fs_gid, held_sockets, is_gone, local_addr, netns_pids, original_dst, peer_addr,
-        socket_cookie, Process,
+        socket_cookie, unmapped, Process,
     },
 };
 
@@ -206,7 +206,8 @@ pub fn sockets(paths: &Paths, which: &PodSelector) -> Result<Report, SocketsErro
 struct Looker<'m> {
     /// Socket inode → the process holding it and its descriptor number there.
     held: BTreeMap<u64, (u32, i32)>,
-    processes: BTreeMap<u32, Process>,
+    /// Each holding process once: its descriptor taker, who it is, and its fs gid.
+    processes: BTreeMap<u32, (Process, Holder, Option<u32>)>,
     states: Option<&'m SkStorage<MapData, SockState>>,
     denied: usize,
 }
@@ -236,15 +237,16 @@ impl<'m> Looker<'m> {
         let Some(&(pid, fd)) = self.held.get(&seen.kernel.inode) else {
             return seen;
         };
-        let process = self
-            .processes
-            .entry(pid)
-            .or_insert_with(|| Process::new(pid));
-        seen.holder = Some(Holder {
-            pid,
-            command: process.command(),
+        let (process, holder, gid) = self.processes.entry(pid).or_insert_with(|| {
+            let process = Process::new(pid);
+            let holder = Holder {
+                pid,
+                command: process.command(),
+            };
+            (process, holder, fs_gid(pid))
         });
-        seen.fs_gid = fs_gid(pid);
+        seen.holder = Some(holder.clone());
+        seen.fs_gid = *gid;
         let socket = match process.take(fd) {
             Ok(s) => s,
             Err(e) => {
@@ -265,16 +267,5 @@ impl<'m> Looker<'m> {
             seen.original = original_dst(&socket, seen.kernel.ipv6);
         }
         seen
-    }
-}
-
-/// An IPv4 address of an IPv6 socket as the IPv4 address it is.
-fn unmapped(addr: SocketAddr) -> SocketAddr {
-    match addr {
-        SocketAddr::V6(v6) => v6
-            .ip()
-            .to_ipv4_mapped()
-            .map_or(addr, |v4| SocketAddr::from((v4, v6.port()))),
-        SocketAddr::V4(_) => addr,
     }
 }

@@ -3,7 +3,7 @@
 //! runtime's bytes, decoded as the client decodes them), N pod records on disk, the chained
 //! capture-cni entry. A pass runs what the agent's runs between the runtime's answer and its
 //! actions: decode, the sandboxes from the list, the records read, the selection rules, the
-//! record index and the repair candidates, the node view. The socket round trip and the status
+//! node view with its repair candidates. The socket round trip and the status
 //! calls (one per repair candidate; none on a node where every meshed pod is captured) are not
 //! in it.
 
@@ -19,11 +19,7 @@ use capture_user::{
     config::{CaptureConfig, PodSpec},
     paths::Paths,
     record::{self, Mode, PodRecord, PodRef},
-    runtime::{
-        node_view, selection_rules,
-        view::{may_need_repair, RecordIndex},
-        Sandbox,
-    },
+    runtime::{node_view, selection_rules, Sandbox},
 };
 use k8s_cri::v1::{ListPodSandboxResponse, PodSandbox, PodSandboxMetadata, PodSandboxState};
 use prost::Message as _;
@@ -127,14 +123,9 @@ fn pass(list: &[u8], paths: &Paths, conf_dir: &Path) -> usize {
     let sandboxes: Vec<Sandbox> = listed.items.iter().map(Sandbox::listed).collect();
     let records = record::load_all(paths).expect("the records");
     let (selection, _) = selection_rules(conf_dir);
-    let index = RecordIndex::new(&records);
-    let candidates = sandboxes
-        .iter()
-        .filter(|s| may_need_repair(s, &index, &selection))
-        .count();
     let view = node_view(&sandboxes, &records, &selection);
     assert_eq!(view.sandboxes.len(), sandboxes.len());
-    candidates
+    view.uncaptured().count()
 }
 
 /// Measures `rounds` passes over a node of `sandboxes` sandboxes.
@@ -184,7 +175,7 @@ pub fn markdown(c: &ReconcileCost) -> String {
     );
     let _ = writeln!(
         o,
-        "A pass is what the agent's reconcile runs between the runtime's answer and its actions: the `ListPodSandbox` answer decoded, the sandboxes from it, every pod record read from the state directory, the chained capture-cni entry's selection rules, the record index and the repair candidates, the node view. Not in it: the socket round trip, and one `PodSandboxStatus` call per repair candidate (none on a node where every meshed pod is captured).\n"
+        "A pass is what the agent's reconcile runs between the runtime's answer and its actions: the `ListPodSandbox` answer decoded, the sandboxes from it, every pod record read from the state directory, the chained capture-cni entry's selection rules, the node view with its repair candidates. Not in it: the socket round trip, and one `PodSandboxStatus` call per repair candidate (none on a node where every meshed pod is captured).\n"
     );
     let _ = writeln!(
         o,
