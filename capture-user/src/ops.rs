@@ -70,6 +70,8 @@ pub struct AttachRequest {
     /// With mode ebpf: capture a pod the ebpf backend cannot serve with iptables instead (auto
     /// mode), rather than refusing it.
     pub allow_fallback: bool,
+    /// The pod already runs (the reconcile's repair): its open connections are spared.
+    pub in_place: bool,
 }
 
 fn lock(paths: &Paths) -> Result<NodeLock, Error> {
@@ -89,6 +91,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     // Before the comparison with an existing record, which holds them too.
     config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
     config.accelerate &= mode == Mode::Ebpf && crate::accel::why_not(paths).is_none();
+    config.spare_open_connections = req.in_place && mode == Mode::Iptables;
     let cgroup = cgroup::open_cgroup2(&req.cgroup)?;
     paths.prepare()?;
     let _lock = lock(paths)?;

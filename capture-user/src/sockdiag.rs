@@ -117,6 +117,20 @@ pub fn listening(netns: &Netns, port: u16) -> Result<bool, SockDiagError> {
         .any(|s| s.local.port() == port))
 }
 
+/// The TCP connections of `netns` that are open or opening (not listeners, not `TIME_WAIT`).
+///
+/// # Errors
+/// As `tcp_sockets`.
+pub fn open_connections(netns: &Netns) -> Result<Vec<KernelSocket>, SockDiagError> {
+    let open = StateFlags::ESTABLISHED
+        | StateFlags::SYN_SENT
+        | StateFlags::SYN_RECV
+        | StateFlags::FIN_WAIT1
+        | StateFlags::FIN_WAIT2
+        | StateFlags::CLOSE_WAIT;
+    tcp_sockets(netns, open)
+}
+
 fn dump(
     socket: &Socket,
     family: u8,

@@ -60,6 +60,7 @@ pub struct Metrics {
     uncaptured: Gauge,
     runtime_reachable: Gauge,
     repairs: Family<RepairLabels, Counter>,
+    left_open: Counter,
 }
 
 impl Metrics {
@@ -130,6 +131,12 @@ impl Metrics {
             "What the reconcile did: capture, restart or report a meshed pod found uncaptured, release a pod whose sandbox is gone; by result",
             repairs.clone(),
         );
+        let left_open = Counter::default();
+        registry.register(
+            "capture_repair_connections_left_open",
+            "TCP connections a pod had open when the reconcile captured it in place: they keep the path they were opened on, only new ones go through the proxy",
+            left_open.clone(),
+        );
         registry.register_collector(Box::new(NodeCollector::new(read_node)));
         Self {
             registry,
@@ -140,6 +147,7 @@ impl Metrics {
             uncaptured,
             runtime_reachable,
             repairs,
+            left_open,
         }
     }
 
@@ -157,6 +165,11 @@ impl Metrics {
             result: if ok { "ok" } else { "failed" },
         };
         self.repairs.get_or_create(&labels).inc();
+    }
+
+    pub fn count_left_open(&self, connections: usize) {
+        self.left_open
+            .inc_by(u64::try_from(connections).unwrap_or(u64::MAX));
     }
 
     pub fn set_ready(&self, ready: bool) {

@@ -170,7 +170,7 @@ impl Agent {
     /// syscalls).
     fn handle(&self, request: Request) -> Response {
         let (op, response) = match request {
-            Request::Add { pod } => ("add", self.add(pod)),
+            Request::Add { pod } => ("add", self.add(pod, false)),
             Request::Del {
                 container_id,
                 netns,
@@ -192,7 +192,8 @@ impl Agent {
         response
     }
 
-    fn add(&self, pod: PodRequest) -> Response {
+    /// CNI ADD, or (`in_place`) the reconcile's capture of a pod that already runs.
+    fn add(&self, pod: PodRequest, in_place: bool) -> Response {
         // Before the readiness check: a file fixed since the last poll serves this pod already.
         let mesh_config = self.refresh_mesh();
         if let Err(why) = self.readiness() {
@@ -229,6 +230,7 @@ impl Agent {
             mode: self.mode,
             pod: Some(pod.pod.clone()),
             allow_fallback: self.cfg.mode == ModeChoice::Auto,
+            in_place,
         };
         match ops::attach(&self.cfg.paths, &req) {
             Ok(record) => {

@@ -27,6 +27,7 @@ use super::Agent;
 use crate::{
     api::PodRequest,
     cni::cgroup::find_pod_cgroup,
+    netns::Netns,
     ops,
     record::{self, PodRef, PodSelector},
     runtime::{
@@ -35,6 +36,7 @@ use crate::{
         report::{self, ReconcileReport, Repair, Uncaptured},
         selection_rules, Sandbox, Standing,
     },
+    sockdiag::{self, SockDiagError},
 };
 
 #[derive(Clone, Debug)]
@@ -221,20 +223,10 @@ async fn repair(
                 .map(|()| "ok".to_owned())
                 .map_err(|e| e.to_string())
         }
-        Repair::Capture => {
-            let request = pod_request(sandbox, selection);
-            match request {
-                Ok(pod) => {
-                    let a = Arc::clone(agent);
-                    match tokio::task::spawn_blocking(move || a.add(pod)).await {
-                        Ok(response) if response.ok => Ok("ok".to_owned()),
-                        Ok(response) => Err(response.error.unwrap_or_default()),
-                        Err(e) => Err(e.to_string()),
-                    }
-                }
-                Err(why) => Err(why),
-            }
-        }
+        Repair::Capture => match pod_request(sandbox, selection) {
+            Ok(pod) => capture_in_place(agent, pod).await,
+            Err(why) => Err(why),
+        },
     };
     agent
         .metrics
@@ -243,6 +235,41 @@ async fn repair(
         Ok(ok) => (mode.to_string(), ok),
         Err(why) => (mode.to_string(), format!("failed: {why}")),
     }
+}
+
+/// Attaches as ADD would, sparing the pod's open connections (`AttachRequest::in_place`).
+/// They are counted first: the log and `capture_repair_connections_left_open_total` say how
+/// many still bypass the proxy until they close.
+async fn capture_in_place(agent: &Arc<Agent>, pod: PodRequest) -> Result<String, String> {
+    let a = Arc::clone(agent);
+    let joined = tokio::task::spawn_blocking(move || {
+        let left_open = open_connections(&pod.netns);
+        let name = pod.pod.clone();
+        (a.add(pod, true), left_open, name)
+    })
+    .await;
+    let (response, left_open, name) = joined.map_err(|e| e.to_string())?;
+    if !response.ok {
+        return Err(response.error.unwrap_or_default());
+    }
+    match left_open {
+        Ok(0) => Ok("ok".to_owned()),
+        Ok(n) => {
+            agent.metrics.count_left_open(n);
+            info!(pod = %format!("{}/{}", name.namespace, name.name), connections = n, "captured in place; connections opened before stay on their path until they close");
+            Ok(format!(
+                "ok ({n} connections opened before capture left as they are)"
+            ))
+        }
+        Err(e) => {
+            warn!(error = %e, "counting the connections a repaired pod had open");
+            Ok("ok".to_owned())
+        }
+    }
+}
+
+fn open_connections(netns: &std::path::Path) -> Result<usize, SockDiagError> {
+    Ok(sockdiag::open_connections(&Netns::open(netns)?)?.len())
 }
 
 /// The ADD capture-cni would have sent for `sandbox`: its netns and addresses from the runtime,

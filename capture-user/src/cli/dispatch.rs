@@ -70,6 +70,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 mode: node_mode,
                 pod: None,
                 allow_fallback,
+                in_place: false,
             };
             let record = ops::attach(&paths, &req)?;
             println!(

@@ -164,6 +164,12 @@ pub struct CaptureConfig {
     /// attached, its node allowed it (see `ops::attach`).
     #[serde(default)]
     pub accelerate: bool,
+    /// Connections the pod had open when it was captured keep the path they were opened on: set
+    /// when the reconcile captures a running pod in place (`AttachRequest::in_place`). Only the
+    /// iptables backend needs it: its NAT takes the next packet of such a connection for the
+    /// first of a new one and redirects it (a reset); the kernel programs decide at connect.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spare_open_connections: bool,
 }
 
 /// The configured ids as the host (and so the ebpf programs) sees them, for a pod with a user
@@ -388,6 +394,7 @@ impl CaptureConfig {
             drop_invalid,
             host_ids: None,
             accelerate,
+            spare_open_connections: false,
         };
         Ok((config, settings))
     }

@@ -229,8 +229,22 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             }
         }
     }
+    if cfg.spare_open_connections {
+        // conntrack first sees a connection opened before the rules mid-stream, and takes that
+        // packet for the first of a new connection, which NAT would redirect; a new connection's
+        // first packet is always a SYN.
+        for builtin in ["PREROUTING", "OUTPUT"] {
+            r.push(format!(
+                "-I {builtin} 1 -p tcp ! --syn -m comment --comment \"{SPARE_COMMENT}\" -j RETURN"
+            ));
+        }
+    }
     r
 }
+
+/// Names the rules that spare a repaired pod's open connections, for an operator reading
+/// `iptables-save`.
+pub const SPARE_COMMENT: &str = "capture: connections open before capture";
 
 /// The raw-table rules for DNS capture: conntrack zones that keep the proxy's own DNS apart from
 /// the app's, so that replies are un-NATed (spec B, DNS variant). Empty without DNS capture.

@@ -370,3 +370,26 @@ fn tproxy_with_an_include_list_and_ipv6() {
         "{undo}"
     );
 }
+
+#[test]
+fn a_pod_captured_in_place_spares_its_open_connections_and_loses_the_rules_on_removal() {
+    let plain = config(&[], &[1337]);
+    let spare = format!("-p tcp ! --syn -m comment --comment \"{SPARE_COMMENT}\" -j RETURN");
+    assert!(!restore_input(&plain, Family::V4).contains("! --syn"));
+    let cfg = CaptureConfig {
+        spare_open_connections: true,
+        ..plain
+    };
+    for family in [Family::V4, Family::V6] {
+        let nat = nat_rules(&cfg, family);
+        let undo = crate::iptables::apply::removal_input(&cfg, family);
+        for builtin in ["PREROUTING", "OUTPUT"] {
+            // Inserted last, so first in the chain: before every jump to Istio's chains.
+            assert!(nat.contains(&format!("-I {builtin} 1 {spare}")), "{nat:#?}");
+            assert!(
+                undo.lines().any(|l| l == format!("-D {builtin} {spare}")),
+                "{undo}"
+            );
+        }
+    }
+}

@@ -9,7 +9,8 @@ use k8s_cri::v1::{
     ContainerConfig, CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, ImageSpec,
     ImageStatusRequest, ListContainersRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig,
     PodSandboxStatusRequest, PodSandboxStatusResponse, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest, VersionRequest,
+    RunPodSandboxRequest, StartContainerRequest, StatusRequest, StopPodSandboxRequest,
+    VersionRequest,
 };
 use tokio::{net::UnixStream, runtime::Runtime};
 use tonic::{
@@ -61,6 +62,16 @@ impl Cri {
             .block_on(self.runtime.version(VersionRequest::default()))?
             .into_inner();
         Ok((v.runtime_name, v.runtime_version))
+    }
+
+    /// The CNI configuration the runtime has loaded, as its verbose status gives it (containerd's
+    /// `cniconfig`): it reloads the directory on change, a little after the file is written.
+    pub fn loaded_cni_config(&mut self) -> Result<String, Status> {
+        let status = self
+            .rt
+            .block_on(self.runtime.status(StatusRequest { verbose: true }))?
+            .into_inner();
+        Ok(status.info.get("cniconfig").cloned().unwrap_or_default())
     }
 
     /// Whether the runtime has `image`.

@@ -4,12 +4,16 @@
 
 use std::time::Duration;
 
+use std::net::Ipv4Addr;
+
 use capture_tests::{
     cni::{Node, MESHED},
-    containerd::{Containerd, CriPod, PodSpec},
+    containerd::{cri::Cri, image::PROBE, Containerd, CriPod, PodSpec},
     kernel::{record_skip, Feature},
+    topology::{pinned_map_len, POD_MAPS},
     wait::wait_until,
 };
+use capture_user::{netns::Netns, sockdiag::open_connections};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -90,8 +94,100 @@ fn now_unix() -> u64 {
         .as_secs()
 }
 
-#[test]
-fn a_meshed_pod_started_before_capture_is_captured_in_place_and_a_lost_del_is_released() {
+/// The runtime's loaded CNI configuration has capture-cni chained, or not: containerd reloads
+/// the directory a little after a change, and a pod made before that runs the old chain.
+fn wait_chain_loaded(runtime: &Containerd, chained: bool) {
+    wait_until(
+        PATIENCE,
+        "the runtime to load the CNI configuration",
+        || {
+            let loaded = runtime
+                .cri()
+                .loaded_cni_config()
+                .map_err(|e| e.to_string())?;
+            let config: Value =
+                serde_json::from_str(&loaded).map_err(|e| format!("{e}: {loaded}"))?;
+            let types: Vec<&Value> = config["Networks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|n| n["Config"]["Plugins"].as_array().into_iter().flatten())
+                .map(|p| &p["Network"]["type"])
+                .collect();
+            if types.contains(&&Value::from("capture-cni")) == chained {
+                Ok(())
+            } else {
+                Err(format!("{types:?}"))
+            }
+        },
+    );
+}
+
+/// `app` of `pod` opens a connection to `to` (exec'd through the runtime on a client of its
+/// own) and holds it `secs`, then asks again on it; the join gives the probe's report.
+fn hold_from(
+    runtime: &Containerd,
+    pod: &CriPod,
+    to: &str,
+    secs: u64,
+) -> std::thread::JoinHandle<Value> {
+    let mut cri = Cri::connect(runtime.socket()).expect("a second CRI client");
+    let container = pod.container("app").to_owned();
+    let target = to.to_owned();
+    let secs = secs.to_string();
+    let handle = std::thread::spawn(move || {
+        let out = cri
+            .exec(&container, &[PROBE, "hold", &target, "--for-secs", &secs])
+            .expect("ExecSync hold");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        serde_json::from_str(stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("hold printed {stdout:?}: {e}"))
+    });
+    let netns = Netns::open(&pod.netns).expect("the pod's netns");
+    wait_until(PATIENCE, "the held connection established", || {
+        let open = open_connections(&netns).map_err(|e| e.to_string())?;
+        if open.iter().any(|s| s.remote.to_string() == to) {
+            Ok(())
+        } else {
+            Err(format!("{open:?}"))
+        }
+    });
+    handle
+}
+
+/// The node's pod-map entries, summed (0 once no pod is captured).
+fn pod_map_entries(node: &Node) -> usize {
+    POD_MAPS
+        .iter()
+        .map(|map| pinned_map_len(&node.dirs.bpffs, map))
+        .sum()
+}
+
+fn forget_neighbours(pod: &CriPod) {
+    let mut flush = std::process::Command::new("ip");
+    flush.args(["neigh", "flush", "all"]);
+    let out = capture_user::netns::output_in(&pod.netns, &mut flush, b"").expect("ip neigh flush");
+    assert!(out.status.success(), "ip neigh flush: {out:?}");
+}
+
+/// host-local hands out the address after the last one it reserved: the next pod gets `ip`.
+fn next_pod_gets(node: &Node, ip: &str) {
+    let ip: Ipv4Addr = ip.parse().expect("an IPv4 pod address");
+    let before = Ipv4Addr::from(u32::from(ip) - 1);
+    std::fs::write(
+        node.ipam_dir
+            .join("capture-test")
+            .join("last_reserved_ip.0"),
+        before.to_string(),
+    )
+    .expect("host-local's last reserved address");
+}
+
+/// A meshed pod that started before capture-cni was chained is captured in place with its open
+/// connection left alone; one created while the network plugin's rewrite had dropped capture-cni
+/// is captured within the period; a record whose sandbox went while no DEL could reach capture is
+/// released with its map entries and address, and a new pod on that address works.
+fn repaired_and_released(mode: &str) {
     let Some((node, runtime, early, other)) = uncaptured_start() else {
         return;
     };
@@ -102,10 +198,12 @@ fn a_meshed_pod_started_before_capture_is_captured_in_place_and_a_lost_del_is_re
             ..spec("system", MESHED)
         })
         .expect("RunPodSandbox system");
+    let to_other = format!("{}:8080", other.ip);
+    let held = hold_from(&runtime, &early, &to_other, 25);
     node.run_install_cni(&[]).expect("install-cni");
     let conf = node.conf_dir();
     let conf = conf.to_str().unwrap();
-    let mut agent = node.start_agent_with("ebpf", &agent_args(&runtime, conf, "capture"));
+    let mut agent = node.start_agent_with(mode, &agent_args(&runtime, conf, "capture"));
     wait_until(PATIENCE, "the early pod captured by the reconcile", || {
         if captured(&node, &early) {
             Ok(())
@@ -113,30 +211,73 @@ fn a_meshed_pod_started_before_capture_is_captured_in_place_and_a_lost_del_is_re
             Err(node.status()["reconcile"].to_string())
         }
     });
+    assert!(
+        !held.is_finished(),
+        "the held connection ended before the repair: it proves nothing"
+    );
     // Its outbound connections go through its proxy, and its proxy's listener was adopted: a
     // connection to the pod lands on the proxy's inbound port.
-    let got = runtime.connect_from(&early, "app", &format!("{}:8080", other.ip));
-    got.assert_served_by("outbound", "the repaired pod's app");
-    assert_eq!(got.orig(), Some(format!("{}:8080", other.ip)));
+    let got = runtime.connect_from(&early, "app", &to_other);
+    got.assert_served_by("outbound", &format!("{mode}: the repaired pod's app"));
+    assert_eq!(got.orig(), Some(to_other.clone()));
     let got = runtime.connect_from(&other, "app", &format!("{}:8080", early.ip));
-    got.assert_served_by("inbound", "a connection to the repaired pod");
+    got.assert_served_by(
+        "inbound",
+        &format!("{mode}: a connection to the repaired pod"),
+    );
     let metrics = agent.checked_metrics();
     assert!(
         metrics.contains("capture_repairs_total{action=\"capture\",result=\"ok\"} 1"),
         "{metrics}"
     );
     assert!(
+        metrics.contains("capture_repair_connections_left_open_total 1"),
+        "{mode}: the held connection is counted\n{metrics}"
+    );
+    assert!(
         !captured(&node, &other) && !captured(&node, &system),
         "an unmeshed pod and a kube-system pod are never touched"
     );
 
+    // The network plugin rewrites the configuration without capture-cni (no watcher re-chains
+    // it here): a meshed pod made now runs uncaptured until the next pass.
+    node.write_network_conflist();
+    wait_chain_loaded(&runtime, false);
+    let late = runtime
+        .run_pod(&spec("late", MESHED))
+        .expect("RunPodSandbox late");
+    wait_until(PATIENCE, "the late pod captured by the reconcile", || {
+        let metrics = agent.checked_metrics();
+        if metrics.contains("capture_repairs_total{action=\"capture\",result=\"ok\"} 2") {
+            Ok(())
+        } else {
+            Err(metrics)
+        }
+    });
+    assert!(captured(&node, &late));
+    runtime
+        .connect_from(&late, "app", &to_other)
+        .assert_served_by("outbound", &format!("{mode}: the late pod's app"));
+
+    // The connection opened before the repair kept its path: both of its exchanges reached the
+    // other pod's app directly, on the same socket.
+    let held = held.join().expect("the hold thread");
+    assert_eq!(held["ok"], true, "{held:#}");
+    for exchange in ["first", "second"] {
+        assert_eq!(
+            held[exchange]["reply"]["server"], "app",
+            "{mode}: {exchange} exchange of the held connection: {held:#}"
+        );
+    }
+
     // A DEL that cannot reach capture: the pod goes while capture-cni is not chained.
     agent.stop();
-    node.uninstall_cni().expect("uninstall-cni");
     runtime.remove_pod(&early).expect("RemovePodSandbox");
     assert!(captured(&node, &early), "the record outlives its sandbox");
+    let entries = (mode == "ebpf").then(|| pod_map_entries(&node));
     node.run_install_cni(&[]).expect("install-cni");
-    let _agent = node.start_agent_with("ebpf", &agent_args(&runtime, conf, "capture"));
+    wait_chain_loaded(&runtime, true);
+    let _agent = node.start_agent_with(mode, &agent_args(&runtime, conf, "capture"));
     wait_until(PATIENCE, "the orphan record released", || {
         if captured(&node, &early) {
             Err(node.status()["reconcile"].to_string())
@@ -144,16 +285,55 @@ fn a_meshed_pod_started_before_capture_is_captured_in_place_and_a_lost_del_is_re
             Ok(())
         }
     });
-    // A meshed pod created now is captured by its ADD, and works.
+    if let Some(entries) = entries {
+        assert!(pod_map_entries(&node) < entries, "the orphan's map entries");
+    }
+    // A meshed pod created now on the released address is captured by its ADD and owns it.
+    next_pod_gets(&node, &early.ip);
     let next = runtime
         .run_pod(&spec("next", MESHED))
         .expect("RunPodSandbox next");
+    assert_eq!(
+        next.ip, early.ip,
+        "host-local handed out the orphan's address"
+    );
     assert!(captured(&node, &next));
-    let got = runtime.connect_from(&next, "app", &format!("{}:8080", other.ip));
-    got.assert_served_by("outbound", "the next pod's app");
-    for pod in [&next, &other, &system] {
+    runtime
+        .connect_from(&next, "app", &to_other)
+        .assert_served_by("outbound", &format!("{mode}: the next pod's app"));
+    // The bridge plugin sends no gratuitous ARP: the other pod's neighbour entry for the reused
+    // address still names the gone pod's interface until it goes stale, as on any such node.
+    forget_neighbours(&other);
+    let got = runtime.connect_from(&other, "app", &format!("{}:8080", next.ip));
+    got.assert_served_by("inbound", &format!("{mode}: a connection to the next pod"));
+    for pod in [&next, &late, &other, &system] {
         runtime.remove_pod(pod).expect("RemovePodSandbox");
     }
+    // Every DEL since reached capture: nothing of the orphan is left either.
+    assert_eq!(
+        node.status()["pods"].as_array().map(Vec::len),
+        Some(0),
+        "records left"
+    );
+    if mode == "ebpf" {
+        for map in POD_MAPS {
+            assert_eq!(
+                pinned_map_len(&node.dirs.bpffs, map),
+                0,
+                "{map} keeps entries"
+            );
+        }
+    }
+}
+
+#[test]
+fn ebpf_repairs_in_place_and_releases_lost_dels() {
+    repaired_and_released("ebpf");
+}
+
+#[test]
+fn iptables_repairs_in_place_and_releases_lost_dels() {
+    repaired_and_released("iptables");
 }
 
 #[test]

@@ -70,14 +70,17 @@ enum Cmd {
         #[arg(trailing_var_arg = true, required = true)]
         argv: Vec<String>,
     },
-    /// Connect (TCP) or exchange once (UDP), print `ready`, wait for a line on stdin, then ask
-    /// again on the same socket and print the first and second outcomes: what an established
-    /// connection sees before and after a change to the node.
+    /// Connect (TCP) or exchange once (UDP), print `ready`, wait for a line on stdin (or
+    /// `--for-secs`), then ask again on the same socket and print the first and second outcomes:
+    /// what an established connection sees before and after a change to the node.
     Hold {
         to: SocketAddr,
         /// Use UDP (a connected socket: send, expect the echo).
         #[arg(long)]
         udp: bool,
+        /// Wait this long instead of for stdin (a runtime's exec gives the probe no stdin).
+        #[arg(long)]
+        for_secs: Option<u64>,
     },
     /// Print the answers of many getsockopt calls (see `capture_tests::sockopt_survey`) as JSON;
     /// runs as root (it sets supplementary groups).
@@ -356,7 +359,7 @@ fn ask_again(fd: &std::os::fd::OwnedFd, udp: bool) -> Value {
     }
 }
 
-fn hold(to: SocketAddr, udp: bool) -> Value {
+fn hold(to: SocketAddr, udp: bool, for_secs: Option<u64>) -> Value {
     use nix::sys::socket::{getpeername, SockaddrStorage};
     let fd = new_socket(to, udp, false);
     let timeout = nix::sys::time::TimeVal::new(5, 0);
@@ -384,8 +387,11 @@ fn hold(to: SocketAddr, udp: bool) -> Value {
     }
     println!("ready");
     let _ = std::io::stdout().flush();
-    let mut go = String::new();
-    let _ = std::io::stdin().read_line(&mut go);
+    if let Some(secs) = for_secs {
+        std::thread::sleep(Duration::from_secs(secs));
+    } else {
+        let _ = std::io::stdin().read_line(&mut String::new());
+    }
     let second = ask_again(&fd, udp);
     json!({ "ok": true, "first": first, "second": second })
 }
@@ -481,9 +487,9 @@ fn main() {
             let Err(e) = capture_tests::pause::pause();
             die(e)
         }
-        Cmd::Hold { to, udp } => {
+        Cmd::Hold { to, udp, for_secs } => {
             drop_privileges(&args);
-            let out = hold(*to, *udp);
+            let out = hold(*to, *udp, *for_secs);
             println!("{out}");
         }
         Cmd::Exec { argv } => {
