@@ -6,10 +6,10 @@
 //!   captured in place as CNI ADD would have captured it (annotations and addresses from the
 //!   runtime, listeners adopted, open connections left as they are), its sandbox stopped so that
 //!   the kubelet recreates it through the CNI chain, or only reported.
-//! - A record whose sandbox the runtime no longer has (a DEL that never came: containerd 1.6 sends
-//!   no CNI GC) is released as DEL would release it, once it has been missing from two listings
-//!   in a row and is older than two periods: a runtime lists a sandbox only once its ADD has
-//!   returned, so a fresh record can be ahead of the list.
+//! - A record whose sandbox the runtime no longer lists or lists stopped (a DEL that never came:
+//!   containerd 1.6 sends no CNI GC) is released as DEL would release it, once its netns is gone
+//!   too in two passes in a row: a runtime lists a sandbox only once its ADD has returned, but
+//!   the netns of a sandbox being set up exists.
 //!
 //! The runtime is asked before anything else and with a deadline, and nothing holds the node lock
 //! while it answers; a pass whose listing fails changes nothing and says why.
@@ -27,14 +27,14 @@ use super::Agent;
 use crate::{
     api::PodRequest,
     cni::cgroup::find_pod_cgroup,
-    netns::Netns,
+    netns::{Netns, NetnsError},
     ops,
     record::{self, PodRef, PodSelector},
     runtime::{
         cri::{Cri, CALL_TIMEOUT},
         node_view,
         report::{self, ReconcileReport, Repair, Uncaptured},
-        selection_rules, Sandbox, Standing,
+        selection_rules, Orphan, Sandbox, Standing,
     },
     sockdiag::{self, SockDiagError},
 };
@@ -51,8 +51,10 @@ pub struct ReconcileConfig {
 /// What one pass remembers for the next.
 #[derive(Default)]
 struct Memory {
-    /// Records (netns cookies) missing from the last listing.
+    /// Records (netns cookies) whose sandbox and netns were gone at the last pass.
     missing: BTreeSet<u64>,
+    /// Records without a running sandbox kept because their netns exists (logged once).
+    kept: BTreeSet<u64>,
     /// Sandboxes already stopped: each is restarted once.
     restarted: BTreeSet<String>,
     /// Whether the runtime answered last time (a change is logged, not every pass).
@@ -72,6 +74,8 @@ pub async fn run(agent: Arc<Agent>, cfg: ReconcileConfig) {
     };
     let mut memory = Memory::default();
     let mut tick = tokio::time::interval(cfg.period);
+    // A pass that waited on a slow runtime is followed by one pass, not a burst.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let report = pass(&agent, &cri, &cfg, &mut memory).await;
@@ -177,12 +181,42 @@ async fn pass(
             result,
         });
     }
-    let now = now_unix();
+    release_orphans(agent, &view.orphans, memory, &mut report).await;
+    memory.told = told;
+    report
+}
+
+/// Releases, as DEL would, the records whose sandbox the runtime no longer lists or lists
+/// stopped, once their netns is gone too and they were orphans in the pass before: a sandbox
+/// whose ADD is still under way is not listed yet, but its netns exists.
+async fn release_orphans(
+    agent: &Arc<Agent>,
+    orphans: &[Orphan],
+    memory: &mut Memory,
+    report: &mut ReconcileReport,
+) {
+    let candidates: Vec<(PathBuf, u64)> = orphans
+        .iter()
+        .map(|o| (PathBuf::from(&o.netns), o.netns_cookie))
+        .collect();
+    let gone = tokio::task::spawn_blocking(move || {
+        candidates
+            .iter()
+            .map(|(path, cookie)| netns_gone(path, *cookie))
+            .collect::<Vec<bool>>()
+    })
+    .await
+    .unwrap_or_default();
     let mut missing = BTreeSet::new();
-    for orphan in &view.orphans {
+    for (orphan, gone) in orphans.iter().zip(gone) {
+        if !gone {
+            if memory.kept.insert(orphan.netns_cookie) {
+                info!(pod = %orphan.pod, netns = %orphan.netns, sandbox = %orphan.sandbox, "a record without a running sandbox keeps its capture while its netns exists");
+            }
+            continue;
+        }
         missing.insert(orphan.netns_cookie);
-        let old_enough = now.saturating_sub(orphan.attached_at_unix) >= 2 * cfg.period.as_secs();
-        if !(memory.missing.contains(&orphan.netns_cookie) && old_enough) {
+        if !memory.missing.contains(&orphan.netns_cookie) {
             continue;
         }
         let paths = agent.cfg.paths.clone();
@@ -192,15 +226,24 @@ async fn pass(
         agent.metrics.count_repair("release", ok);
         if ok {
             agent.forget_left_alone(&orphan.container_id);
-            info!(pod = %orphan.pod, netns = %orphan.netns, "released: its sandbox is gone (a DEL that never came)");
+            info!(pod = %orphan.pod, netns = %orphan.netns, sandbox = %orphan.sandbox, "released: its sandbox and netns are gone (a DEL that never came)");
             report.released.push(orphan.pod.clone());
         } else {
             warn!(pod = %orphan.pod, result = ?released, "releasing a pod whose sandbox is gone");
         }
     }
     memory.missing = missing;
-    memory.told = told;
-    report
+}
+
+/// Whether the netns a record names is gone: its path no longer exists, is no netns (unmounted),
+/// or names another netns. Anything else (a netns that cannot be read) counts as present.
+fn netns_gone(path: &std::path::Path, cookie: u64) -> bool {
+    match Netns::open(path) {
+        Ok(netns) => netns.cookie().is_ok_and(|now| now != cookie),
+        Err(NetnsError::NotNetns { .. }) => true,
+        Err(NetnsError::Open { source, .. }) => source.kind() == std::io::ErrorKind::NotFound,
+        Err(_) => false,
+    }
 }
 
 /// Acts on one meshed, ready, uncaptured sandbox; the action and its result, in words.
@@ -215,13 +258,15 @@ async fn repair(
     let result = match mode {
         Repair::Report => return ("report".into(), "reported".into()),
         Repair::Restart => {
-            if !memory.restarted.insert(sandbox.id.clone()) {
+            if memory.restarted.contains(&sandbox.id) {
                 return ("restart".into(), "pending (stopped already)".into());
             }
-            cri.stop_sandbox(&sandbox.id)
-                .await
-                .map(|()| "ok".to_owned())
-                .map_err(|e| e.to_string())
+            // A stop that failed is tried again next pass.
+            let stopped = cri.stop_sandbox(&sandbox.id).await;
+            if stopped.is_ok() {
+                memory.restarted.insert(sandbox.id.clone());
+            }
+            stopped.map(|()| "ok".to_owned()).map_err(|e| e.to_string())
         }
         Repair::Capture => match pod_request(sandbox, selection) {
             Ok(pod) => capture_in_place(agent, pod).await,

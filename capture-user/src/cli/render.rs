@@ -362,7 +362,7 @@ fn render_runtime(r: &crate::runtime::RuntimeReport) -> String {
     let uncaptured = r.view.uncaptured().count();
     let _ = writeln!(
         out,
-        "  {} sandboxes, {} meshed, {} meshed and NOT captured, {} records without a sandbox",
+        "  {} sandboxes, {} meshed, {} meshed and NOT captured, {} records without a running sandbox",
         r.view.sandboxes.len(),
         r.view.sandboxes.iter().filter(|s| s.meshed).count(),
         uncaptured,
@@ -389,8 +389,8 @@ fn render_runtime(r: &crate::runtime::RuntimeReport) -> String {
     for o in &r.view.orphans {
         let _ = writeln!(
             out,
-            "  record without a sandbox: {} (netns {}): its DEL never came",
-            o.pod, o.netns
+            "  record of a sandbox {}: {} (netns {}): its DEL never reached capture; released once the netns is gone",
+            o.sandbox, o.pod, o.netns
         );
     }
     out

@@ -23,6 +23,8 @@ pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 pub const CRIO_SOCKET: &str = "/var/run/crio/crio.sock";
 /// How long one CRI call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The deadline of `StopPodSandbox`, the kubelet's own for runtime calls.
+pub const STOP_TIMEOUT: Duration = Duration::from_mins(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CriError {
@@ -88,7 +90,16 @@ impl Cri {
         call: &'static str,
         fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, CriError> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        self.call_within(self.timeout, call, fut).await
+    }
+
+    async fn call_within<T>(
+        &self,
+        deadline: Duration,
+        call: &'static str,
+        fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, CriError> {
+        match tokio::time::timeout(deadline, fut).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(CriError::Call {
                 socket: self.socket.display().to_string(),
@@ -98,7 +109,7 @@ impl Cri {
             Err(_) => Err(CriError::Timeout {
                 socket: self.socket.display().to_string(),
                 call,
-                secs: self.timeout.as_secs(),
+                secs: deadline.as_secs(),
             }),
         }
     }
@@ -180,9 +191,16 @@ impl Cri {
         let request = StopPodSandboxRequest {
             pod_sandbox_id: id.to_owned(),
         };
-        self.call("StopPodSandbox", client.stop_pod_sandbox(request))
-            .await
-            .map(|_| ())
+        // Stopping kills the pod's containers and tears its network down: the kubelet gives it
+        // minutes (`--runtime-request-timeout`, 2 min); a deadline that cancels it midway would
+        // leave the sandbox running.
+        self.call_within(
+            STOP_TIMEOUT,
+            "StopPodSandbox",
+            client.stop_pod_sandbox(request),
+        )
+        .await
+        .map(|_| ())
     }
 }
 

@@ -17,7 +17,7 @@ pub use self::{
     cri::{Cri, CriError},
     report::{ReconcileReport, Repair},
     sandbox::Sandbox,
-    view::{node_view, NodeView, SandboxView, Standing},
+    view::{node_view, NodeView, Orphan, OrphanSandbox, SandboxView, Standing},
 };
 use crate::{cni::PluginConfig, paths::Paths, record};
 

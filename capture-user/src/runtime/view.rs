@@ -2,10 +2,7 @@
 //! sandbox without a record runs uncaptured; a record without a sandbox is a DEL that never came.
 //! Pure: the agent's reconcile and `capture status --all` both read it.
 
-use std::{
-    collections::{HashMap, HashSet},
-    path::Path,
-};
+use std::{collections::HashMap, path::Path};
 
 use serde::Serialize;
 
@@ -46,14 +43,35 @@ pub struct SandboxView {
     pub why: Option<String>,
 }
 
-/// A record whose sandbox the runtime no longer has.
+/// What the runtime says of an orphan's sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OrphanSandbox {
+    /// Not listed: removed (or its ADD has not returned yet).
+    Gone,
+    /// Listed, not ready: stopped, its network torn down.
+    Stopped,
+}
+
+impl std::fmt::Display for OrphanSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Gone => "gone",
+            Self::Stopped => "stopped",
+        })
+    }
+}
+
+/// A record whose sandbox the runtime no longer has, or has stopped: its DEL may never have
+/// reached capture (the reconcile releases it once its netns is gone too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Orphan {
     pub pod: String,
+    pub sandbox: OrphanSandbox,
     pub netns: String,
     pub netns_cookie: u64,
     pub container_id: String,
-    /// When it was captured (a fresh record can be ahead of the runtime's list).
+    /// When it was captured.
     pub attached_at_unix: u64,
 }
 
@@ -162,16 +180,19 @@ pub fn node_view(
     }
     // Only the pods a CNI ADD captured are the runtime's: one captured with the CLI alone is
     // no sandbox's, and its absence from the list says nothing.
-    let listed: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+    let listed: HashMap<&str, bool> = sandboxes.iter().map(|s| (s.id.as_str(), s.ready)).collect();
     view.orphans = records
         .iter()
         .filter_map(|r| {
             let pod = r.pod.as_ref().filter(|p| !p.container_id.is_empty())?;
-            if listed.contains(pod.container_id.as_str()) {
-                return None;
-            }
+            let sandbox = match listed.get(pod.container_id.as_str()) {
+                Some(true) => return None,
+                Some(false) => OrphanSandbox::Stopped,
+                None => OrphanSandbox::Gone,
+            };
             Some(Orphan {
                 pod: r.display_name(),
+                sandbox,
                 netns: r.netns.display().to_string(),
                 netns_cookie: r.netns_cookie,
                 container_id: pod.container_id.clone(),

@@ -153,4 +153,20 @@ fn a_record_without_its_sandbox_is_an_orphan_and_a_cli_capture_matches_by_netns(
     );
     assert_eq!(view.orphans.len(), 1, "{view:#?}");
     assert_eq!(view.orphans[0].container_id, "sb-gone");
+    assert_eq!(view.orphans[0].sandbox, OrphanSandbox::Gone);
+}
+
+#[test]
+fn a_record_of_a_stopped_sandbox_is_an_orphan_and_of_a_ready_one_is_not() {
+    let mut stopped = meshed("shop", "stopped");
+    stopped.ready = false;
+    let sandboxes = [meshed("shop", "running"), stopped];
+    let records = [
+        record("running", Some("sb-running")),
+        record("stopped", Some("sb-stopped")),
+    ];
+    let view = node_view(&sandboxes, &records, &PluginConfig::default());
+    assert_eq!(view.orphans.len(), 1, "{view:#?}");
+    assert_eq!(view.orphans[0].container_id, "sb-stopped");
+    assert_eq!(view.orphans[0].sandbox, OrphanSandbox::Stopped);
 }

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use std::net::Ipv4Addr;
+use std::{io::Read as _, net::Ipv4Addr, os::unix::net::UnixListener, sync::mpsc, time::Instant};
 
 use capture_tests::{
-    cni::{Node, MESHED},
+    cni::{CgroupDriver, Node, MESHED},
     containerd::{cri::Cri, image::PROBE, Containerd, CriPod, PodSpec},
     kernel::{record_skip, Feature},
     topology::{pinned_map_len, POD_MAPS},
@@ -17,6 +17,7 @@ use capture_user::{netns::Netns, sockdiag::open_connections};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);
+const BAD_ANNOTATION: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
 
 fn spec<'a>(name: &'a str, annotations: &'a [(&'a str, &'a str)]) -> PodSpec<'a> {
     PodSpec {
@@ -92,6 +93,24 @@ fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
+}
+
+/// A CRI socket at `path` that accepts connections, reads what it is sent and never answers;
+/// the receiver hears when the first request arrives.
+fn hang_forever(path: &std::path::Path) -> mpsc::Receiver<()> {
+    let listener = UnixListener::bind(path).expect("the hung runtime's socket");
+    let (asked, heard) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 64];
+            if stream.read(&mut buf).is_ok_and(|n| n > 0) {
+                let _ = asked.send(());
+            }
+            held.push(stream);
+        }
+    });
+    heard
 }
 
 /// The runtime's loaded CNI configuration has capture-cni chained, or not: containerd reloads
@@ -198,6 +217,17 @@ fn repaired_and_released(mode: &str) {
             ..spec("system", MESHED)
         })
         .expect("RunPodSandbox system");
+    // A meshed pod whose annotation cannot be read: reported, not captured, nothing else harmed.
+    let unreadable: Vec<(&str, &str)> = MESHED
+        .iter()
+        .copied()
+        .chain([(BAD_ANNOTATION, "eighty")])
+        .collect();
+    let bad = (mode == "ebpf").then(|| {
+        runtime
+            .run_pod(&spec("bad", &unreadable))
+            .expect("RunPodSandbox bad")
+    });
     let to_other = format!("{}:8080", other.ip);
     let held = hold_from(&runtime, &early, &to_other, 25);
     node.run_install_cni(&[]).expect("install-cni");
@@ -238,6 +268,25 @@ fn repaired_and_released(mode: &str) {
         !captured(&node, &other) && !captured(&node, &system),
         "an unmeshed pod and a kube-system pod are never touched"
     );
+    if let Some(bad) = &bad {
+        let report = node.status()["reconcile"].clone();
+        let entry = report["uncaptured"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|u| u["pod"] == "default/bad")
+            .unwrap_or_else(|| panic!("the bad pod is reported: {report:#}"));
+        let result = entry["result"].as_str().unwrap_or_default();
+        assert!(
+            result.starts_with("failed:") && result.contains(BAD_ANNOTATION),
+            "{report:#}"
+        );
+        assert!(!captured(&node, bad));
+        assert!(
+            metrics.contains("capture_repairs_total{action=\"capture\",result=\"failed\"}"),
+            "{metrics}"
+        );
+    }
 
     // The network plugin rewrites the configuration without capture-cni (no watcher re-chains
     // it here): a meshed pod made now runs uncaptured until the next pass.
@@ -271,15 +320,20 @@ fn repaired_and_released(mode: &str) {
     }
 
     // A DEL that cannot reach capture: the pod goes while capture-cni is not chained.
+    // And one stopped (its network torn down) without the DEL reaching capture either.
     agent.stop();
     runtime.remove_pod(&early).expect("RemovePodSandbox");
+    runtime
+        .cri()
+        .stop_pod(&late.id)
+        .expect("StopPodSandbox late");
     assert!(captured(&node, &early), "the record outlives its sandbox");
     let entries = (mode == "ebpf").then(|| pod_map_entries(&node));
     node.run_install_cni(&[]).expect("install-cni");
     wait_chain_loaded(&runtime, true);
     let _agent = node.start_agent_with(mode, &agent_args(&runtime, conf, "capture"));
-    wait_until(PATIENCE, "the orphan record released", || {
-        if captured(&node, &early) {
+    wait_until(PATIENCE, "the orphan records released", || {
+        if captured(&node, &early) || captured(&node, &late) {
             Err(node.status()["reconcile"].to_string())
         } else {
             Ok(())
@@ -306,7 +360,7 @@ fn repaired_and_released(mode: &str) {
     forget_neighbours(&other);
     let got = runtime.connect_from(&other, "app", &format!("{}:8080", next.ip));
     got.assert_served_by("inbound", &format!("{mode}: a connection to the next pod"));
-    for pod in [&next, &late, &other, &system] {
+    for pod in [&next, &late, &other, &system].into_iter().chain(&bad) {
         runtime.remove_pod(pod).expect("RemovePodSandbox");
     }
     // Every DEL since reached capture: nothing of the orphan is left either.
@@ -347,6 +401,10 @@ fn report_changes_nothing_an_unreadable_runtime_changes_nothing_and_restart_stop
 
     let start = now_unix();
     let mut agent = node.start_agent_with("ebpf", &agent_args(&runtime, conf, "report"));
+    // A pod the runtime does not list (yet: its RunPodSandbox has not returned) but whose netns
+    // exists: its record is never released.
+    let mut unlisted = node.pod("unlisted", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut unlisted).expect("ADD unlisted");
     let report = reconcile_after(&node, start);
     let uncaptured = report["uncaptured"].as_array().expect("uncaptured");
     assert_eq!(uncaptured.len(), 1, "{report:#}");
@@ -356,6 +414,18 @@ fn report_changes_nothing_an_unreadable_runtime_changes_nothing_and_restart_stop
     let metrics = agent.checked_metrics();
     assert!(metrics.contains("capture_pods_uncaptured 1"), "{metrics}");
     assert!(metrics.contains("capture_runtime_reachable 1"), "{metrics}");
+    let later = report["at_unix"].as_u64().unwrap() + 2;
+    let report = reconcile_after(&node, later);
+    assert_eq!(report["released"], serde_json::json!([]), "{report:#}");
+    let pods = node.status()["pods"].clone();
+    assert!(
+        pods.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pod"]["container_id"] == unlisted.container_id.as_str()),
+        "the unlisted pod's record was released while its netns exists: {pods:#}"
+    );
+    node.del(&unlisted).expect("DEL unlisted");
     agent.stop();
 
     let start = now_unix();
@@ -379,6 +449,44 @@ fn report_changes_nothing_an_unreadable_runtime_changes_nothing_and_restart_stop
         .checked_metrics()
         .contains("capture_runtime_reachable 0"));
     assert!(!captured(&node, &early), "nothing changed");
+    agent.stop();
+
+    // A runtime that takes connections and never answers: each pass waits out its deadline, and
+    // an ADD meanwhile is not held up by it.
+    let hung = node.scratch_file("hung-cri.sock");
+    let asked = hang_forever(&hung);
+    let start = now_unix();
+    let mut agent = node.start_agent_with(
+        "ebpf",
+        &[
+            "--cri-socket",
+            hung.to_str().unwrap(),
+            "--reconcile-period",
+            "1",
+        ],
+    );
+    asked
+        .recv_timeout(PATIENCE)
+        .expect("the reconcile asks the hung runtime");
+    let mut during = node.pod("during", CgroupDriver::Cgroupfs, MESHED);
+    let added = Instant::now();
+    node.add(&mut during).expect("ADD while the runtime hangs");
+    assert!(
+        added.elapsed() < Duration::from_secs(4),
+        "an ADD waited {:?} while the reconcile waited on the runtime (its deadline is 5 s)",
+        added.elapsed()
+    );
+    let report = reconcile_after(&node, start);
+    assert!(
+        report["runtime_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("did not answer ListPodSandbox")),
+        "{report:#}"
+    );
+    assert!(agent
+        .checked_metrics()
+        .contains("capture_runtime_reachable 0"));
+    node.del(&during).expect("DEL during");
     agent.stop();
 
     let _agent = node.start_agent_with("ebpf", &agent_args(&runtime, conf, "restart"));
