@@ -14,6 +14,7 @@ use capture_tests::{
     wait::wait_until,
 };
 use capture_user::{netns::Netns, sockdiag::open_connections};
+use k8s_cri::v1::{NamespaceMode, PodSandboxConfig};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -93,6 +94,19 @@ fn now_unix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
+}
+
+/// A sandbox config turned into a `hostNetwork` pod's, as kubelet sends it (no hostname: the
+/// node's UTS namespace is not renamed).
+fn on_node_network(mut config: PodSandboxConfig) -> PodSandboxConfig {
+    config.hostname.clear();
+    let linux = config.linux.get_or_insert_with(Default::default);
+    let context = linux.security_context.get_or_insert_with(Default::default);
+    context
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .network = NamespaceMode::Node as i32;
+    config
 }
 
 /// A CRI socket at `path` that accepts connections, reads what it is sent and never answers;
@@ -228,6 +242,17 @@ fn repaired_and_released(mode: &str) {
             .run_pod(&spec("bad", &unreadable))
             .expect("RunPodSandbox bad")
     });
+    // A meshed pod on the node's network: no CNI ADD runs for it, and nothing may capture it.
+    let host_network = (mode == "ebpf").then(|| {
+        let spec = PodSpec {
+            proxy: false,
+            ..spec("hostnet", MESHED)
+        };
+        let config = on_node_network(runtime.prepare_pod(&spec));
+        runtime
+            .start_pod(&spec, &config)
+            .expect("RunPodSandbox hostnet")
+    });
     let to_other = format!("{}:8080", other.ip);
     let held = hold_from(&runtime, &early, &to_other, 25);
     node.run_install_cni(&[]).expect("install-cni");
@@ -268,6 +293,18 @@ fn repaired_and_released(mode: &str) {
         !captured(&node, &other) && !captured(&node, &system),
         "an unmeshed pod and a kube-system pod are never touched"
     );
+    if let Some(host_network) = &host_network {
+        let report = node.status()["reconcile"].clone();
+        assert!(!captured(&node, host_network), "{report:#}");
+        assert!(
+            !report["uncaptured"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|u| u["pod"] == "default/hostnet"),
+            "a host-network pod is never a repair's: {report:#}"
+        );
+    }
     if let Some(bad) = &bad {
         let report = node.status()["reconcile"].clone();
         let entry = report["uncaptured"]
@@ -360,7 +397,11 @@ fn repaired_and_released(mode: &str) {
     forget_neighbours(&other);
     let got = runtime.connect_from(&other, "app", &format!("{}:8080", next.ip));
     got.assert_served_by("inbound", &format!("{mode}: a connection to the next pod"));
-    for pod in [&next, &late, &other, &system].into_iter().chain(&bad) {
+    for pod in [&next, &late, &other, &system]
+        .into_iter()
+        .chain(&bad)
+        .chain(&host_network)
+    {
         runtime.remove_pod(pod).expect("RemovePodSandbox");
     }
     // Every DEL since reached capture: nothing of the orphan is left either.
