@@ -17,7 +17,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -31,7 +34,7 @@ use crate::{
     ops,
     record::{self, PodRef, PodSelector},
     runtime::{
-        cri::{Cri, CALL_TIMEOUT},
+        cri::{Cri, Events, CALL_TIMEOUT},
         node_view,
         report::{self, ReconcileReport, Repair, Uncaptured},
         selection_rules, Orphan, Sandbox, Standing,
@@ -76,9 +79,19 @@ pub async fn run(agent: Arc<Agent>, cfg: ReconcileConfig) {
     let mut tick = tokio::time::interval(cfg.period);
     // A pass that waited on a slow runtime is followed by one pass, not a burst.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let events = Arc::new(EventStream::default());
+    tokio::spawn(watch_events(cri.clone(), Arc::clone(&events), cfg.period));
     loop {
-        tick.tick().await;
-        let report = pass(&agent, &cri, &cfg, &mut memory).await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = events.wake.notified() => {
+                // A pod's sandbox and containers start together: one pass for the burst.
+                tokio::time::sleep(EVENT_SETTLE).await;
+                tick.reset();
+            }
+        }
+        let mut report = pass(&agent, &cri, &cfg, &mut memory).await;
+        report.event_stream = events.open.load(Ordering::Relaxed);
         agent.metrics.set_uncaptured(report.uncaptured.len());
         agent
             .metrics
@@ -86,6 +99,51 @@ pub async fn run(agent: Arc<Agent>, cfg: ReconcileConfig) {
         if let Err(e) = report::save(&agent.cfg.paths, &report) {
             warn!(error = %e, "keeping the reconcile report");
         }
+    }
+}
+
+/// How long a pass woken by an event waits for the rest of the burst.
+const EVENT_SETTLE: Duration = Duration::from_millis(500);
+
+/// The runtime's event stream as the passes see it.
+#[derive(Default)]
+struct EventStream {
+    /// Woken by each event.
+    wake: tokio::sync::Notify,
+    /// Whether the stream is open now.
+    open: AtomicBool,
+}
+
+/// Wakes a pass on each of the runtime's container events, where the runtime offers them, so
+/// that a pod that starts uncaptured is repaired at once rather than within the period; the
+/// periodic passes go on beside it. A stream that ends or fails is opened again a period later.
+async fn watch_events(cri: Cri, events: Arc<EventStream>, period: Duration) {
+    let mut told = None;
+    loop {
+        let outcome = match cri.events().await {
+            Ok(Events::Unoffered) => {
+                info!("the runtime offers no event stream (GetContainerEvents): the reconcile runs every period");
+                return;
+            }
+            Ok(Events::Stream(mut stream)) => {
+                events.open.store(true, Ordering::Relaxed);
+                if told != Some(true) {
+                    info!("reading the runtime's events: a pass follows each burst");
+                    told = Some(true);
+                }
+                while let Ok(Some(_event)) = stream.message().await {
+                    events.wake.notify_one();
+                }
+                events.open.store(false, Ordering::Relaxed);
+                "the runtime's event stream ended".to_owned()
+            }
+            Err(e) => e.to_string(),
+        };
+        if told != Some(false) {
+            info!(why = %outcome, "not reading the runtime's events; trying again every period");
+            told = Some(false);
+        }
+        tokio::time::sleep(period).await;
     }
 }
 

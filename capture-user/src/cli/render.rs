@@ -315,8 +315,13 @@ pub fn render_status(status: &NodeStatus) -> String {
 fn render_reconcile(r: &crate::runtime::ReconcileReport) -> String {
     use std::fmt::Write as _;
     let repair = r.repair.map_or_else(|| "-".to_owned(), |m| m.to_string());
+    let events = if r.event_stream {
+        " and on its events"
+    } else {
+        ""
+    };
     let mut out = format!(
-        "reconcile: the agent reads {} every {} s (repair {repair}); last pass at {} (unix): ",
+        "reconcile: the agent reads {} every {} s{events} (repair {repair}); last pass at {} (unix): ",
         r.cri_socket, r.period_secs, r.at_unix
     );
     if let Some(e) = &r.runtime_error {

@@ -9,8 +9,8 @@ use std::{
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
-    runtime_service_client::RuntimeServiceClient, ListPodSandboxRequest, PodSandboxStatusRequest,
-    StopPodSandboxRequest, VersionRequest,
+    runtime_service_client::RuntimeServiceClient, ContainerEventResponse, GetEventsRequest,
+    ListPodSandboxRequest, PodSandboxStatusRequest, StopPodSandboxRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -201,6 +201,35 @@ impl Cri {
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// What `Cri::events` opened.
+pub enum Events {
+    /// The runtime's stream of container (and sandbox) events.
+    Stream(Box<tonic::Streaming<ContainerEventResponse>>),
+    /// The runtime has no `GetContainerEvents` (containerd before 1.7).
+    Unoffered,
+}
+
+impl Cri {
+    /// The runtime's container events (`GetContainerEvents`, what the kubelet's evented PLEG
+    /// reads), where it offers them. No deadline: a runtime sends the stream's headers with its
+    /// first event, which may be long in coming.
+    ///
+    /// # Errors
+    /// The runtime cannot be reached or refuses.
+    pub async fn events(&self) -> Result<Events, CriError> {
+        let mut client = self.runtime.clone();
+        match client.get_container_events(GetEventsRequest {}).await {
+            Ok(response) => Ok(Events::Stream(Box::new(response.into_inner()))),
+            Err(status) if status.code() == tonic::Code::Unimplemented => Ok(Events::Unoffered),
+            Err(status) => Err(CriError::Call {
+                socket: self.socket.display().to_string(),
+                call: "GetContainerEvents",
+                status: format!("{:?}: {}", status.code(), status.message()),
+            }),
+        }
     }
 }
 

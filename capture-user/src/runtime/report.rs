@@ -55,6 +55,9 @@ pub struct ReconcileReport {
     pub uncaptured: Vec<Uncaptured>,
     /// Pods released because their sandbox is gone (a DEL that never came).
     pub released: Vec<String>,
+    /// Whether the runtime's event stream was open (passes also follow its events).
+    #[serde(default)]
+    pub event_stream: bool,
 }
 
 fn path(paths: &Paths) -> PathBuf {
