@@ -361,7 +361,7 @@ async fn capture_in_place(agent: &Arc<Agent>, pod: PodRequest) -> Result<String,
             agent.metrics.count_left_open(n);
             info!(pod = %format!("{}/{}", name.namespace, name.name), connections = n, "captured in place; connections opened before stay on their path until they close");
             Ok(format!(
-                "ok ({n} connections opened before capture left as they are)"
+                "ok (connections opened before capture, left as they are: {n})"
             ))
         }
         Err(e) => {
@@ -385,6 +385,13 @@ fn pod_request(
         .netns
         .clone()
         .ok_or("the runtime does not say where its netns is")?;
+    // Before the addresses: a runtime gives none for a sandbox whose netns path is gone.
+    if !netns.exists() {
+        return Err(format!(
+            "its netns {} is gone (removed under the running pod); restart the pod",
+            netns.display()
+        ));
+    }
     if sandbox.ips.is_empty() {
         return Err("the runtime gives it no address".into());
     }

@@ -242,6 +242,16 @@ fn repaired_and_released(mode: &str) {
             .run_pod(&spec("bad", &unreadable))
             .expect("RunPodSandbox bad")
     });
+    // A meshed pod whose netns path someone removed (its processes keep the netns): reported,
+    // not captured.
+    let unmounted = (mode == "ebpf").then(|| {
+        let pod = runtime
+            .run_pod(&spec("unmounted", MESHED))
+            .expect("RunPodSandbox unmounted");
+        nix::mount::umount2(&pod.netns, nix::mount::MntFlags::MNT_DETACH).expect("umount");
+        std::fs::remove_file(&pod.netns).expect("the netns path");
+        pod
+    });
     // A meshed pod on the node's network: no CNI ADD runs for it, and nothing may capture it.
     let host_network = (mode == "ebpf").then(|| {
         let spec = PodSpec {
@@ -305,20 +315,21 @@ fn repaired_and_released(mode: &str) {
             "a host-network pod is never a repair's: {report:#}"
         );
     }
-    if let Some(bad) = &bad {
+    for (pod, why) in [(&bad, BAD_ANNOTATION), (&unmounted, "netns")] {
+        let Some(pod) = pod else { continue };
         let report = node.status()["reconcile"].clone();
         let entry = report["uncaptured"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|u| u["pod"] == "default/bad")
-            .unwrap_or_else(|| panic!("the bad pod is reported: {report:#}"));
+            .find(|u| u["pod"] == format!("default/{}", pod.name))
+            .unwrap_or_else(|| panic!("{} is reported: {report:#}", pod.name));
         let result = entry["result"].as_str().unwrap_or_default();
         assert!(
-            result.starts_with("failed:") && result.contains(BAD_ANNOTATION),
+            result.starts_with("failed:") && result.contains(why),
             "{report:#}"
         );
-        assert!(!captured(&node, bad));
+        assert!(!captured(&node, pod));
         assert!(
             metrics.contains("capture_repairs_total{action=\"capture\",result=\"failed\"}"),
             "{metrics}"
@@ -400,6 +411,7 @@ fn repaired_and_released(mode: &str) {
     for pod in [&next, &late, &other, &system]
         .into_iter()
         .chain(&bad)
+        .chain(&unmounted)
         .chain(&host_network)
     {
         runtime.remove_pod(pod).expect("RemovePodSandbox");
