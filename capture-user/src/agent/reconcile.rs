@@ -92,7 +92,13 @@ pub async fn run(agent: Arc<Agent>, cfg: ReconcileConfig) {
         }
         let mut report = pass(&agent, &cri, &cfg, &mut memory).await;
         report.event_stream = events.open.load(Ordering::Relaxed);
-        agent.metrics.set_uncaptured(report.uncaptured.len());
+        // A pod the pass captured is in force now.
+        let still = report
+            .uncaptured
+            .iter()
+            .filter(|u| !u.result.starts_with("ok"))
+            .count();
+        agent.metrics.set_uncaptured(still);
         agent
             .metrics
             .set_runtime_reachable(report.runtime_error.is_none());
@@ -266,11 +272,13 @@ async fn release_orphans(
     .await
     .unwrap_or_default();
     let mut missing = BTreeSet::new();
+    let mut kept = BTreeSet::new();
     for (orphan, gone) in orphans.iter().zip(gone) {
         if !gone {
-            if memory.kept.insert(orphan.netns_cookie) {
+            if !memory.kept.contains(&orphan.netns_cookie) {
                 info!(pod = %orphan.pod, netns = %orphan.netns, sandbox = %orphan.sandbox, "a record without a running sandbox keeps its capture while its netns exists");
             }
+            kept.insert(orphan.netns_cookie);
             continue;
         }
         missing.insert(orphan.netns_cookie);
@@ -291,6 +299,7 @@ async fn release_orphans(
         }
     }
     memory.missing = missing;
+    memory.kept = kept;
 }
 
 /// Whether the netns a record names is gone: its path no longer exists, is no netns (unmounted),
