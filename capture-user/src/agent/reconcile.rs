@@ -90,15 +90,9 @@ pub async fn run(agent: Arc<Agent>, cfg: ReconcileConfig) {
                 tick.reset();
             }
         }
-        let mut report = pass(&agent, &cri, &cfg, &mut memory).await;
+        let (mut report, unsettled) = pass(&agent, &cri, &cfg, &mut memory).await;
         report.event_stream = events.open.load(Ordering::Relaxed);
-        // A pod the pass captured is in force now.
-        let still = report
-            .uncaptured
-            .iter()
-            .filter(|u| !u.result.starts_with("ok"))
-            .count();
-        agent.metrics.set_uncaptured(still);
+        agent.metrics.set_uncaptured(unsettled);
         agent
             .metrics
             .set_runtime_reachable(report.runtime_error.is_none());
@@ -159,12 +153,14 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// One pass: its report, and how many meshed pods it leaves running uncaptured (a pod it
+/// captured or stopped is not one).
 async fn pass(
     agent: &Arc<Agent>,
     cri: &Cri,
     cfg: &ReconcileConfig,
     memory: &mut Memory,
-) -> ReconcileReport {
+) -> (ReconcileReport, usize) {
     let mut report = ReconcileReport {
         at_unix: now_unix(),
         cri_socket: cfg.cri_socket.display().to_string(),
@@ -180,7 +176,7 @@ async fn pass(
             }
             memory.reachable = Some(false);
             report.runtime_error = Some(e.to_string());
-            return report;
+            return (report, 0);
         }
     };
     if memory.reachable != Some(true) {
@@ -199,22 +195,23 @@ async fn pass(
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
             warn!(error = %e, "reading the pod records for the reconcile");
-            return report;
+            return (report, 0);
         }
         Err(e) => {
             warn!(error = %e, "the reconcile's reading thread failed");
-            return report;
+            return (report, 0);
         }
     };
     let view = node_view(&listed, &records, &selection);
     let by_id: HashMap<&str, &Sandbox> = listed.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut told = BTreeMap::new();
+    let mut unsettled = 0;
     for seen in view.uncaptured() {
         let Some(&listed) = by_id.get(seen.sandbox_id.as_str()) else {
             continue;
         };
         let why = seen.why.clone().unwrap_or_default();
-        let (action, result) = if seen.standing == Standing::MeshedNotCaptured {
+        let acted = if seen.standing == Standing::MeshedNotCaptured {
             // Only a repair candidate is asked for its network: one status call per candidate,
             // not per sandbox of the node.
             let mut sandbox = listed.clone();
@@ -230,8 +227,18 @@ async fn pass(
             }
             repair(agent, cri, cfg.repair, &sandbox, &selection, memory).await
         } else {
-            ("none".to_owned(), "pending".to_owned())
+            Acted {
+                action: "none".to_owned(),
+                result: "pending".to_owned(),
+                settled: false,
+            }
         };
+        let Acted {
+            action,
+            result,
+            settled,
+        } = acted;
+        unsettled += usize::from(!settled);
         // Once per sandbox and outcome: a pod reported every pass would bury the log.
         if memory.told.get(&seen.sandbox_id) != Some(&result) {
             warn!(pod = %seen.pod, sandbox = %seen.sandbox_id, %why, %action, %result, "meshed, not captured");
@@ -247,7 +254,7 @@ async fn pass(
     }
     release_orphans(agent, &view.orphans, memory, &mut report).await;
     memory.told = told;
-    report
+    (report, unsettled)
 }
 
 /// Releases, as DEL would, the records whose sandbox the runtime no longer lists or lists
@@ -313,7 +320,16 @@ fn netns_gone(path: &std::path::Path, cookie: u64) -> bool {
     }
 }
 
-/// Acts on one meshed, ready, uncaptured sandbox; the action and its result, in words.
+/// What became of one uncaptured sandbox in a pass.
+struct Acted {
+    action: String,
+    /// In words, for the report and the log.
+    result: String,
+    /// The pod no longer runs uncaptured: captured in place, or its sandbox stopped.
+    settled: bool,
+}
+
+/// Acts on one meshed, ready, uncaptured sandbox.
 async fn repair(
     agent: &Arc<Agent>,
     cri: &Cri,
@@ -321,12 +337,17 @@ async fn repair(
     sandbox: &Sandbox,
     selection: &crate::cni::PluginConfig,
     memory: &mut Memory,
-) -> (String, String) {
+) -> Acted {
+    let unsettled = |result: &str| Acted {
+        action: mode.to_string(),
+        result: result.to_owned(),
+        settled: false,
+    };
     let result = match mode {
-        Repair::Report => return ("report".into(), "reported".into()),
+        Repair::Report => return unsettled("reported"),
         Repair::Restart => {
             if memory.restarted.contains(&sandbox.id) {
-                return ("restart".into(), "pending (stopped already)".into());
+                return unsettled("pending (stopped already)");
             }
             // A stop that failed is tried again next pass.
             let stopped = cri.stop_sandbox(&sandbox.id).await;
@@ -344,8 +365,12 @@ async fn repair(
         .metrics
         .count_repair(&mode.to_string(), result.is_ok());
     match result {
-        Ok(ok) => (mode.to_string(), ok),
-        Err(why) => (mode.to_string(), format!("failed: {why}")),
+        Ok(ok) => Acted {
+            action: mode.to_string(),
+            result: ok,
+            settled: true,
+        },
+        Err(why) => unsettled(&format!("failed: {why}")),
     }
 }
 

@@ -101,16 +101,20 @@ impl Cri {
     ) -> Result<T, CriError> {
         match tokio::time::timeout(deadline, fut).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(CriError::Call {
-                socket: self.socket.display().to_string(),
-                call,
-                status: format!("{:?}: {}", status.code(), status.message()),
-            }),
+            Ok(Err(status)) => Err(self.refused(call, &status)),
             Err(_) => Err(CriError::Timeout {
                 socket: self.socket.display().to_string(),
                 call,
                 secs: deadline.as_secs(),
             }),
+        }
+    }
+
+    fn refused(&self, call: &'static str, status: &tonic::Status) -> CriError {
+        CriError::Call {
+            socket: self.socket.display().to_string(),
+            call,
+            status: format!("{:?}: {}", status.code(), status.message()),
         }
     }
 
@@ -224,11 +228,7 @@ impl Cri {
         match client.get_container_events(GetEventsRequest {}).await {
             Ok(response) => Ok(Events::Stream(Box::new(response.into_inner()))),
             Err(status) if status.code() == tonic::Code::Unimplemented => Ok(Events::Unoffered),
-            Err(status) => Err(CriError::Call {
-                socket: self.socket.display().to_string(),
-                call: "GetContainerEvents",
-                status: format!("{:?}: {}", status.code(), status.message()),
-            }),
+            Err(status) => Err(self.refused("GetContainerEvents", &status)),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use std::{io::Read as _, net::Ipv4Addr, os::unix::net::UnixListener, sync::mpsc, time::Instant};
 
 use capture_tests::{
+    agent::Agent,
     cni::{CgroupDriver, Node, MESHED},
     containerd::{cri::Cri, image::PROBE, Containerd, CriPod, PodSpec},
     kernel::{record_skip, Feature},
@@ -87,6 +88,31 @@ fn reconcile_after(node: &Node, after: u64) -> Value {
             Err(report.to_string())
         }
     })
+}
+
+fn wait_for_metric(agent: &Agent, line: &str) {
+    wait_until(PATIENCE, line, || {
+        let metrics = agent.checked_metrics();
+        if metrics.contains(line) {
+            Ok(())
+        } else {
+            Err(metrics)
+        }
+    });
+}
+
+/// The agent's first pass since `start` could not read the runtime, and says `why`.
+fn assert_unreadable(node: &Node, agent: &Agent, start: u64, why: &str) {
+    let report = reconcile_after(node, start);
+    assert!(
+        report["runtime_error"]
+            .as_str()
+            .is_some_and(|e| e.contains(why)),
+        "{report:#}"
+    );
+    assert!(agent
+        .checked_metrics()
+        .contains("capture_runtime_reachable 0"));
 }
 
 fn now_unix() -> u64 {
@@ -304,14 +330,7 @@ fn repaired_and_released(mode: &str) {
         "capture_pods_uncaptured {}",
         if mode == "ebpf" { 2 } else { 0 }
     );
-    wait_until(PATIENCE, &still, || {
-        let metrics = agent.checked_metrics();
-        if metrics.contains(&still) {
-            Ok(())
-        } else {
-            Err(metrics)
-        }
-    });
+    wait_for_metric(&agent, &still);
     assert!(
         !captured(&node, &other) && !captured(&node, &system),
         "an unmeshed pod and a kube-system pod are never touched"
@@ -356,14 +375,11 @@ fn repaired_and_released(mode: &str) {
     let late = runtime
         .run_pod(&spec("late", MESHED))
         .expect("RunPodSandbox late");
-    wait_until(PATIENCE, "the late pod captured by the reconcile", || {
-        let metrics = agent.checked_metrics();
-        if metrics.contains("capture_repairs_total{action=\"capture\",result=\"ok\"} 2") {
-            Ok(())
-        } else {
-            Err(metrics)
-        }
-    });
+    // The late pod captured by the reconcile.
+    wait_for_metric(
+        &agent,
+        "capture_repairs_total{action=\"capture\",result=\"ok\"} 2",
+    );
     assert!(captured(&node, &late));
     runtime
         .connect_from(&late, "app", &to_other)
@@ -506,16 +522,7 @@ fn report_changes_nothing_an_unreadable_runtime_changes_nothing_and_restart_stop
             "1",
         ],
     );
-    let report = reconcile_after(&node, start);
-    assert!(
-        report["runtime_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("/nonexistent/cri.sock")),
-        "{report:#}"
-    );
-    assert!(agent
-        .checked_metrics()
-        .contains("capture_runtime_reachable 0"));
+    assert_unreadable(&node, &agent, start, "/nonexistent/cri.sock");
     assert!(!captured(&node, &early), "nothing changed");
     agent.stop();
 
@@ -545,16 +552,7 @@ fn report_changes_nothing_an_unreadable_runtime_changes_nothing_and_restart_stop
         "the ADD ended {:?} after the reconcile asked the hung runtime: it waited for the pass",
         asked_at.elapsed()
     );
-    let report = reconcile_after(&node, start);
-    assert!(
-        report["runtime_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("did not answer ListPodSandbox")),
-        "{report:#}"
-    );
-    assert!(agent
-        .checked_metrics()
-        .contains("capture_runtime_reachable 0"));
+    assert_unreadable(&node, &agent, start, "did not answer ListPodSandbox");
     node.del(&during).expect("DEL during");
     agent.stop();
 
