@@ -36,6 +36,19 @@ pub const FLAG_DNS_CAPTURE_ALL: u32 = 1 << 12;
 /// `ACCEL_PEERS` and an `sk_msg` program moves each write into the peer's receive queue. A flag
 /// builds without acceleration ignore, so the layout keeps its version.
 pub const FLAG_ACCELERATE: u32 = 1 << 13;
+/// Proxy identity by container (`capture.dev/proxy-identity: container`): the owner exemption
+/// holds only for a socket whose connecting task is in the proxy container's cgroup
+/// (`proxy_container`); every other container of the pod is captured whatever its ids.
+pub const FLAG_PROXY_BY_CONTAINER: u32 = 1 << 14;
+
+/// With [`FLAG_PROXY_BY_CONTAINER`]: the proxy container has not been seen yet. A connection the
+/// proxy's ids would send elsewhere than an app's is refused (exempting it could let another
+/// container past the proxy, capturing it could send the proxy to itself); the proxy retries.
+pub const PROXY_CONTAINER_UNKNOWN: u32 = 0;
+/// The proxy container's cgroup is `proxy_cgroup_id`.
+pub const PROXY_CONTAINER_KNOWN: u32 = 1;
+/// The pod has no proxy container: nothing is exempt by owner, every container is captured.
+pub const PROXY_CONTAINER_NONE: u32 = 2;
 
 /// How many owner groups (`ISTIO_OUTBOUND_OWNER_GROUPS[_EXCLUDE]`) one pod may name.
 pub const MAX_OWNER_GROUPS: usize = 8;
@@ -73,14 +86,20 @@ pub struct PodConfig {
     pub owner_group_mode: u32,
     pub owner_group_count: u32,
     pub owner_groups: [u32; MAX_OWNER_GROUPS],
+    /// With [`FLAG_PROXY_BY_CONTAINER`]: `PROXY_CONTAINER_UNKNOWN`, `_KNOWN` or `_NONE`.
+    pub proxy_container: u32,
+    /// Explicit padding (zero), so that the cgroup id is 8-byte aligned.
+    pub reserved: u32,
+    /// The proxy container's cgroup v2 id (its directory's inode number).
+    pub proxy_cgroup_id: u64,
     /// Only in the next-layout variant build (see `layout`): makes its `POD_CONFIGS` differ.
     #[cfg(feature = "layout-next")]
     pub variant_reserved: [u32; 2],
 }
 #[cfg(not(feature = "layout-next"))]
-const _: () = assert!(size_of::<PodConfig>() == 120);
+const _: () = assert!(size_of::<PodConfig>() == 136);
 #[cfg(feature = "layout-next")]
-const _: () = assert!(size_of::<PodConfig>() == 128);
+const _: () = assert!(size_of::<PodConfig>() == 144);
 
 impl PodConfig {
     #[inline(always)]

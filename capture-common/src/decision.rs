@@ -52,6 +52,9 @@ pub struct Connect {
     pub gid: u32,
     /// A UDP socket (connect or sendmsg); TCP otherwise.
     pub udp: bool,
+    /// Proxy identity by container: the connecting task is not in the proxy container, so its
+    /// ids exempt nothing (`FLAG_PROXY_BY_CONTAINER`).
+    pub outside_proxy_container: bool,
 }
 
 /// The per-pod lists the decision consults; the kernel backs them with maps.
@@ -146,6 +149,13 @@ fn owner_rules(
     None
 }
 
+/// Can the socket's ids make it the proxy's? Not from outside the proxy container when the pod's
+/// proxy is identified by its container.
+#[inline(always)]
+const fn owner_may_match(c: &Connect) -> bool {
+    !c.outside_proxy_container
+}
+
 /// Is the socket's primary group one whose traffic is captured?
 #[inline(always)]
 fn owner_group_captured(cfg: &PodConfig, gid: u32) -> bool {
@@ -190,14 +200,26 @@ pub fn outbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> Ou
     // The bounds keep the loops unrollable for the verifier; the counts select the live entries.
     for i in 0..MAX_PROXY_IDS {
         if (i as u32) < cfg.proxy_uid_count {
-            if let Some(rule) = owner_rules(cfg, c, local, c.uid == cfg.proxy_uids[i], true) {
+            if let Some(rule) = owner_rules(
+                cfg,
+                c,
+                local,
+                owner_may_match(c) && c.uid == cfg.proxy_uids[i],
+                true,
+            ) {
                 return rule;
             }
         }
     }
     for i in 0..MAX_PROXY_IDS {
         if (i as u32) < cfg.proxy_gid_count {
-            if let Some(rule) = owner_rules(cfg, c, local, c.gid == cfg.proxy_gids[i], false) {
+            if let Some(rule) = owner_rules(
+                cfg,
+                c,
+                local,
+                owner_may_match(c) && c.gid == cfg.proxy_gids[i],
+                false,
+            ) {
                 return rule;
             }
         }

@@ -55,6 +55,9 @@ fn default_cfg() -> PodConfig {
         owner_group_mode: OWNER_GROUPS_ALL,
         owner_group_count: 0,
         owner_groups: [0; MAX_OWNER_GROUPS],
+        proxy_container: 0,
+        reserved: 0,
+        proxy_cgroup_id: 0,
         #[cfg(feature = "layout-next")]
         variant_reserved: [0; 2],
     }
@@ -69,6 +72,7 @@ fn v4(dst: u32, port: u16, uid: u32, gid: u32) -> Connect {
         uid,
         gid,
         udp: false,
+        outside_proxy_container: false,
     }
 }
 
@@ -226,6 +230,7 @@ fn ipv6() {
         uid,
         gid: uid,
         udp: false,
+        outside_proxy_container: false,
     };
     assert_eq!(decide(&cfg, &l, c(remote6, 1000)), Verdict::Outbound, "T29");
     assert_eq!(
@@ -423,4 +428,32 @@ fn spread_addresses_are_loopback_and_differ_by_destination() {
     }
     // 192 destinations over 65,536 addresses: a handful of collisions at most.
     assert!(seen.len() >= 185, "{} distinct of 192", seen.len());
+}
+
+#[test]
+fn outside_the_proxy_container_the_proxy_ids_exempt_nothing() {
+    let cfg = default_cfg();
+    let l = Lists::default();
+    let remote = ip4(10, 0, 0, 5);
+    let outside = |c: Connect| Connect {
+        outside_proxy_container: true,
+        ..c
+    };
+    for (uid, gid) in [(1337, 1000), (1000, 1337), (1337, 1337)] {
+        let c = v4(remote, 80, uid, gid);
+        let rule = outbound_rule(&cfg, &l, &c);
+        assert!(rule.by_proxy_owner(), "{uid}/{gid} is the proxy's by id");
+        assert_eq!(
+            decide(&cfg, &l, outside(c)),
+            Verdict::Outbound,
+            "{uid}/{gid} outside the proxy container is the app"
+        );
+    }
+    // The proxy's ids to its own pod go to the inbound listener; from another container they are
+    // the app's local traffic, which stays in the pod as an app's would.
+    assert_eq!(
+        decide(&cfg, &l, outside(v4(POD4, 8080, 1337, 1337))),
+        Verdict::Pass(Pass::Local)
+    );
+    assert!(!outbound_rule(&cfg, &l, &v4(remote, 80, 1000, 1000)).by_proxy_owner());
 }

@@ -123,6 +123,17 @@ impl OutboundRule {
         Self::NotIncluded,
     ];
 
+    /// Did the socket's owner (the proxy's uid or gid) decide it? Under proxy identity by
+    /// container, such a connection waits until the proxy container is known.
+    #[inline(always)]
+    #[must_use]
+    pub const fn by_proxy_owner(self) -> bool {
+        matches!(
+            self,
+            Self::ProxyUidToLocal | Self::ProxyUid | Self::ProxyGidToLocal | Self::ProxyGid
+        )
+    }
+
     /// A stable name for scripts and `trace`.
     #[must_use]
     pub const fn name(self) -> &'static str {

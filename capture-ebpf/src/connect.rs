@@ -7,7 +7,9 @@
 
 use aya_ebpf::{
     bindings::{bpf_sock, sockaddr},
-    helpers::generated::{bpf_bind, bpf_get_current_uid_gid, bpf_get_netns_cookie},
+    helpers::generated::{
+        bpf_bind, bpf_get_current_cgroup_id, bpf_get_current_uid_gid, bpf_get_netns_cookie,
+    },
     programs::SockAddrContext,
     EbpfContext as _,
 };
@@ -15,6 +17,7 @@ use capture_common::{
     addr::{is_loopback4, unmap, v4_mapped},
     config::{
         NodeError, PodConfig, PodCounter, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
+        FLAG_PROXY_BY_CONTAINER, PROXY_CONTAINER_KNOWN, PROXY_CONTAINER_NONE,
     },
     decision::{
         outbound_rule, spread_loopback4, Connect, OutboundRule, Pass, Verdict, DNS_PORT,
@@ -37,6 +40,8 @@ use crate::{
 pub enum ConnectError {
     UnknownPod,
     NoSocketStorage,
+    /// The proxy's ids asked for their exemption before the pod's proxy container was known.
+    ProxyContainerUnknown,
 }
 
 /// Which hook decides.
@@ -74,6 +79,28 @@ fn owner(state: &SockState) -> (u32, u32) {
         // SAFETY: a plain helper call.
         let ids = unsafe { bpf_get_current_uid_gid() };
         (ids as u32, (ids >> 32) as u32)
+    }
+}
+
+/// Is the calling task outside the pod's proxy container? `Some(false)` without proxy identity
+/// by container (the ids alone decide), `None` while the proxy container is not known yet.
+///
+/// The connecting task is judged, not the socket's creator: a proxy socket handed to another
+/// container is that container's when it connects. The task's own cgroup must be the proxy
+/// container's, as the runtime placed it: a cgroup the container made below its own is not it.
+#[inline(always)]
+fn outside_proxy_container(cfg: &PodConfig) -> Option<bool> {
+    if !cfg.has(FLAG_PROXY_BY_CONTAINER) {
+        return Some(false);
+    }
+    match cfg.proxy_container {
+        PROXY_CONTAINER_KNOWN => {
+            // SAFETY: a plain helper call, allowed in sock_addr programs since 5.7.
+            let id = unsafe { bpf_get_current_cgroup_id() };
+            Some(id != cfg.proxy_cgroup_id)
+        }
+        PROXY_CONTAINER_NONE => Some(true),
+        _ => None,
     }
 }
 
@@ -210,7 +237,23 @@ fn decide(
         None => owner(state.insert(storage_of(netns_cookie, sk)?)),
     };
 
-    let rule = outbound_rule(cfg, &MapLists { netns_cookie }, &conn);
+    let identity = outside_proxy_container(cfg);
+    conn.outside_proxy_container = identity.unwrap_or(false);
+    let lists = MapLists { netns_cookie };
+    let rule = outbound_rule(cfg, &lists, &conn);
+    // Before the proxy container is known, the proxy's ids decide only where the app's would
+    // decide the same (its localhost, an excluded port): exempting could pass another container
+    // around the proxy, capturing could send the proxy to itself.
+    if identity.is_none() && rule.by_proxy_owner() {
+        let as_app = Connect {
+            outside_proxy_container: true,
+            ..conn
+        };
+        if outbound_rule(cfg, &lists, &as_app).verdict() != rule.verdict() {
+            bump_pod(netns_cookie, PodCounter::Errors);
+            return Err(ConnectError::ProxyContainerUnknown);
+        }
+    }
     let verdict = rule.verdict();
     bump_pod(netns_cookie, counter_for(verdict));
     let port = match verdict {
@@ -371,6 +414,7 @@ pub fn try_outbound4(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
         uid: 0,
         gid: 0,
         udp,
+        outside_proxy_container: false,
     };
     let Some(redirect) = decide(ctx, sk, conn, call, true)? else {
         return Ok(());
@@ -419,6 +463,7 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
             uid: 0,
             gid: 0,
             udp,
+            outside_proxy_container: false,
         }
     } else {
         Connect {
@@ -429,6 +474,7 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
             uid: 0,
             gid: 0,
             udp,
+            outside_proxy_container: false,
         }
     };
     // The stateless redirect is IPv4's only: a v4-mapped connection keeps the stateful path.
@@ -452,11 +498,13 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
     Ok(())
 }
 
-/// Maps a refusal to its node counter; the caller returns the "reject" verdict.
+/// Maps a refusal to its node counter; the caller returns the "reject" verdict. A refusal for an
+/// unknown proxy container is the pod's alone, counted in its `errors`.
 #[inline(always)]
 pub fn record_refusal(err: &ConnectError) {
     bump_node(match err {
         ConnectError::UnknownPod => NodeError::UnknownPod,
         ConnectError::NoSocketStorage => NodeError::NoSocketStorage,
+        ConnectError::ProxyContainerUnknown => return,
     });
 }

@@ -28,6 +28,9 @@ pub struct PodRequest {
     pub pod_ips: Vec<IpAddr>,
     pub annotations: BTreeMap<String, String>,
     pub pod: PodRef,
+    /// The pod's labels, where the runtime reports them (the reconcile; a CNI ADD has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,6 +14,7 @@ pub mod config;
 pub mod ebpf;
 pub mod explain;
 pub mod fsutil;
+pub mod identity;
 pub mod install;
 pub mod iptables;
 pub mod left_alone;

@@ -15,7 +15,10 @@ use crate::{
     any_backend::{AnyBackend, BackendError, ExistingBackends},
     backend::PodTarget,
     cgroup::{self, CgroupError},
-    config::{CaptureConfig, ConfigError, FallbackCause, PodSpec},
+    config::{
+        policy::{self, Policy, PolicyError, Subject},
+        CaptureConfig, ConfigError, FallbackCause, PodSpec,
+    },
     ebpf::{EbpfBackend, EbpfError},
     lock::NodeLock,
     netns::{Netns, NetnsError},
@@ -56,6 +59,10 @@ pub enum Error {
     NotAttached(PathBuf),
     #[error("{0}")]
     Accel(String),
+    #[error("{0}")]
+    Identity(String),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 /// What `attach` is asked to do.
@@ -72,21 +79,54 @@ pub struct AttachRequest {
     pub allow_fallback: bool,
     /// The pod already runs (the reconcile's repair): its open connections are spared.
     pub in_place: bool,
+    /// Under proxy identity by container: the proxy container's cgroup, where the caller knows
+    /// it (the CLI's `--proxy-cgroup`).
+    pub proxy_cgroup: Option<PathBuf>,
+    /// The node's annotation policy (`None`: no policy file).
+    pub policy: Option<Policy>,
+    /// The pod's labels, where the runtime reported them.
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
-fn lock(paths: &Paths) -> Result<NodeLock, Error> {
+pub(crate) fn lock(paths: &Paths) -> Result<NodeLock, Error> {
     let path = paths.lock_path();
     NodeLock::acquire(&path).map_err(|source| Error::Lock { path, source })
 }
 
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
 pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
+    let subject = Subject {
+        namespace: req.pod.as_ref().map(|p| p.namespace.as_str()),
+        labels: req.labels.as_ref(),
+        annotations: &req.spec.annotations,
+    };
+    match &req.policy {
+        Some(policy) => policy.check(&subject)?,
+        None => policy::check_without_policy(&subject)?,
+    }
     let (mut config, settings) = CaptureConfig::from_pod_with_settings(&req.spec)?;
+    let identity = config.proxy_identity.is_some();
     let (mode, fallback) = match (req.mode, config.ebpf_unsupported()) {
+        // A fallback would weaken proxy identity to the uid rules: refuse instead.
+        (Mode::Ebpf, Some(gap)) if identity => {
+            return Err(Error::Identity(crate::config::proxy_identity::no_fallback(
+                &gap.reason,
+            )))
+        }
         (Mode::Ebpf, Some(gap)) if req.allow_fallback => (Mode::Iptables, Some(gap)),
         (Mode::Ebpf, Some(gap)) => return Err(Error::EbpfUnsupported(gap.reason)),
+        (Mode::Iptables, _) if identity => {
+            return Err(Error::Identity(
+                crate::config::proxy_identity::IPTABLES_CANNOT.into(),
+            ))
+        }
         (mode, _) => (mode, None),
     };
+    crate::config::proxy_identity::resolve_proxy_cgroup(
+        &mut config,
+        &req.cgroup,
+        req.proxy_cgroup.as_deref(),
+    )?;
     let netns = Netns::open(&req.netns)?;
     // Before the comparison with an existing record, which holds them too.
     config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
@@ -101,10 +141,15 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         // A pod that fell back stays where it fell: asking again is the same request.
         let same_mode =
             existing.mode == mode || (req.allow_fallback && existing.fallback_reason.is_some());
-        // Acceleration is decided once, at the first attach; the node may allow it since.
+        // Acceleration is decided once, at the first attach; the node may allow it since. The
+        // proxy container may have become known since too.
         let same_config = existing.config
             == CaptureConfig {
                 accelerate: existing.config.accelerate,
+                proxy_identity: crate::config::proxy_identity::as_learned(
+                    config.proxy_identity.clone(),
+                    existing.config.proxy_identity.as_ref(),
+                ),
                 ..config.clone()
             };
         if same_config && existing.cgroup == req.cgroup && same_mode {
@@ -161,7 +206,9 @@ fn attach_backend(
 ) -> Result<(), Error> {
     let mut backend = AnyBackend::for_attach(paths, record.mode)?;
     match backend.attach(target, &record.config) {
-        Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if allow_fallback => {
+        Err(BackendError::Ebpf(EbpfError::MissingHook(missing)))
+            if allow_fallback && record.config.proxy_identity.is_none() =>
+        {
             record.mode = Mode::Iptables;
             record.fallback_cause = Some(FallbackCause::KernelHook);
             record.fallback_reason = Some(format!(

@@ -57,6 +57,8 @@ pub struct Case {
     pub peer_ip: Option<&'static str>,
     /// The client is outside the pod (the remote netns), not one of the pod's processes.
     pub from_remote: bool,
+    /// The client runs in this cgroup below the pod's (a container), not in the pod's own.
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 impl Case {
@@ -70,6 +72,7 @@ impl Case {
             expect,
             peer_ip: None,
             from_remote: false,
+            cgroup: None,
         }
     }
     /// A connection from the remote netns to `to`.
@@ -83,6 +86,12 @@ impl Case {
     #[must_use]
     pub fn opts(mut self, opts: ConnectOpts) -> Self {
         self.opts = opts;
+        self
+    }
+    /// The client runs in `cgroup` (a container's, below the pod's).
+    #[must_use]
+    pub fn in_cgroup(mut self, cgroup: &std::path::Path) -> Self {
+        self.cgroup = Some(cgroup.to_path_buf());
         self
     }
     #[must_use]
@@ -295,7 +304,8 @@ pub fn run_cases_on(topo: &Topology, backend: Option<Backend>, cases: &[Case]) {
                     &ConnectOpts::default(),
                 )
             } else {
-                probes.connect(topo.probe_in_pod(&case.who), case.to, &case.opts)
+                let cgroup = case.cgroup.as_deref().unwrap_or(&topo.pod.cgroup.path);
+                probes.connect(topo.probe_in_cgroup(cgroup, &case.who), case.to, &case.opts)
             };
             verify(case, &got, backend).err().map(|e| {
                 format!(

@@ -236,6 +236,14 @@ impl CgroupGuard {
         Self { path }
     }
 
+    /// A cgroup below this one (a container's below its pod's); drop it before its parent.
+    #[must_use]
+    pub fn child(&self, prefix: &str) -> Self {
+        let path = self.path.join(unique(prefix));
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        Self { path }
+    }
+
     /// Moves a running process into this cgroup.
     pub fn add(&self, pid: u32) {
         fs::write(self.path.join("cgroup.procs"), pid.to_string()).expect("write cgroup.procs");

@@ -277,9 +277,14 @@ impl Topology {
 
     /// A probe command that enters the pod (cgroup, netns, its user namespace) as `who`.
     pub fn probe_in_pod(&self, who: &Who) -> Command {
+        self.probe_in_cgroup(&self.pod.cgroup.path, who)
+    }
+
+    /// As [`Self::probe_in_pod`], in `cgroup` (a container's, below the pod's).
+    pub fn probe_in_cgroup(&self, cgroup: &std::path::Path, who: &Who) -> Command {
         let mut cmd = Command::new(probe_bin());
         cmd.arg("--cgroup")
-            .arg(&self.pod.cgroup.path)
+            .arg(cgroup)
             .arg("--netns")
             .arg(self.pod.netns.path());
         if let Some(userns) = self.pod.netns.userns_path() {

@@ -10,6 +10,7 @@ mod http;
 mod mesh_watch;
 mod metrics;
 mod node_metrics;
+mod policy_watch;
 mod prepare;
 mod reconcile;
 mod socket;
@@ -56,6 +57,8 @@ pub struct AgentConfig {
     pub mesh: crate::config::MeshDefaults,
     /// Istio's mesh configuration file (`--mesh-config`).
     pub mesh_config: Option<PathBuf>,
+    /// The node's policy for bypass annotations (`--annotation-policy`).
+    pub annotation_policy: Option<PathBuf>,
     /// Keep capture-cni chained in the node's CNI configuration.
     pub cni_watch: Option<CniWatch>,
     /// Allow the app-to-proxy acceleration (`--accelerate`).
@@ -110,6 +113,7 @@ pub struct Agent {
     mode: Mode,
     phase: Mutex<Phase>,
     mesh: Option<mesh_watch::MeshWatch>,
+    policy: Option<policy_watch::PolicyWatch>,
     metrics: metrics::Metrics,
 }
 
@@ -132,6 +136,14 @@ impl Agent {
             Phase::Serving => None,
         };
         let mesh = self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable);
+        let policy = self
+            .policy
+            .as_ref()
+            .and_then(policy_watch::PolicyWatch::unusable);
+        let mesh = match (mesh, policy) {
+            (Some(m), Some(p)) => Some(format!("{m}; {p}")),
+            (m, p) => m.or(p),
+        };
         match (phase, mesh) {
             (None, None) => Ok(()),
             (Some(why), None) | (None, Some(why)) => Err(why),
@@ -196,6 +208,10 @@ impl Agent {
     fn add(&self, pod: PodRequest, in_place: bool) -> Response {
         // Before the readiness check: a file fixed since the last poll serves this pod already.
         let mesh_config = self.refresh_mesh();
+        let policy = self
+            .policy
+            .as_ref()
+            .and_then(policy_watch::PolicyWatch::refresh);
         if let Err(why) = self.readiness() {
             return Response::failed(FailureKind::NotReady, format!("{why}; retry"));
         }
@@ -215,6 +231,9 @@ impl Agent {
             );
         }
         let req = AttachRequest {
+            proxy_cgroup: None,
+            policy,
+            labels: pod.labels.clone(),
             netns: pod.netns,
             cgroup: pod.cgroup,
             spec: PodSpec {
@@ -468,7 +487,13 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         let _ = std::fs::remove_file(cfg.paths.mesh_config_report_path());
         None
     };
+    let policy = cfg.annotation_policy.clone().map(|path| {
+        let watch = policy_watch::PolicyWatch::new(path);
+        watch.refresh();
+        watch
+    });
     let agent = Arc::new(Agent {
+        policy,
         cfg,
         mode,
         phase: Mutex::new(Phase::Starting),

@@ -439,6 +439,7 @@ fn pod_request(
         cgroup,
         pod_ips: sandbox.ips.clone(),
         annotations: sandbox.annotations.clone(),
+        labels: Some(sandbox.labels.clone()),
         pod: PodRef {
             namespace: sandbox.namespace.clone(),
             name: sandbox.name.clone(),

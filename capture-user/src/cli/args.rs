@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     cli::values::{parse_annotation, parse_id_list, parse_listen_addr, parse_pod_name, IdList},
+    config::ProxyIdentityMode,
     paths::{DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
     probe::ModeChoice,
 };
@@ -52,8 +53,32 @@ pub enum Command {
         /// ebpf, iptables, or auto (ebpf where the kernel and the pod allow it, else iptables).
         #[arg(long, value_enum, default_value_t = ModeChoice::Ebpf)]
         mode: ModeChoice,
+        /// Under proxy identity by container: the proxy container's cgroup v2 directory (below
+        /// the pod's). Without it, the pod's proxy-uid connections are refused until
+        /// `capture proxy-container` names it.
+        #[arg(long)]
+        proxy_cgroup: Option<PathBuf>,
+        /// The node's policy for bypass annotations (YAML, see docs/proxy-identity.md); the
+        /// pod's annotations must keep to it.
+        #[arg(long, value_name = "FILE")]
+        annotation_policy: Option<PathBuf>,
         #[command(flatten)]
         mesh: MeshArgs,
+    },
+    /// Name a captured pod's proxy container under proxy identity by container: the agent does
+    /// this from the container runtime; nodes captured with the CLI alone do it themselves.
+    ProxyContainer {
+        #[command(flatten)]
+        pod: PodArgs,
+        /// The proxy container's cgroup v2 directory (below the pod's).
+        #[arg(long, required_unless_present_any = ["none", "unknown"])]
+        cgroup: Option<PathBuf>,
+        /// The pod has no proxy container: every container is captured.
+        #[arg(long, conflicts_with_all = ["cgroup", "unknown"])]
+        none: bool,
+        /// Forget it: the proxy's connections are refused until it is named again.
+        #[arg(long, conflicts_with = "cgroup")]
+        unknown: bool,
     },
     /// Stop capturing a pod and remove everything attach created for it.
     Detach {
@@ -121,6 +146,10 @@ pub enum Command {
         /// only report it.
         #[arg(long, value_enum, default_value_t = crate::runtime::Repair::Capture)]
         repair: crate::runtime::Repair,
+        /// The node's policy for bypass annotations (YAML; the capture-annotation-policy
+        /// ConfigMap): read before each ADD, so a change applies to new pods without a restart.
+        #[arg(long, value_name = "FILE", env = "CAPTURE_ANNOTATION_POLICY")]
+        annotation_policy: Option<PathBuf>,
         /// Seconds between reconcile passes; 0 turns the reconcile off.
         #[arg(long, default_value_t = 30, env = "CAPTURE_RECONCILE_PERIOD")]
         reconcile_period: u64,
@@ -302,6 +331,15 @@ pub struct MeshArgs {
     /// `INVALID_DROP`: drop packets conntrack deems invalid (iptables backend).
     #[arg(long)]
     pub drop_invalid: bool,
+    /// How the proxy's own connections are told from the app's for pods that do not say
+    /// (`capture.dev/proxy-identity`): `uid` is Istio's (the socket owner's uid or gid, in any
+    /// container); `container` exempts them only from the proxy container's cgroup (ebpf
+    /// backend only).
+    #[arg(long, value_enum, default_value_t = ProxyIdentityMode::Uid)]
+    pub proxy_identity: ProxyIdentityMode,
+    /// The proxy container's name in the pod spec, for `--proxy-identity container`.
+    #[arg(long, default_value = crate::config::proxy_identity::DEFAULT_PROXY_CONTAINER)]
+    pub proxy_container: String,
 }
 
 impl MeshArgs {
@@ -316,6 +354,10 @@ impl MeshArgs {
             owner_groups_exclude: self.owner_groups_exclude,
             ipv4_loopback_cidr: self.ipv4_loopback_cidr,
             drop_invalid: self.drop_invalid,
+            proxy_identity: crate::config::IdentityDefaults {
+                mode: self.proxy_identity,
+                container: self.proxy_container,
+            },
         };
         (defaults, self.mesh_config)
     }

@@ -37,6 +37,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_uid,
             proxy_gid,
             mode,
+            proxy_cgroup,
+            annotation_policy,
             mesh,
         } => {
             let (node_mode, allow_fallback) = match mode {
@@ -71,6 +73,12 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 pod: None,
                 allow_fallback,
                 in_place: false,
+                proxy_cgroup,
+                policy: match annotation_policy {
+                    Some(path) => Some(crate::config::policy::read(&path)?),
+                    None => None,
+                },
+                labels: None,
             };
             let record = ops::attach(&paths, &req)?;
             println!(
@@ -84,6 +92,36 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     .as_ref()
                     .map(|r| format!(" (fallback: {r})"))
                     .unwrap_or_default()
+            );
+        }
+        Command::ProxyContainer {
+            pod,
+            cgroup,
+            none,
+            unknown: _,
+        } => {
+            let which = pod.selector()?;
+            let proxy = match (cgroup, none) {
+                (Some(path), _) => {
+                    let record = crate::record::find(&paths, &which)?
+                        .ok_or_else(|| anyhow::anyhow!("{which:?} is not captured"))?;
+                    crate::identity::known(&record.cgroup, &path, None)?
+                }
+                (None, true) => crate::config::ProxyContainer::None,
+                (None, false) => crate::config::ProxyContainer::Unknown,
+            };
+            let learned = crate::identity::set_proxy_container(&paths, &which, proxy)?;
+            let proxy = learned
+                .record
+                .config
+                .proxy_identity
+                .as_ref()
+                .map(|i| i.proxy.describe())
+                .unwrap_or_default();
+            println!(
+                "netns {}: proxy container {proxy}{}",
+                learned.record.netns.display(),
+                if learned.changed { "" } else { " (unchanged)" }
             );
         }
         Command::Detach { netns } => {
@@ -128,6 +166,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             accelerate_accepting,
             cri_socket,
             repair,
+            annotation_policy,
             reconcile_period,
             cni,
         } => {
@@ -156,6 +195,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 proxy_gids: proxy_gid.unwrap_or_default().0,
                 mesh,
                 mesh_config,
+                annotation_policy,
                 cni_watch,
                 accelerate,
                 accelerate_accepting,

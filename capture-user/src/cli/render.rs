@@ -276,6 +276,7 @@ pub fn render_status(status: &NodeStatus) -> String {
             r.config.include_outbound_ports,
             r.config.exclude_outbound_ports
         );
+        let _ = writeln!(out, "  proxy identity {}", identity_line(&r.config));
         for note in &pod.notes {
             let _ = writeln!(out, "  note: {note}");
         }
@@ -521,4 +522,12 @@ fn serde_plain<T: serde::Serialize>(value: &T) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default()
+}
+
+/// The pod's proxy identity: by uid (Istio's), or by container with what is known of it.
+fn identity_line(cfg: &crate::config::CaptureConfig) -> String {
+    match &cfg.proxy_identity {
+        None => "uid (the owner's uid or gid, any container)".into(),
+        Some(i) => format!("container {:?}: {}", i.container, i.proxy.describe()),
+    }
 }

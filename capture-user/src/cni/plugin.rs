@@ -260,6 +260,7 @@ impl Cni for CapturePlugin {
                     pod_ips,
                     annotations,
                     pod,
+                    labels: None,
                 },
             },
         )?;

@@ -10,17 +10,23 @@ use std::{
 
 pub mod mesh_config;
 mod owner_groups;
+pub mod policy;
 mod proxy_config;
+pub mod proxy_identity;
 pub mod settings;
 pub(crate) mod values;
 
-pub use self::{mesh_config::MeshConfig, settings::Setting};
+pub use self::{
+    mesh_config::MeshConfig,
+    proxy_identity::{ContainerIdentity, IdentityDefaults, ProxyContainer, ProxyIdentityMode},
+    settings::Setting,
+};
 
 use self::{
     owner_groups::owner_groups,
     values::{
-        bad, host_loopback_cidr, parse_cidr_selection, parse_cidrs, parse_interfaces, parse_port,
-        parse_port_selection, parse_ports,
+        bad, host_loopback_cidr, parse_cidr_selection, parse_cidrs, parse_ids, parse_interfaces,
+        parse_port, parse_port_selection, parse_ports,
     },
 };
 
@@ -170,6 +176,9 @@ pub struct CaptureConfig {
     /// first of a new one and redirects it (a reset); the kernel programs decide at connect.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spare_open_connections: bool,
+    /// Proxy identity by container; absent: Istio's, by the owner's uid or gid alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_identity: Option<ContainerIdentity>,
 }
 
 /// The configured ids as the host (and so the ebpf programs) sees them, for a pod with a user
@@ -203,6 +212,9 @@ pub struct MeshDefaults {
     pub ipv4_loopback_cidr: Option<String>,
     /// `INVALID_DROP`.
     pub drop_invalid: bool,
+    /// Proxy identity for pods that do not name theirs (`capture.dev/proxy-identity`), and the
+    /// proxy container's name.
+    pub proxy_identity: IdentityDefaults,
 }
 
 /// Whose defaults fill in what a pod's annotations leave out: Istio's two capture paths differ
@@ -279,6 +291,16 @@ impl CaptureConfig {
             },
         };
 
+        let identity_mode = proxy_identity::mode_of(
+            ann(proxy_identity::ANN_PROXY_IDENTITY),
+            &spec.mesh.proxy_identity,
+        )?;
+        let proxy_identity = proxy_identity::container_identity(
+            identity_mode,
+            ann(proxy_identity::ANN_SIDECAR_STATUS),
+            &spec.mesh.proxy_identity,
+        )?;
+
         let (mut pod_ip4, mut pod_ip6) = (None, None);
         for ip in &spec.pod_ips {
             match ip {
@@ -295,15 +317,22 @@ impl CaptureConfig {
             return Err(ConfigError::Pod("no pod IP given; pass --pod-ip".into()));
         }
 
-        let proxy_uids = if spec.proxy_uids.is_empty() {
-            vec![DEFAULT_PROXY_ID]
-        } else {
-            spec.proxy_uids.clone()
+        // The pod's own proxy ids (where the annotation policy allowed them) over the node's.
+        let pod_uids = ann(policy::ANN_PROXY_UID)
+            .map(|v| parse_ids(policy::ANN_PROXY_UID, v))
+            .transpose()?;
+        let pod_gids = ann(policy::ANN_PROXY_GID)
+            .map(|v| parse_ids(policy::ANN_PROXY_GID, v))
+            .transpose()?;
+        let proxy_uids = match &pod_uids {
+            Some(ids) => ids.clone(),
+            None if spec.proxy_uids.is_empty() => vec![DEFAULT_PROXY_ID],
+            None => spec.proxy_uids.clone(),
         };
-        let proxy_gids = if spec.proxy_gids.is_empty() {
-            proxy_uids.clone()
-        } else {
-            spec.proxy_gids.clone()
+        let proxy_gids = match pod_gids {
+            Some(ids) => ids,
+            None if pod_uids.is_some() || spec.proxy_gids.is_empty() => proxy_uids.clone(),
+            None => spec.proxy_gids.clone(),
         };
         for (what, ids) in [("uids", &proxy_uids), ("gids", &proxy_gids)] {
             if ids.len() > MAX_PROXY_IDS {
@@ -395,6 +424,7 @@ impl CaptureConfig {
             host_ids: None,
             accelerate,
             spare_open_connections: false,
+            proxy_identity,
         };
         Ok((config, settings))
     }

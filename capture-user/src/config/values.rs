@@ -138,3 +138,23 @@ pub(super) fn host_loopback_cidr(value: Option<&str>) -> Result<Ipv4Net, ConfigE
     }
     Ok(net)
 }
+
+/// A comma-separated list of uids or gids (`capture.dev/proxy-uid`).
+pub(super) fn parse_ids(key: &str, value: &str) -> Result<Vec<u32>, ConfigError> {
+    let ids = value
+        .split(',')
+        .map(|item| {
+            item.trim()
+                .parse::<u32>()
+                .map_err(|_| bad(key, value, format!("{:?} is not a uid or gid", item.trim())))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if ids.is_empty() || ids.len() > super::MAX_PROXY_IDS {
+        return Err(bad(
+            key,
+            value,
+            format!("name 1 to {} ids", super::MAX_PROXY_IDS),
+        ));
+    }
+    Ok(ids)
+}

@@ -10,8 +10,9 @@ use capture_common::{
         FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
         FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
         FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK,
-        MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL, OWNER_GROUPS_EXCLUDE,
-        OWNER_GROUPS_INCLUDE,
+        FLAG_PROXY_BY_CONTAINER, MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL,
+        OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE, PROXY_CONTAINER_KNOWN, PROXY_CONTAINER_NONE,
+        PROXY_CONTAINER_UNKNOWN,
     },
     keys::{
         CidrKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS,
@@ -24,7 +25,7 @@ use super::{
     list_entries::{cidr_entries, port_entries},
     node::Maps,
 };
-use crate::config::{CaptureConfig, OwnerGroups, Selection};
+use crate::config::{CaptureConfig, OwnerGroups, ProxyContainer, Selection};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodMapsError {
@@ -97,6 +98,12 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
     set(cfg.accelerate, FLAG_ACCELERATE);
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
+    set(cfg.proxy_identity.is_some(), FLAG_PROXY_BY_CONTAINER);
+    let (proxy_container, proxy_cgroup_id) = match cfg.proxy_identity.as_ref().map(|i| &i.proxy) {
+        None | Some(ProxyContainer::Unknown) => (PROXY_CONTAINER_UNKNOWN, 0),
+        Some(ProxyContainer::Known { cgroup_id, .. }) => (PROXY_CONTAINER_KNOWN, *cgroup_id),
+        Some(ProxyContainer::None) => (PROXY_CONTAINER_NONE, 0),
+    };
     let (owner_group_mode, mut owner_groups): (u32, &[u32]) = match &cfg.owner_groups {
         OwnerGroups::All => (OWNER_GROUPS_ALL, &[]),
         OwnerGroups::Only(g) => (OWNER_GROUPS_INCLUDE, g),
@@ -130,6 +137,9 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
             g[..owner_groups.len()].copy_from_slice(owner_groups);
             g
         },
+        proxy_container,
+        reserved: 0,
+        proxy_cgroup_id,
         #[cfg(feature = "layout-next")]
         variant_reserved: [0; 2],
     }

@@ -212,6 +212,7 @@ fn decide_outbound(
         uid: q.uid,
         gid: q.gid,
         udp: q.proto == Proto::Udp,
+        outside_proxy_container: false,
     };
     let rule = outbound_rule(kcfg, lists, &conn);
     let by_gid = matches!(

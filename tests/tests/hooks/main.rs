@@ -12,6 +12,7 @@ mod iptables_variant;
 mod outbound;
 mod owner_identity;
 mod parity;
+mod proxy_identity;
 mod sockopt_answers;
 mod stateless_redirect;
 mod tproxy;
