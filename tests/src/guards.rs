@@ -413,3 +413,35 @@ impl Drop for ReadOnlyBind {
         let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
     }
 }
+
+/// A file in a directory of its own, both removed on drop (a policy or mesh file a test hands
+/// to capture).
+pub struct TempFile {
+    dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl TempFile {
+    pub fn new(name: &str, contents: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique("capture-file"));
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let path = dir.join(name);
+        let file = Self { dir, path };
+        file.write(contents);
+        file
+    }
+
+    /// Replaces the content at once (a rename, as kubelet swaps a ConfigMap's files).
+    pub fn write(&self, contents: &str) {
+        let tmp = self.dir.join(".next");
+        fs::write(&tmp, contents).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+        fs::rename(&tmp, &self.path)
+            .unwrap_or_else(|e| panic!("rename to {}: {e}", self.path.display()));
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}

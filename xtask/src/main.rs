@@ -110,6 +110,10 @@ enum Task {
         /// sandboxes; writes reconcile-cost.md.
         #[arg(long, conflicts_with = "trace_cost")]
         reconcile_cost: bool,
+        /// Measure only what proxy identity by container costs: connection churn with the proxy
+        /// exempt by uid and by its container's cgroup; writes identity-cost.md.
+        #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost"])]
+        identity_cost: bool,
     },
     /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
     /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
@@ -294,6 +298,7 @@ fn run_task(task: Task) -> Result<()> {
             out,
             trace_cost,
             reconcile_cost,
+            identity_cost,
         } => {
             require_root("cargo xtask bench")?;
             setup::setup()?;
@@ -316,6 +321,14 @@ fn run_task(task: Task) -> Result<()> {
                     "connect+rr+close",
                     "--modes",
                     "ebpf-notrace,ebpf,ebpf-trace",
+                ]);
+            }
+            if identity_cost {
+                cmd.args([
+                    "--focus",
+                    "connect+rr+close",
+                    "--modes",
+                    "ebpf,ebpf-identity",
                 ]);
             }
             run(&mut cmd)

@@ -12,6 +12,7 @@ mod metrics;
 mod node_metrics;
 mod policy_watch;
 mod prepare;
+mod proxy_watch;
 mod reconcile;
 mod socket;
 
@@ -59,6 +60,8 @@ pub struct AgentConfig {
     pub mesh_config: Option<PathBuf>,
     /// The node's policy for bypass annotations (`--annotation-policy`).
     pub annotation_policy: Option<PathBuf>,
+    /// The runtime's CRI socket: the reconcile's, and where pods' proxy containers are named.
+    pub cri_socket: PathBuf,
     /// Keep capture-cni chained in the node's CNI configuration.
     pub cni_watch: Option<CniWatch>,
     /// Allow the app-to-proxy acceleration (`--accelerate`).
@@ -114,6 +117,8 @@ pub struct Agent {
     phase: Mutex<Phase>,
     mesh: Option<mesh_watch::MeshWatch>,
     policy: Option<policy_watch::PolicyWatch>,
+    /// Learns the proxy containers of pods under proxy identity by container.
+    proxies: Option<Arc<proxy_watch::ProxyWatch>>,
     metrics: metrics::Metrics,
 }
 
@@ -254,6 +259,9 @@ impl Agent {
         match ops::attach(&self.cfg.paths, &req) {
             Ok(record) => {
                 self.metrics.observe_attach(start.elapsed());
+                if let Some(proxies) = &self.proxies {
+                    proxies.watch(&record);
+                }
                 if let Some(reason) = &record.fallback_reason {
                     warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, %reason, "captured with iptables instead of ebpf");
                 }
@@ -492,8 +500,16 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         watch.refresh();
         watch
     });
+    let proxies = match proxy_watch::ProxyWatch::start(cfg.paths.clone(), &cfg.cri_socket) {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            error!(error = %e, "cannot watch pod cgroups for proxy containers: pods under proxy identity by container keep their proxy's connections refused");
+            None
+        }
+    };
     let agent = Arc::new(Agent {
         policy,
+        proxies,
         cfg,
         mode,
         phase: Mutex::new(Phase::Starting),
@@ -532,6 +548,14 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     }
     if serving {
         tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
+        if let Some(proxies) = agent.proxies.clone() {
+            let paths = agent.cfg.paths.clone();
+            tokio::task::spawn_blocking(move || {
+                for record in crate::record::load_all(&paths).unwrap_or_default() {
+                    proxies.watch(&record);
+                }
+            });
+        }
         if agent.mesh.is_some() {
             tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
         }

@@ -171,7 +171,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             cni,
         } => {
             let reconcile = (reconcile_period > 0).then(|| crate::agent::ReconcileConfig {
-                cri_socket,
+                cri_socket: cri_socket.clone(),
                 repair,
                 period: std::time::Duration::from_secs(reconcile_period),
                 cni_conf_dir: cni.cni_conf_dir.clone(),
@@ -196,6 +196,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 mesh,
                 mesh_config,
                 annotation_policy,
+                cri_socket,
                 cni_watch,
                 accelerate,
                 accelerate_accepting,

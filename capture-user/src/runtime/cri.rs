@@ -9,8 +9,9 @@ use std::{
 
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
-    runtime_service_client::RuntimeServiceClient, ContainerEventResponse, GetEventsRequest,
-    ListPodSandboxRequest, PodSandboxStatusRequest, StopPodSandboxRequest, VersionRequest,
+    runtime_service_client::RuntimeServiceClient, ContainerEventResponse, ContainerState,
+    ContainerStatusRequest, GetEventsRequest, ListPodSandboxRequest, PodSandboxStatusRequest,
+    StopPodSandboxRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -205,6 +206,46 @@ impl Cri {
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// A container as the runtime names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Container {
+    /// Its name in the pod spec.
+    pub name: String,
+    /// The pod's uid (the kubelet's `io.kubernetes.pod.uid` label), where the runtime keeps it.
+    pub pod_uid: Option<String>,
+    /// Created or running, not exited.
+    pub running: bool,
+}
+
+impl Cri {
+    /// The container `id`: `None` when the runtime does not know it.
+    ///
+    /// # Errors
+    /// The runtime does not answer.
+    pub async fn container(&self, id: &str) -> Result<Option<Container>, CriError> {
+        let mut client = self.runtime.clone();
+        let request = ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        };
+        match self
+            .call("ContainerStatus", client.container_status(request))
+            .await
+        {
+            Ok(response) => Ok(response.status.map(|status| Container {
+                running: matches!(
+                    ContainerState::try_from(status.state),
+                    Ok(ContainerState::ContainerCreated | ContainerState::ContainerRunning)
+                ),
+                pod_uid: status.labels.get("io.kubernetes.pod.uid").cloned(),
+                name: status.metadata.map(|m| m.name).unwrap_or_default(),
+            })),
+            Err(CriError::Call { status, .. }) if status.starts_with("NotFound") => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -42,6 +42,12 @@ fn role(
 /// One pod in one mode with one proxy, and its servers.
 pub(super) struct Bed {
     pub(super) mode: Mode,
+    /// The proxy's container cgroup (`ebpf+identity`); before `topo`, so it goes first.
+    #[expect(
+        dead_code,
+        reason = "held for its drop, which removes the cgroup before the pod's"
+    )]
+    proxy_cgroup: Option<crate::guards::CgroupGuard>,
     topo: Topology,
     servers: Vec<ChildGuard>,
 }
@@ -58,8 +64,21 @@ impl Bed {
                 }
             }
         }
+        let proxy_cgroup =
+            (mode == Mode::EbpfIdentity).then(|| topo.pod.cgroup.child("istio-proxy"));
         match mode {
             Mode::None => {}
+            Mode::EbpfIdentity => {
+                let cgroup = proxy_cgroup.as_ref().map(|c| c.path.display().to_string());
+                topo.attach(&[
+                    "--mode",
+                    "ebpf",
+                    "--proxy-identity",
+                    "container",
+                    "--proxy-cgroup",
+                    cgroup.as_deref().unwrap_or_default(),
+                ]);
+            }
             Mode::Iptables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
             Mode::EbpfNotrace | Mode::EbpfTrace => {
                 if mode == Mode::EbpfNotrace {
@@ -106,9 +125,12 @@ impl Bed {
             .map(String::from)
             .to_vec(),
         };
+        let proxy_home = proxy_cgroup
+            .as_ref()
+            .map_or(&topo.pod.cgroup.path, |c| &c.path);
         let mut p = role(
             &topo.pod.netns.path(),
-            Some(&topo.pod.cgroup.path),
+            Some(proxy_home),
             &Who::proxy(),
             &proxy_args,
         );
@@ -129,6 +151,7 @@ impl Bed {
         }
         Self {
             mode,
+            proxy_cgroup,
             topo,
             servers,
         }

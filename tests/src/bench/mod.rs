@@ -8,6 +8,7 @@
 mod bed;
 pub mod cni_add;
 mod cpus;
+pub mod identity_cost;
 pub mod reconcile_cost;
 pub mod report;
 pub mod roles;
@@ -42,6 +43,9 @@ pub enum Mode {
     EbpfNotrace,
     /// ebpf with `capture trace` reading the pod's decisions the whole time. Only when asked for.
     EbpfTrace,
+    /// ebpf with proxy identity by container: the proxy in a container cgroup of its own, which
+    /// alone is exempt. Only when asked for, beside `ebpf`.
+    EbpfIdentity,
 }
 
 impl Mode {
@@ -58,6 +62,7 @@ impl Mode {
             Self::EbpfAccel => "ebpf+accel",
             Self::EbpfNotrace => "ebpf-notrace",
             Self::EbpfTrace => "ebpf+trace",
+            Self::EbpfIdentity => "ebpf+identity",
         }
     }
 }
@@ -466,7 +471,9 @@ pub fn run(opts: &Options) -> Results {
         accel_program_costs: accel_profile.0,
         accel_profiled_requests: accel_profile.1,
     };
-    if trace_cost::is_trace_cost(&results) {
+    if identity_cost::is_identity_cost(&results) {
+        identity_cost::write(&results, &opts.out);
+    } else if trace_cost::is_trace_cost(&results) {
         trace_cost::write(&results, &opts.out);
     } else {
         report::write(&results, &opts.out);

@@ -197,6 +197,20 @@ impl Cri {
         Ok(())
     }
 
+    /// `StopContainer` (no grace: the probe ends on SIGTERM) then `RemoveContainer`.
+    pub fn remove_container(&mut self, container: &str) -> Result<(), Status> {
+        let req = k8s_cri::v1::StopContainerRequest {
+            container_id: container.to_string(),
+            timeout: 0,
+        };
+        self.rt.block_on(self.runtime.stop_container(req))?;
+        let req = k8s_cri::v1::RemoveContainerRequest {
+            container_id: container.to_string(),
+        };
+        self.rt.block_on(self.runtime.remove_container(req))?;
+        Ok(())
+    }
+
     pub fn remove_pod(&mut self, pod: &str) -> Result<(), Status> {
         let req = RemovePodSandboxRequest {
             pod_sandbox_id: pod.to_string(),

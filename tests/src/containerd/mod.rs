@@ -16,6 +16,7 @@
 
 mod cleanup;
 mod config;
+pub mod containers;
 pub mod cri;
 pub mod image;
 pub mod node_agent;
@@ -501,7 +502,7 @@ impl Containerd {
     }
 
     /// Waits until the container's probe has printed `ready` to its log (every listener bound).
-    fn wait_listening(pod: &CriPod, container: &str) {
+    pub(crate) fn wait_listening(pod: &CriPod, container: &str) {
         let log = Path::new(&pod.config.log_directory).join(format!("{container}.log"));
         let what = format!("{}/{container} to say ready", pod.name);
         crate::wait::wait_until(

@@ -5,6 +5,7 @@
 
 use capture_tests::{
     cases::{run_cases_on, Backend, Case, Expect},
+    guards::TempFile,
     probe::Who,
     topology::Topology,
 };
@@ -221,36 +222,11 @@ fn proxy_identity_bad_input_is_refused_and_named() {
     assert_eq!(recorded_identity(&topo)["proxy"]["state"], "known");
 }
 
-/// A policy file in a directory of its own, removed on drop.
-struct PolicyFile {
-    dir: std::path::PathBuf,
-    path: std::path::PathBuf,
-}
-
-impl PolicyFile {
-    fn new(text: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "capture-policy-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("policy.yaml");
-        std::fs::write(&path, text).unwrap();
-        Self { dir, path }
-    }
-}
-
-impl Drop for PolicyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 #[test]
 fn a_pods_own_proxy_uid_needs_the_policy_and_stays_with_its_proxy_container() {
     const OPENSHIFT_UID: u32 = 1_000_680_000;
-    let policy = PolicyFile::new(
+    let policy = TempFile::new(
+        "policy.yaml",
         r#"
 rules:
 - name: openshift-uids

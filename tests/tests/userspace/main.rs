@@ -10,4 +10,5 @@ mod containerd;
 mod daemonset;
 mod deploy;
 mod prometheus;
+mod proxy_identity;
 mod reconcile;

@@ -35,6 +35,7 @@ const EXPECTED_SECONDS: &[(&str, u32)] = &[
     ("owner_identity", 7),
     ("parity", 55),
     ("prometheus", 18),
+    ("proxy_identity", 12),
     ("reconcile", 90),
     ("sockets", 20),
     ("sockopt_answers", 3),

@@ -64,6 +64,10 @@ enum Cmd {
         /// IPv6 listeners take IPv4 connections too (`IPV6_V6ONLY` off), as a proxy on `[::]` alone.
         #[arg(long)]
         dual_stack: bool,
+        /// Before listening, connect here until a connection is served (every 10 ms, as a proxy
+        /// retries its control plane), and print `first connection after N ms (M refused)`.
+        #[arg(long)]
+        dial_first: Option<SocketAddr>,
     },
     /// Run a program inside the pod, as the given identity.
     Exec {
@@ -320,6 +324,33 @@ fn connect(
     json!({ "ok": true, "local": local, "peer": peer, "reply": reply })
 }
 
+/// Connects to `to` until a connection is served, as a proxy retries its first connection, and
+/// says how long that took from this process's start.
+fn dial_until_served(args: &Args, to: SocketAddr) {
+    let start = std::time::Instant::now();
+    let mut refused = 0;
+    loop {
+        let tweaks = Tweaks {
+            transparent: false,
+            mark: None,
+        };
+        let got = connect(args, to, None, false, None, false, &tweaks);
+        if got["ok"] == true {
+            println!(
+                "first connection after {} ms ({refused} refused): {got}",
+                start.elapsed().as_millis()
+            );
+            let _ = std::io::stdout().flush();
+            return;
+        }
+        refused += 1;
+        if start.elapsed() > Duration::from_mins(1) {
+            die(format!("no connection to {to} in 60 s: {got}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// One more exchange on an open socket: the server's fresh answer, and the peer as the app sees
 /// it now.
 fn ask_again(fd: &std::os::fd::OwnedFd, udp: bool) -> Value {
@@ -406,8 +437,12 @@ fn main() {
             transparent,
             reuseport,
             dual_stack,
+            dial_first,
         } => {
             drop_privileges(&args);
+            if let Some(to) = dial_first {
+                dial_until_served(&args, *to);
+            }
             serve(
                 tcp,
                 udp,
