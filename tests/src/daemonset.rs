@@ -55,15 +55,35 @@ pub struct HttpProbe {
 
 /// The DaemonSet of `manifest` (the first one), with `node_ip` standing for `status.hostIP` and
 /// each ConfigMap volume `NAME` projected from the directory `config_maps/NAME`, where the test
-/// writes its keys as kubelet would.
+/// writes its keys as kubelet would (the manifest's own ConfigMaps' keys are written there too,
+/// where the test wrote none, if `config_maps` exists).
 pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAgentPod {
     let text = std::fs::read_to_string(manifest)
         .unwrap_or_else(|e| panic!("reading {}: {e}", manifest.display()));
-    let daemonset = serde_yaml_ng::Deserializer::from_str(&text)
+    let docs: Vec<Value> = serde_yaml_ng::Deserializer::from_str(&text)
         .map(|doc| {
             serde::Deserialize::deserialize(doc)
                 .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()))
         })
+        .collect();
+    // The manifest's own ConfigMaps, as kubelet projects them (a test's files win), where the
+    // test made a directory for them.
+    let projected = config_maps.is_dir();
+    for config_map in docs
+        .iter()
+        .filter(|d| projected && d["kind"] == "ConfigMap")
+    {
+        let dir = config_maps.join(config_map["metadata"]["name"].as_str().unwrap_or_default());
+        for (key, value) in config_map["data"].as_object().into_iter().flatten() {
+            let file = dir.join(key);
+            if !file.exists() {
+                std::fs::create_dir_all(&dir).expect("the ConfigMap's directory");
+                std::fs::write(&file, value.as_str().unwrap_or_default()).expect("a ConfigMap key");
+            }
+        }
+    }
+    let daemonset = docs
+        .into_iter()
         .find(|doc: &Value| doc["kind"] == "DaemonSet")
         .unwrap_or_else(|| panic!("no DaemonSet in {}", manifest.display()));
     let spec = &daemonset["spec"]["template"]["spec"];

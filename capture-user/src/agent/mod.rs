@@ -172,6 +172,12 @@ impl Agent {
         mesh
     }
 
+    fn refresh_policy(&self) -> Option<crate::config::policy::Policy> {
+        let policy = self.policy.as_ref()?.refresh();
+        self.metrics.set_ready(self.is_ready());
+        policy
+    }
+
     /// One scrape's exposition, encoded on a blocking thread: the node's series are read from
     /// its pins and pod records.
     async fn render_metrics(self: &Arc<Self>) -> Result<String, String> {
@@ -213,10 +219,7 @@ impl Agent {
     fn add(&self, pod: PodRequest, in_place: bool) -> Response {
         // Before the readiness check: a file fixed since the last poll serves this pod already.
         let mesh_config = self.refresh_mesh();
-        let policy = self
-            .policy
-            .as_ref()
-            .and_then(policy_watch::PolicyWatch::refresh);
+        let policy = self.refresh_policy();
         if let Err(why) = self.readiness() {
             return Response::failed(FailureKind::NotReady, format!("{why}; retry"));
         }
@@ -435,12 +438,18 @@ async fn retry_failed_releases(paths: Paths) {
     }
 }
 
-async fn poll_mesh_config(agent: Arc<Agent>) {
+/// Reads the mesh configuration and the annotation policy again every [`mesh_watch::POLL`], so
+/// that readiness follows a fixed file without waiting for an ADD.
+async fn poll_node_files(agent: Arc<Agent>) {
     let mut tick = tokio::time::interval(mesh_watch::POLL);
     loop {
         tick.tick().await;
         let a = Arc::clone(&agent);
-        let _ = tokio::task::spawn_blocking(move || a.refresh_mesh()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            a.refresh_mesh();
+            a.refresh_policy();
+        })
+        .await;
     }
 }
 
@@ -556,8 +565,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
                 }
             });
         }
-        if agent.mesh.is_some() {
-            tokio::spawn(poll_mesh_config(Arc::clone(&agent)));
+        if agent.mesh.is_some() || agent.policy.is_some() {
+            tokio::spawn(poll_node_files(Arc::clone(&agent)));
         }
         match agent.cfg.reconcile.clone() {
             Some(cfg) => {

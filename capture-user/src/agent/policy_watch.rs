@@ -1,6 +1,7 @@
 //! The annotation policy file the agent reads (`--annotation-policy`, a ConfigMap mounted into
-//! the DaemonSet). Read again before each ADD (a few hundred bytes), so that a change applies to
-//! the next pod without a restart. A content that cannot be used leaves the last good policy in
+//! the DaemonSet). Read again before each ADD (a few hundred bytes) and every few seconds, so
+//! that a change applies to the next pod without a restart, and a fixed file makes the agent
+//! ready. A content that cannot be used leaves the last good policy in
 //! force and is logged; with none before it (the agent's first start), the agent is not ready:
 //! capturing pods without the policy the operator asked for would let them bypass it.
 

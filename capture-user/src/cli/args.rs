@@ -207,6 +207,10 @@ pub enum Command {
         /// The socket owner's primary gid (default: the uid).
         #[arg(long)]
         from_gid: Option<u32>,
+        /// The connecting process runs in another container than the pod's proxy container
+        /// (pods under proxy identity by container exempt the proxy's ids only in it).
+        #[arg(long)]
+        from_other_container: bool,
         #[arg(long, value_enum, default_value = "tcp")]
         proto: crate::explain::Proto,
         #[arg(long, value_enum, default_value = "outbound")]

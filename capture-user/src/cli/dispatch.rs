@@ -334,11 +334,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             from,
             from_uid,
             from_gid,
+            from_other_container,
             proto,
             direction,
             json,
         } => {
             let question = Question {
+                outside_proxy_container: from_other_container,
                 pod: pod.selector()?,
                 to,
                 from,

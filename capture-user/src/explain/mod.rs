@@ -70,6 +70,9 @@ pub struct Question {
     pub gid: u32,
     pub proto: Proto,
     pub direction: Direction,
+    /// The connecting process runs in another container than the pod's proxy container (only
+    /// pods under proxy identity by container tell the two apart).
+    pub outside_proxy_container: bool,
 }
 
 /// What happens to the connection.
@@ -212,7 +215,7 @@ fn decide_outbound(
         uid: q.uid,
         gid: q.gid,
         udp: q.proto == Proto::Udp,
-        outside_proxy_container: false,
+        outside_proxy_container: q.outside_proxy_container && cfg.proxy_identity.is_some(),
     };
     let rule = outbound_rule(kcfg, lists, &conn);
     let by_gid = matches!(
@@ -275,6 +278,27 @@ pub(crate) fn decide(cfg: &CaptureConfig, q: &Question) -> Decision {
     }
 }
 
+/// What proxy identity by container means for the answer.
+fn identity_note(identity: &crate::config::ContainerIdentity, outside: bool) -> String {
+    let whose = if outside {
+        "another container's".to_string()
+    } else {
+        format!(
+            "the {} container's (--from-other-container asks for another)",
+            identity.container
+        )
+    };
+    let mut note = format!(
+        "proxy identity by container: the proxy's ids exempt only the {} container (now: {}); this answers for {whose} process",
+        identity.container,
+        identity.proxy.describe()
+    );
+    if identity.proxy == crate::config::ProxyContainer::Unknown && !outside {
+        note.push_str("; while it is unknown, a connection the proxy's ids would send elsewhere than an app's is refused");
+    }
+    note
+}
+
 /// Answers `q` for a pod of this node.
 ///
 /// # Errors
@@ -286,6 +310,9 @@ pub fn explain(paths: &Paths, q: &Question) -> Result<Explanation, ExplainError>
     let mut notes = Vec::new();
     if let Some(why) = &record.fallback_reason {
         notes.push(format!("the pod fell back to iptables: {why}"));
+    }
+    if let (Some(identity), Direction::Outbound) = (&record.config.proxy_identity, q.direction) {
+        notes.push(identity_note(identity, q.outside_proxy_container));
     }
     let missing = match ExistingBackends::new(paths).get(record.mode) {
         Ok(backend) => backend.missing(&record),

@@ -44,6 +44,7 @@ fn question(to: &str, uid: u32, proto: Proto, direction: Direction) -> Question 
         gid: uid,
         proto,
         direction,
+        outside_proxy_container: false,
     }
 }
 
@@ -326,4 +327,32 @@ fn every_rule_has_a_case() {
         // about would be listed here; today every rule is reachable.
         assert!(seen.contains(name), "no case reaches the rule {name}");
     }
+}
+
+#[test]
+fn under_proxy_identity_by_container_another_containers_proxy_uid_is_the_apps() {
+    let cfg = sidecar(&[("capture.dev/proxy-identity", "container")]);
+    assert!(cfg.proxy_identity.is_some());
+    let proxy = out("10.0.0.5:80", 1337);
+    assert_eq!(decide(&cfg, &proxy).rule, "proxy-uid");
+    let other = Question {
+        outside_proxy_container: true,
+        ..out("10.0.0.5:80", 1337)
+    };
+    let decision = decide(&cfg, &other);
+    assert_eq!(
+        (decision.rule, decision.redirect_to),
+        ("include-all-outbound", Some(15001))
+    );
+    // Without the mode, the flag changes nothing: the ids alone decide.
+    let by_uid = Question {
+        outside_proxy_container: true,
+        ..out("10.0.0.5:80", 1337)
+    };
+    assert_eq!(decide(&sidecar(&[]), &by_uid).rule, "proxy-uid");
+    let note = identity_note(cfg.proxy_identity.as_ref().unwrap(), false);
+    assert!(
+        note.contains("refused") && note.contains("istio-proxy"),
+        "{note}"
+    );
 }

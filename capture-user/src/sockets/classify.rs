@@ -191,6 +191,8 @@ fn decision(
             gid: owner.1,
             proto: Proto::Tcp,
             direction,
+            // The socket's container is not known here: judged as the proxy container's.
+            outside_proxy_container: false,
         },
     )
 }

@@ -92,6 +92,8 @@ fn the_daemonset_mounts_what_the_agent_needs() {
         "containerPort: 15301",
         "--mesh-config=/etc/istio/config/mesh",
         "name: istio\n",
+        "--annotation-policy=/etc/capture/policy/policy.yaml",
+        "name: capture-annotation-policy",
     ] {
         assert!(yaml.contains(needle), "capture.yaml lacks {needle:?}");
     }

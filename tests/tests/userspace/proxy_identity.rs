@@ -20,6 +20,8 @@ use capture_tests::{
 
 const BY_CONTAINER: (&str, &str) = ("capture.dev/proxy-identity", "container");
 const OWN_UID: i64 = 1_000_680_000;
+/// Proxy restarts in the test: each is learned again, and each is a sample of the delay.
+const RESTARTS: u32 = 4;
 const POLICY: &str = r#"
 rules:
 - name: openshift-uids
@@ -149,11 +151,6 @@ fn the_agent_learns_each_pods_proxy_container_and_exempts_it_alone() {
         .add_container(&mut a, &proxy(1337, &to, 0), true)
         .expect("the proxy");
     let first = first_connection_ms(&a, 0);
-    println!("identity pod a: the proxy's first connection after {first} ms");
-    assert!(
-        first < 10_000,
-        "the proxy's first connection took {first} ms"
-    );
     assert_eq!(
         proxy_state(&node, &a)["state"],
         "known",
@@ -175,20 +172,24 @@ fn the_agent_learns_each_pods_proxy_container_and_exempts_it_alone() {
     let got = runtime.connect_from(&a, "istio-proxy", &to);
     got.assert_served_by("app", "a's proxy goes where it asked");
 
-    // The runtime restarts the proxy: a new container and cgroup, learned again; the proxy's
-    // first connection goes through again.
-    runtime
-        .remove_container(&mut a, "istio-proxy")
-        .expect("stop the proxy");
-    runtime
-        .add_container(&mut a, &proxy(1337, &to, 1), true)
-        .expect("the restarted proxy");
-    let again = first_connection_ms(&a, 1);
-    println!("identity pod a, restarted proxy: first connection after {again} ms");
-    let got = runtime.connect_from(&a, "istio-proxy", &to);
-    got.assert_served_by("app", "a's restarted proxy");
+    // The runtime restarts the proxy: a new container and cgroup, learned again each time; the
+    // proxy's first connection goes through again (each restart one more sample of the delay).
+    let mut delays = vec![first];
+    for attempt in 1..=RESTARTS {
+        runtime
+            .remove_container(&mut a, "istio-proxy")
+            .expect("stop the proxy");
+        runtime
+            .add_container(&mut a, &proxy(1337, &to, attempt), true)
+            .expect("the restarted proxy");
+        delays.push(first_connection_ms(&a, attempt));
+        let got = runtime.connect_from(&a, "istio-proxy", &to);
+        got.assert_served_by("app", &format!("a's proxy after restart {attempt}"));
+    }
+    delays.sort_unstable();
+    println!("identity pod a: the proxy's first connection after {delays:?} ms (start and {RESTARTS} restarts)");
     let got = runtime.connect_from(&a, "as-proxy-uid", &to);
-    got.assert_served_by("outbound", "a's uid-1337 app after the restart");
+    got.assert_served_by("outbound", "a's uid-1337 app after the restarts");
 
     // The default is Istio's: an app container running as 1337 goes straight out.
     let Some(mut b) = pod(&runtime, "b", "default", MESHED) else {
@@ -267,4 +268,30 @@ fn the_agent_learns_each_pods_proxy_container_and_exempts_it_alone() {
     );
 
     agent.stop();
+}
+
+#[test]
+fn a_policy_that_cannot_be_read_keeps_a_starting_agent_unready_until_it_is_fixed() {
+    let node = Node::new();
+    let policy = TempFile::new("policy.yaml", "rules: [{name: x, annotations: {a: allow}}]");
+    let agent = node.spawn_agent_of(
+        &capture_tests::topology::capture_bin(),
+        "ebpf",
+        &["--annotation-policy", policy.path.to_str().unwrap()],
+    );
+    wait_until(
+        Duration::from_mins(1),
+        "the agent to blame the policy",
+        || match agent.get("/readyz") {
+            Some((503, body)) if body.contains("annotation policy") => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    let (_, body) = agent.get("/readyz").expect("an answer");
+    assert!(
+        body.contains(policy.path.to_str().unwrap()),
+        "names the file: {body}"
+    );
+    policy.write("rules: []");
+    agent.wait_ready();
 }
