@@ -278,7 +278,12 @@ impl Agent {
                 warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, error = %e, "capture failed");
                 // The attach rolled back: nothing of capture remains for the container.
                 self.withdraw_claim(&container_id);
-                let kind = if matches!(e, ops::Error::Config(_)) {
+                // The pod's own doing (its annotations, the policy they break, a mode this node
+                // cannot give it): the same CNI error as a malformed annotation.
+                let kind = if matches!(
+                    e,
+                    ops::Error::Config(_) | ops::Error::Policy(_) | ops::Error::Identity(_)
+                ) {
                     FailureKind::InvalidConfig
                 } else {
                     FailureKind::CaptureFailed

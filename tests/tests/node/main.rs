@@ -5,6 +5,7 @@
 
 mod cni;
 mod explain;
+mod identity_policy;
 mod image;
 mod lifecycle;
 mod limits;
