@@ -151,6 +151,14 @@ impl Metrics {
         }
     }
 
+    /// Adds the node-wide maps' fill levels (read from the pins under `paths` at each scrape).
+    #[must_use]
+    pub fn with_map_fill(mut self, paths: crate::paths::Paths) -> Self {
+        self.registry
+            .register_collector(Box::new(super::map_metrics::MapsCollector::new(paths)));
+        self
+    }
+
     pub fn set_uncaptured(&self, pods: usize) {
         self.uncaptured.set(i64::try_from(pods).unwrap_or(i64::MAX));
     }

@@ -7,6 +7,7 @@
 
 mod cni_watch;
 mod http;
+mod map_metrics;
 mod mesh_watch;
 mod metrics;
 mod node_metrics;
@@ -521,6 +522,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             None
         }
     };
+    let metrics =
+        metrics::Metrics::new(mode, &probe.checks, read_node).with_map_fill(cfg.paths.clone());
     let agent = Arc::new(Agent {
         policy,
         proxies,
@@ -528,7 +531,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         mode,
         phase: Mutex::new(Phase::Starting),
         mesh,
-        metrics: metrics::Metrics::new(mode, &probe.checks, read_node),
+        metrics,
     });
     // A small file: read before anything else, so that readiness tells a bad one from the start.
     agent.refresh_mesh();

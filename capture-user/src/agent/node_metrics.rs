@@ -258,7 +258,7 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
 /// One metric family: its HELP and TYPE, then one sample per label set. A family without samples
 /// is left out entirely, as the registry does with its own empty families. prometheus-client
 /// appends `_total` to counter names.
-fn family<L: EncodeLabelSet, M: EncodeMetric>(
+pub(super) fn family<L: EncodeLabelSet, M: EncodeMetric>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

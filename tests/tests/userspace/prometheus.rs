@@ -30,6 +30,7 @@ const LABELS: &[&str] = &[
     "op",
     "result",
     "le",
+    "map",
 ];
 
 const SCRAPED: Duration = Duration::from_mins(1);
@@ -77,6 +78,19 @@ fn prometheus_scrapes_the_agent_and_reads_pod_counters_back() {
     });
     let labels = &samples[0].labels;
     assert_eq!(labels["mode"], "ebpf", "{labels:?}");
+    // The node-wide maps' fill levels: one config per captured pod, out of the map's capacity.
+    prometheus.wait_for("capture_map_entries{map=\"POD_CONFIGS\"}", SCRAPED, |s| {
+        s.len() == 1 && s[0].value == 2.0
+    });
+    let paths = capture_user::paths::Paths::new(&node.dirs.bpffs, &node.dirs.state);
+    let capacity = capture_user::ebpf::limits::node_limits(&paths)
+        .iter()
+        .find(|l| l.map == "POD_CONFIGS")
+        .map(|l| f64::from(l.capacity))
+        .expect("POD_CONFIGS in the node's limits");
+    prometheus.wait_for("capture_map_capacity{map=\"POD_CONFIGS\"}", SCRAPED, |s| {
+        s.len() == 1 && s[0].value == capacity
+    });
     assert_eq!(labels["namespace"], "default", "{labels:?}");
     // What Prometheus stored is what the agent counts (no traffic runs any more).
     let scrape = agent.checked_metrics();
