@@ -27,6 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     config::ProxyContainer,
+    identity::Naming,
     paths::Paths,
     record::{PodRecord, PodSelector},
     runtime::cri::{Cri, CALL_TIMEOUT},
@@ -188,19 +189,12 @@ impl ProxyWatch {
         {
             return;
         }
-        let proxy = match crate::identity::known(
-            &watched.cgroup,
-            &watched.cgroup.join(dir),
-            Some(id.into()),
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(container = id, error = %e, "the proxy container's cgroup cannot be used");
-                return;
-            }
-        };
         let which = PodSelector::ContainerId(watched.sandbox.clone());
-        match crate::identity::set_proxy_container(&self.paths, &which, proxy) {
+        let naming = Naming::Cgroup {
+            path: watched.cgroup.join(dir),
+            container_id: Some(id.into()),
+        };
+        match crate::identity::set_proxy_container(&self.paths, &which, naming) {
             Ok(learned) if learned.changed => {
                 info!(sandbox = %watched.sandbox, container = id, cgroup = %watched.cgroup.join(dir).display(), took = ?start.elapsed(), "proxy container known");
             }

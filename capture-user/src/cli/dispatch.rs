@@ -100,17 +100,15 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             none,
             unknown: _,
         } => {
-            let which = pod.selector()?;
-            let proxy = match (cgroup, none) {
-                (Some(path), _) => {
-                    let record = crate::record::find(&paths, &which)?
-                        .ok_or_else(|| anyhow::anyhow!("{which:?} is not captured"))?;
-                    crate::identity::known(&record.cgroup, &path, None)?
-                }
-                (None, true) => crate::config::ProxyContainer::None,
-                (None, false) => crate::config::ProxyContainer::Unknown,
+            let naming = match (cgroup, none) {
+                (Some(path), _) => crate::identity::Naming::Cgroup {
+                    path,
+                    container_id: None,
+                },
+                (None, true) => crate::identity::Naming::None,
+                (None, false) => crate::identity::Naming::Unknown,
             };
-            let learned = crate::identity::set_proxy_container(&paths, &which, proxy)?;
+            let learned = crate::identity::set_proxy_container(&paths, &pod.selector()?, naming)?;
             let proxy = learned
                 .record
                 .config

@@ -68,9 +68,30 @@ pub enum Allowed {
     /// A CIDR list whose every range lies within one of these.
     Within(Vec<IpNet>),
     /// A port list whose every port lies in one of these (`8080` or `9000-9100`).
-    Ports(Vec<String>),
+    Ports(Ranges),
     /// An id list whose every id lies in one of these (`1337` or `1000680000-1000689999`).
-    Ids(Vec<String>),
+    Ids(Ranges),
+}
+
+/// Inclusive number ranges, as the policy wrote them (`N` or `N-M`) and parsed once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ranges {
+    written: Vec<String>,
+    bounds: Vec<(u64, u64)>,
+}
+
+impl Ranges {
+    fn parse(written: Vec<String>) -> Result<Self, String> {
+        let bounds = written
+            .iter()
+            .map(|r| range(r).ok_or_else(|| format!("{r:?} is not N or N-M")))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { written, bounds })
+    }
+
+    fn contains(&self, n: u64) -> bool {
+        self.bounds.iter().any(|&(lo, hi)| (lo..=hi).contains(&n))
+    }
 }
 
 /// `deny`, or one bound: `{values: …}`, `{within: …}`, `{ports: …}` or `{ids: …}`.
@@ -102,8 +123,8 @@ impl TryFrom<AllowedText> for Allowed {
             AllowedText::Bound(b) => match (b.values, b.within, b.ports, b.ids) {
                 (Some(v), None, None, None) => Ok(Self::Values(v)),
                 (None, Some(w), None, None) => Ok(Self::Within(w)),
-                (None, None, Some(p), None) => Ok(Self::Ports(p)),
-                (None, None, None, Some(i)) => Ok(Self::Ids(i)),
+                (None, None, Some(p), None) => Ranges::parse(p).map(Self::Ports),
+                (None, None, None, Some(i)) => Ranges::parse(i).map(Self::Ids),
                 _ => Err(EXPECTED.into()),
             },
         }
@@ -140,29 +161,12 @@ pub enum PolicyError {
 /// Reads a policy file's content.
 ///
 /// # Errors
-/// YAML that is not a policy, or a bound that does not parse.
+/// YAML that is not a policy, or a bound that does not parse (the error names where).
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     if text.trim().is_empty() {
         return Ok(Policy::default());
     }
-    let policy: Policy =
-        serde_yaml_ng::from_str(text).map_err(|e| PolicyError::Malformed(e.to_string()))?;
-    for rule in &policy.rules {
-        for (key, allowed) in &rule.annotations {
-            let (Allowed::Ports(ranges) | Allowed::Ids(ranges)) = allowed else {
-                continue;
-            };
-            for r in ranges {
-                range(r).ok_or_else(|| {
-                    PolicyError::Malformed(format!(
-                        "rule {:?}, {key}: {r:?} is not N or N-M",
-                        rule.name
-                    ))
-                })?;
-            }
-        }
-    }
-    Ok(policy)
+    serde_yaml_ng::from_str(text).map_err(|e| PolicyError::Malformed(e.to_string()))
 }
 
 /// Reads a policy file.
@@ -180,13 +184,6 @@ fn range(text: &str) -> Option<(u64, u64)> {
     let (lo, hi) = text.split_once('-').unwrap_or((text, text));
     let (lo, hi) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
     (lo <= hi).then_some((lo, hi))
-}
-
-fn in_ranges(n: u64, ranges: &[String]) -> bool {
-    ranges
-        .iter()
-        .filter_map(|r| range(r))
-        .any(|(lo, hi)| (lo..=hi).contains(&n))
 }
 
 impl Rule {
@@ -273,8 +270,8 @@ fn check_value(key: &str, value: &str, allowed: &Allowed) -> Result<(), String> 
         }
         Allowed::Ports(ranges) => {
             let ports = parse_ports(key, value).map_err(|e| e.to_string())?;
-            match ports.iter().find(|p| !in_ranges(u64::from(**p), ranges)) {
-                Some(p) => Err(format!("port {p} is not in {ranges:?}")),
+            match ports.iter().find(|p| !ranges.contains(u64::from(**p))) {
+                Some(p) => Err(format!("port {p} is not in {:?}", ranges.written)),
                 None => Ok(()),
             }
         }
@@ -284,8 +281,8 @@ fn check_value(key: &str, value: &str, allowed: &Allowed) -> Result<(), String> 
                     .trim()
                     .parse()
                     .map_err(|_| format!("{id:?} is not a number"))?;
-                if !in_ranges(n, ranges) {
-                    return Err(format!("id {n} is not in {ranges:?}"));
+                if !ranges.contains(n) {
+                    return Err(format!("id {n} is not in {:?}", ranges.written));
                 }
             }
             Ok(())
