@@ -414,6 +414,16 @@ impl Drop for ReadOnlyBind {
     }
 }
 
+/// A command's stdout and stderr, one after the other (for messages and `contains` checks).
+#[must_use]
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// A file in a directory of its own, both removed on drop (a policy or mesh file a test hands
 /// to capture).
 pub struct TempFile {

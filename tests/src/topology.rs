@@ -275,6 +275,11 @@ impl Topology {
         serde_json::from_slice(&out.stdout).expect("status JSON")
     }
 
+    /// The pod's proxy identity as `status --json` records it (null under the uid rules).
+    pub fn proxy_identity(&self) -> serde_json::Value {
+        self.status()["pods"][0]["config"]["proxy_identity"].clone()
+    }
+
     /// A probe command that enters the pod (cgroup, netns, its user namespace) as `who`.
     pub fn probe_in_pod(&self, who: &Who) -> Command {
         self.probe_in_cgroup(&self.pod.cgroup.path, who)

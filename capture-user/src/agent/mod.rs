@@ -10,6 +10,7 @@ mod http;
 mod map_metrics;
 mod mesh_watch;
 mod metrics;
+mod node_files;
 mod node_metrics;
 mod policy_watch;
 mod prepare;
@@ -116,8 +117,7 @@ pub struct Agent {
     cfg: AgentConfig,
     mode: Mode,
     phase: Mutex<Phase>,
-    mesh: Option<mesh_watch::MeshWatch>,
-    policy: Option<policy_watch::PolicyWatch>,
+    files: node_files::NodeFiles,
     /// Learns the proxy containers of pods under proxy identity by container.
     proxies: Option<Arc<proxy_watch::ProxyWatch>>,
     metrics: metrics::Metrics,
@@ -141,16 +141,7 @@ impl Agent {
             Phase::Stopping => Some("the agent is stopping".to_string()),
             Phase::Serving => None,
         };
-        let mesh = self.mesh.as_ref().and_then(mesh_watch::MeshWatch::unusable);
-        let policy = self
-            .policy
-            .as_ref()
-            .and_then(policy_watch::PolicyWatch::unusable);
-        let mesh = match (mesh, policy) {
-            (Some(m), Some(p)) => Some(format!("{m}; {p}")),
-            (m, p) => m.or(p),
-        };
-        match (phase, mesh) {
+        match (phase, self.files.unusable()) {
             (None, None) => Ok(()),
             (Some(why), None) | (None, Some(why)) => Err(why),
             (Some(phase), Some(mesh)) => Err(format!("{phase}; and {mesh}")),
@@ -168,13 +159,14 @@ impl Agent {
 
     /// Reads the mesh configuration again if it changed (and the readiness that follows).
     fn refresh_mesh(&self) -> Option<crate::config::MeshConfig> {
-        let mesh = self.mesh.as_ref()?.refresh();
+        let mesh = self.files.refresh_mesh();
         self.metrics.set_ready(self.is_ready());
         mesh
     }
 
+    /// Reads the annotation policy again if it changed (and the readiness that follows).
     fn refresh_policy(&self) -> Option<crate::config::policy::Policy> {
-        let policy = self.policy.as_ref()?.refresh();
+        let policy = self.files.refresh_policy();
         self.metrics.set_ready(self.is_ready());
         policy
     }
@@ -503,18 +495,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             .inspect_err(|e| warn!(error = %e, "reading the node's status for /metrics"))
             .ok()
     });
-    let mesh = if let Some(path) = &cfg.mesh_config {
-        Some(mesh_watch::MeshWatch::new(path.clone(), &cfg.paths))
-    } else {
-        // A report of an earlier agent's file would say a configuration is in use.
-        let _ = std::fs::remove_file(cfg.paths.mesh_config_report_path());
-        None
-    };
-    let policy = cfg.annotation_policy.clone().map(|path| {
-        let watch = policy_watch::PolicyWatch::new(path);
-        watch.refresh();
-        watch
-    });
+    // Small files: read before anything else, so that readiness tells a bad one from the start.
+    let files = node_files::NodeFiles::open(&cfg);
     let proxies = match proxy_watch::ProxyWatch::start(cfg.paths.clone(), &cfg.cri_socket) {
         Ok(watch) => Some(watch),
         Err(e) => {
@@ -525,16 +507,13 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let metrics =
         metrics::Metrics::new(mode, &probe.checks, read_node).with_map_fill(cfg.paths.clone());
     let agent = Arc::new(Agent {
-        policy,
+        files,
         proxies,
         cfg,
         mode,
         phase: Mutex::new(Phase::Starting),
-        mesh,
         metrics,
     });
-    // A small file: read before anything else, so that readiness tells a bad one from the start.
-    agent.refresh_mesh();
     // Served from now on, so that /healthz answers and /readyz says "not ready" while the
     // programs load.
     tokio::spawn(http::serve(Arc::clone(&agent), http, http::Endpoints::All));
@@ -573,7 +552,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
                 }
             });
         }
-        if agent.mesh.is_some() || agent.policy.is_some() {
+        if agent.files.any() {
             tokio::spawn(poll_node_files(Arc::clone(&agent)));
         }
         match agent.cfg.reconcile.clone() {

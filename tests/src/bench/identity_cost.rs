@@ -53,11 +53,10 @@ pub fn markdown(r: &Results) -> String {
 
 /// Writes identity-cost.md and identity-cost.json into `dir`.
 pub fn write(r: &Results, dir: &Path) {
-    std::fs::create_dir_all(dir).expect("output directory");
-    std::fs::write(
-        dir.join("identity-cost.json"),
-        serde_json::to_vec_pretty(r).expect("serialise"),
-    )
-    .expect("identity-cost.json");
-    std::fs::write(dir.join("identity-cost.md"), markdown(r)).expect("identity-cost.md");
+    super::report::write_json_and_markdown(
+        r,
+        dir,
+        "identity-cost.json",
+        ("identity-cost.md", &markdown(r)),
+    );
 }

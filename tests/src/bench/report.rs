@@ -425,15 +425,20 @@ pub fn svg(r: &Results) -> String {
     o
 }
 
-/// Writes results.json, benchmarks.md and benchmarks.svg into `dir`.
-pub fn write(r: &Results, dir: &Path) {
+/// Writes the results as `json` and a report of them as `md` (file names) into `dir`.
+pub fn write_json_and_markdown(r: &Results, dir: &Path, json: &str, md: (&str, &str)) {
     std::fs::create_dir_all(dir).expect("output directory");
     std::fs::write(
-        dir.join("results.json"),
+        dir.join(json),
         serde_json::to_vec_pretty(r).expect("serialise"),
     )
-    .expect("results.json");
-    std::fs::write(dir.join("benchmarks.md"), markdown(r)).expect("benchmarks.md");
+    .expect(json);
+    std::fs::write(dir.join(md.0), md.1).expect(md.0);
+}
+
+/// Writes results.json, benchmarks.md and benchmarks.svg into `dir`.
+pub fn write(r: &Results, dir: &Path) {
+    write_json_and_markdown(r, dir, "results.json", ("benchmarks.md", &markdown(r)));
     std::fs::write(dir.join("benchmarks.svg"), svg(r)).expect("benchmarks.svg");
 }
 

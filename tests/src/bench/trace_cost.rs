@@ -72,11 +72,10 @@ pub fn markdown(r: &Results) -> String {
 
 /// Writes trace-cost.md and trace-cost.json into `dir`.
 pub fn write(r: &Results, dir: &Path) {
-    std::fs::create_dir_all(dir).expect("output directory");
-    std::fs::write(
-        dir.join("trace-cost.json"),
-        serde_json::to_vec_pretty(r).expect("serialise"),
-    )
-    .expect("trace-cost.json");
-    std::fs::write(dir.join("trace-cost.md"), markdown(r)).expect("trace-cost.md");
+    super::report::write_json_and_markdown(
+        r,
+        dir,
+        "trace-cost.json",
+        ("trace-cost.md", &markdown(r)),
+    );
 }

@@ -86,11 +86,18 @@ pub fn named_container(name: &str, image: &str) -> ContainerConfig {
 }
 
 pub fn container_config(name: &str, image: &str, user: i64) -> ContainerConfig {
+    container_config_as(name, image, (user, user, &[]))
+}
+
+/// As [`container_config`], as uid, primary gid and supplementary groups `ids`.
+pub fn container_config_as(name: &str, image: &str, ids: (i64, i64, &[i64])) -> ContainerConfig {
+    let (uid, gid, groups) = ids;
     ContainerConfig {
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
-                run_as_user: Some(Int64Value { value: user }),
-                run_as_group: Some(Int64Value { value: user }),
+                run_as_user: Some(Int64Value { value: uid }),
+                run_as_group: Some(Int64Value { value: gid }),
+                supplemental_groups: groups.to_vec(),
                 namespace_options: Some(namespaces()),
                 ..Default::default()
             }),

@@ -1,13 +1,9 @@
 //! More containers in a running pod, as a pod spec with several gets them: any image, user,
 //! groups and command, started by runc inside the sandbox like the app and the proxy.
 
-use k8s_cri::v1::{Int64Value, LinuxContainerConfig, LinuxContainerSecurityContext};
 use tonic::Status;
 
-use super::{
-    config::{named_container, namespaces},
-    Containerd, CriPod,
-};
+use super::{config::container_config_as, Containerd, CriPod};
 
 /// A container the test adds to a pod.
 #[derive(Clone, Debug)]
@@ -32,20 +28,11 @@ impl Containerd {
         extra: &Extra<'_>,
         ready: bool,
     ) -> Result<String, Status> {
-        let mut config = named_container(extra.name, extra.image);
+        let ids = (extra.uid, extra.gid, extra.groups);
+        let mut config = container_config_as(extra.name, extra.image, ids);
         config.metadata.as_mut().expect("metadata").attempt = extra.attempt;
         config.log_path = format!("{}-{}.log", extra.name, extra.attempt);
         config.command = extra.command.clone().unwrap_or_default();
-        config.linux = Some(LinuxContainerConfig {
-            security_context: Some(LinuxContainerSecurityContext {
-                run_as_user: Some(Int64Value { value: extra.uid }),
-                run_as_group: Some(Int64Value { value: extra.gid }),
-                supplemental_groups: extra.groups.to_vec(),
-                namespace_options: Some(namespaces()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
         let id = self.cri().start_container(&pod.id, &config, &pod.config)?;
         pod.containers.insert(extra.name.to_string(), id.clone());
         if ready {

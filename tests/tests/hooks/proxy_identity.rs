@@ -5,32 +5,20 @@
 
 use capture_tests::{
     cases::{run_cases_on, Backend, Case, Expect},
+    guards::output_text,
     probe::Who,
     topology::Topology,
 };
 
 const REMOTE: &str = "10.0.0.5:80";
 
-fn out_text(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn name_proxy(topo: &Topology, args: &[&str]) -> String {
     let netns = topo.pod.netns.path();
     let mut argv = vec!["proxy-container", "--netns", netns.to_str().unwrap()];
     argv.extend(args);
     let out = topo.capture(&argv);
-    assert!(out.status.success(), "{argv:?}: {}", out_text(&out));
-    out_text(&out)
-}
-
-/// The pod's proxy identity as `status --json` records it.
-fn recorded_identity(topo: &Topology) -> serde_json::Value {
-    topo.status()["pods"][0]["config"]["proxy_identity"].clone()
+    assert!(out.status.success(), "{argv:?}: {}", output_text(&out));
+    output_text(&out)
 }
 
 #[test]
@@ -55,7 +43,7 @@ fn only_the_proxy_container_escapes_capture() {
     // By container, before the proxy container is known: the proxy's ids are refused where
     // they would leave the proxy, and decide as an app's would elsewhere; the app is captured.
     topo.attach(&["--mode", "ebpf", "--proxy-identity", "container"]);
-    assert_eq!(recorded_identity(&topo)["proxy"]["state"], "unknown");
+    assert_eq!(topo.proxy_identity()["proxy"]["state"], "unknown");
     run_cases_on(
         &topo,
         Some(Backend::Ebpf),
@@ -85,7 +73,7 @@ fn only_the_proxy_container_escapes_capture() {
 
     let said = name_proxy(&topo, &["--cgroup", proxy.path.to_str().unwrap()]);
     assert!(said.contains("istio-proxy"), "{said}");
-    let recorded = recorded_identity(&topo);
+    let recorded = topo.proxy_identity();
     assert_eq!(recorded["proxy"]["state"], "known", "{recorded}");
     let text = String::from_utf8_lossy(&topo.capture(&["status"]).stdout).to_string();
     assert!(

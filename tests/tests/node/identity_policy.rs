@@ -5,25 +5,12 @@
 
 use capture_tests::{
     cases::{run_cases_on, Backend, Case, Expect},
-    guards::TempFile,
+    guards::{output_text, TempFile},
     probe::Who,
     topology::Topology,
 };
 
 const REMOTE: &str = "10.0.0.5:80";
-
-fn out_text(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// The pod's proxy identity as `status --json` records it.
-fn recorded_identity(topo: &Topology) -> serde_json::Value {
-    topo.status()["pods"][0]["config"]["proxy_identity"].clone()
-}
 
 #[test]
 fn proxy_identity_bad_input_is_refused_and_named() {
@@ -32,7 +19,7 @@ fn proxy_identity_bad_input_is_refused_and_named() {
     let elsewhere = capture_tests::guards::CgroupGuard::new("capture-not-the-pod");
     let refused = |extra: &[&str], says: &[&str]| {
         let out = topo.try_attach(extra);
-        let text = out_text(&out);
+        let text = output_text(&out);
         assert!(!out.status.success(), "{extra:?} was accepted: {text}");
         for s in says {
             assert!(text.contains(s), "{extra:?}: {s:?} not in {text}");
@@ -83,7 +70,7 @@ fn proxy_identity_bad_input_is_refused_and_named() {
         "--proxy-cgroup",
         proxy_path,
     ]);
-    assert_eq!(recorded_identity(&topo)["proxy"]["state"], "known");
+    assert_eq!(topo.proxy_identity()["proxy"]["state"], "known");
 }
 
 #[test]
@@ -107,7 +94,7 @@ rules:
     let own_uid = format!("capture.dev/proxy-uid={OPENSHIFT_UID}");
 
     let out = topo.try_attach(&["--annotation", &own_uid]);
-    let text = out_text(&out);
+    let text = output_text(&out);
     assert!(!out.status.success(), "no policy allows it: {text}");
     assert!(
         text.contains("capture.dev/proxy-uid") && text.contains("annotation policy"),
@@ -119,7 +106,7 @@ rules:
         "--annotation",
         "traffic.sidecar.istio.io/excludeOutboundIPRanges=0.0.0.0/0",
     ]);
-    let text = out_text(&out);
+    let text = output_text(&out);
     assert!(
         !out.status.success(),
         "wider than the policy's bound: {text}"
