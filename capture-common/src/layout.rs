@@ -128,6 +128,22 @@ impl MapId {
         }
     }
 
+    /// The capacity the object declares for a map that holds a bounded share per pod, sized for
+    /// `MAX_PODS` pods (the loader scales it to the node's pod limit); `None` for the maps whose
+    /// capacity does not follow the number of pods.
+    #[must_use]
+    pub const fn declared_capacity(self) -> Option<u32> {
+        match self {
+            Self::PodConfigs | Self::PodCounters | Self::AccelCounters => Some(MAX_PODS),
+            Self::PortLists => Some(MAX_PORT_ENTRIES),
+            Self::CidrLists => Some(MAX_CIDR_ENTRIES),
+            Self::InboundPods => Some(MAX_INBOUND_ADDRESSES),
+            Self::InboundListeners => Some(MAX_INBOUND_LISTENERS),
+            Self::LoopbackDests => Some(MAX_LOOPBACK_DESTS),
+            _ => None,
+        }
+    }
+
     #[must_use]
     pub const fn carry(self) -> Carry {
         match self {
@@ -229,21 +245,25 @@ pub const MAX_HANDOFFS: u32 = 65536;
 #[cfg(feature = "layout-next")]
 pub const MAX_HANDOFFS: u32 = 65536 + 4096;
 
-/// Pods one node can capture at once.
+/// The most pods a node can be sized for (`--max-pods`). The object declares every per-pod map
+/// for this many pods; the loader scales each one down to the node's own pod limit
+/// (`MapId::declared_capacity`), so that a full node's pods, each at its quotas, fit exactly.
 pub const MAX_PODS: u32 = 4096;
 
-/// `PORT_LISTS`'s capacity: the port-list entries of every pod on the node.
-pub const MAX_PORT_ENTRIES: u32 = 65536;
-/// `CIDR_LISTS`'s capacity: the CIDR-list entries (and DNS nameservers) of every pod on the node.
-pub const MAX_CIDR_ENTRIES: u32 = 16384;
+/// A pod's share of `PORT_LISTS`: one pod cannot take another's room, however long its port
+/// annotations are.
+pub const POD_PORT_QUOTA: u32 = 1024;
+/// A pod's share of `CIDR_LISTS`.
+pub const POD_CIDR_QUOTA: u32 = 256;
+
+/// `PORT_LISTS`'s declared capacity: every pod's port-list entries at its quota.
+pub const MAX_PORT_ENTRIES: u32 = MAX_PODS * POD_PORT_QUOTA;
+/// `CIDR_LISTS`'s declared capacity: every pod's CIDR-list entries (and DNS nameservers) at its
+/// quota.
+pub const MAX_CIDR_ENTRIES: u32 = MAX_PODS * POD_CIDR_QUOTA;
 /// `INBOUND_PODS`'s capacity: one address per family per pod.
 pub const MAX_INBOUND_ADDRESSES: u32 = 2 * MAX_PODS;
 
-/// A pod's share of `PORT_LISTS`: one pod cannot fill the node's map, however long its port
-/// annotations are (it would take 64 pods at the quota to fill it).
-pub const POD_PORT_QUOTA: u32 = 1024;
-/// A pod's share of `CIDR_LISTS` (64 pods at the quota fill it).
-pub const POD_CIDR_QUOTA: u32 = 256;
 /// A pod's share of `INBOUND_PODS`: its IPv4 and its IPv6 address, which the map has room for on
 /// every pod of a full node.
 pub const POD_INBOUND_ADDRESS_QUOTA: u32 = 2;
@@ -258,10 +278,10 @@ pub const MAX_INBOUND_LISTENERS: u32 = 2 * MAX_PODS * crate::keys::LISTENER_SLOT
 /// `ACCEL_PEERS`'s capacity: accelerated sockets on the node, two per connection.
 pub const MAX_ACCEL_SOCKETS: u32 = 131_072;
 
-/// `LOOPBACK_DESTS`'s capacity: the loopback addresses of every pod's destinations (a pod holds
-/// at most `loopback::LOOPBACK_SLOTS`, so 16 pods at that quota fill it; past it, connections to
-/// new destinations take the stateful path).
-pub const MAX_LOOPBACK_DESTS: u32 = 131_072;
+/// `LOOPBACK_DESTS`'s declared capacity: the loopback addresses of every pod's destinations, each
+/// pod at its share (`loopback::POD_LOOPBACK_QUOTA`; past it, connections to new destinations
+/// take the stateful path).
+pub const MAX_LOOPBACK_DESTS: u32 = MAX_PODS * crate::loopback::POD_LOOPBACK_QUOTA;
 
 /// This build's maps' layouts, in the order user space pins them.
 pub const MAP_LAYOUTS: [MapLayout; MapId::ALL.len()] = {

@@ -22,7 +22,7 @@ use capture_common::{
     },
 };
 
-/// Pods one node can capture at once.
+/// Pods one node can capture at once (the loader scales each per-pod map to the node's limit).
 const MAX_PODS: usize = layout::MAX_PODS as usize;
 const MAX_PORT_ENTRIES: usize = layout::MAX_PORT_ENTRIES as usize;
 const MAX_CIDR_ENTRIES: usize = layout::MAX_CIDR_ENTRIES as usize;
@@ -39,8 +39,10 @@ pub static POD_COUNTERS: PerCpuHashMap<u64, PodCounters, MAX_PODS> = PerCpuHashM
 #[btf_map]
 pub static NODE_ERRORS: PerCpuArray<u64, { NODE_ERROR_KINDS as usize }> = PerCpuArray::new();
 
+/// Allocated as used: the capacity is every pod's quota, and most pods list a few ports.
 #[btf_map]
-pub static PORT_LISTS: HashMap<PortKey, u8, MAX_PORT_ENTRIES> = HashMap::new();
+pub static PORT_LISTS: HashMap<PortKey, u8, MAX_PORT_ENTRIES, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
 
 #[btf_map]
 pub static CIDR_LISTS: LpmTrie<CidrKey, u8, MAX_CIDR_ENTRIES> = LpmTrie::new();

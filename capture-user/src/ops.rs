@@ -205,21 +205,28 @@ fn attach_backend(
     allow_fallback: bool,
 ) -> Result<(), Error> {
     let mut backend = AnyBackend::for_attach(paths, record.mode)?;
-    match backend.attach(target, &record.config) {
-        Err(BackendError::Ebpf(EbpfError::MissingHook(missing)))
-            if allow_fallback && record.config.proxy_identity.is_none() =>
-        {
-            record.mode = Mode::Iptables;
-            record.fallback_cause = Some(FallbackCause::KernelHook);
-            record.fallback_reason = Some(format!(
+    // Proxy identity has no iptables form: such a pod is refused rather than weakened.
+    let may_fall_back = allow_fallback && record.config.proxy_identity.is_none();
+    let fallback = match backend.attach(target, &record.config) {
+        Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if may_fall_back => Some((
+            FallbackCause::KernelHook,
+            format!(
                 "this kernel refused {}, which the pod needs: {}",
                 missing.hook, missing.reason
-            ));
-            record.config.accelerate = false;
-            backend = AnyBackend::for_attach(paths, Mode::Iptables)?;
-            backend.attach(target, &record.config)?;
+            ),
+        )),
+        Err(BackendError::Ebpf(full @ EbpfError::NodeFull { .. })) if may_fall_back => {
+            Some((FallbackCause::NodeFull, full.to_string()))
         }
-        result => result?,
+        result => result.map(|()| None)?,
+    };
+    if let Some((cause, reason)) = fallback {
+        record.mode = Mode::Iptables;
+        record.fallback_cause = Some(cause);
+        record.fallback_reason = Some(reason);
+        record.config.accelerate = false;
+        backend = AnyBackend::for_attach(paths, Mode::Iptables)?;
+        backend.attach(target, &record.config)?;
     }
     record.iptables = backend.iptables_flavour();
     if let Err(e) = record::save(paths, record) {
@@ -455,7 +462,7 @@ pub struct PodStatus {
     /// Which build's kernel programs capture the pod (ebpf pods).
     pub program_build: Option<String>,
     /// Destinations the pod has a loopback address for (ebpf pods with the stateless redirect):
-    /// at most `LOOPBACK_SLOTS`; connections to others take the stateful path.
+    /// at most `POD_LOOPBACK_QUOTA`; connections to others take the stateful path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loopback_destinations: Option<usize>,
     /// For pods that ask for the app-to-proxy acceleration: whether they have it, and why not.

@@ -122,7 +122,7 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         &format!(
             "Destinations the pod has a loopback address of the stateless redirect for (ebpf \
              pods); at {}, connections to new destinations take the stateful path.",
-            capture_common::loopback::LOOPBACK_SLOTS
+            capture_common::loopback::POD_LOOPBACK_QUOTA
         ),
         &loopback,
     )?;

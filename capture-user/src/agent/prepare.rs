@@ -13,7 +13,7 @@ pub(super) fn prepare(agent: &Agent) -> Result<(), AgentError> {
         use crate::ebpf::{loader::LoadError, EbpfError};
         match crate::ebpf::adopt_or_load(paths) {
             Ok(Some(report)) => {
-                info!(from = %report.from, to = %report.to, pods = report.pods, maps = ?report.maps, "took the node over from another build");
+                info!(from = %report.from, to = %report.to, pods = report.pods, maps = ?report.maps, "took the node over (another build, or another --max-pods)");
                 for failed in &report.failed {
                     warn!(pod = %failed, "a pod's links still run the old build's programs");
                 }

@@ -24,6 +24,11 @@ pub struct Cli {
     /// Directory for pod records and the node lock.
     #[arg(long, global = true, env = "CAPTURE_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// The pods the node's eBPF maps are sized for (default 256): give the kubelet's maxPods.
+    /// Applied where the node's programs are loaded (the first attach, or the agent's start,
+    /// which resizes a loaded node in place); a pod past it is refused (auto: iptables).
+    #[arg(long, global = true, env = "CAPTURE_MAX_PODS")]
+    pub max_pods: Option<u32>,
     #[command(subcommand)]
     pub command: Command,
 }

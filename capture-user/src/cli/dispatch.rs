@@ -28,6 +28,9 @@ pub enum Outcome {
 /// Runs one command; the binary prints the error chain on one line.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let paths = Paths::new(&cli.bpffs, &cli.state_dir);
+    if let Some(max_pods) = cli.max_pods {
+        crate::ebpf::sizing::NodeSizing::request(max_pods)?;
+    }
     match cli.command {
         Command::Attach {
             netns,

@@ -84,8 +84,9 @@ pub fn render_builds(builds: &crate::ebpf::takeover::Builds) -> String {
     let _ = match &builds.node {
         Some(node) => writeln!(
             out,
-            "node programs: build {node}, used by {} pod(s)",
-            builds.pods
+            "node programs: build {node}, used by {} pod(s), maps sized for {} pods (--max-pods)",
+            builds.pods,
+            builds.max_pods.unwrap_or_default()
         ),
         None => writeln!(out, "node programs: none pinned"),
     };

@@ -489,6 +489,8 @@ pub enum FallbackCause {
     ExcludeInterfaces,
     /// The kernel refused a hook the pod needs.
     KernelHook,
+    /// The node's maps hold `--max-pods` pods already.
+    NodeFull,
 }
 
 impl FallbackCause {
@@ -499,6 +501,7 @@ impl FallbackCause {
             Self::VirtualInterfaces => "virtual_interfaces",
             Self::ExcludeInterfaces => "exclude_interfaces",
             Self::KernelHook => "kernel_hook",
+            Self::NodeFull => "node_full",
         }
     }
 }

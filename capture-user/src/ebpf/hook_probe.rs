@@ -64,7 +64,7 @@ fn attach_hook(ebpf: &Ebpf, hook: &Hook, targets: &ProbeTargets) -> Result<(), S
 /// types, one result per hook, and how the object had to be adapted.
 #[must_use]
 pub fn probe_programs() -> (Vec<HookProbe>, Option<KernelFeatures>) {
-    let (mut ebpf, features) = match adapted_object(&[]) {
+    let (mut ebpf, features) = match adapted_object(&[], super::sizing::NodeSizing::PROBE) {
         Ok(loaded) => loaded,
         Err(e) => {
             let results = HOOKS.iter().map(|h| (*h, Err(e.to_string()))).collect();

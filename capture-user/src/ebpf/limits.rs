@@ -4,30 +4,30 @@
 //! long annotations could fill a map and make every later pod's ADD fail. A pod over its quota
 //! is refused before anything of it is written; the others are untouched.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, os::fd::AsFd as _};
 
 use capture_common::{
+    keys::LISTENER_SLOTS,
     layout::{
-        MapId, MAX_ACCEL_SOCKETS, MAX_CIDR_ENTRIES, MAX_HANDOFFS, MAX_INBOUND_ADDRESSES,
-        MAX_INBOUND_LISTENERS, MAX_LOOPBACK_DESTS, MAX_PODS, MAX_PORT_ENTRIES, POD_CIDR_QUOTA,
-        POD_INBOUND_ADDRESS_QUOTA, POD_PORT_QUOTA,
+        MapId, MAX_ACCEL_SOCKETS, MAX_HANDOFFS, POD_CIDR_QUOTA, POD_INBOUND_ADDRESS_QUOTA,
+        POD_PORT_QUOTA,
     },
-    loopback::LOOPBACK_SLOTS,
+    loopback::POD_LOOPBACK_QUOTA,
+    trace::TRACE_SLOTS,
 };
 use serde::Serialize;
 
-use super::{node, sys};
+use super::{node, sizing::NodeSizing, sys};
 use crate::{config::CaptureConfig, paths::Paths};
 
 /// A pod whose lists would take more than its share of a node-wide map.
 #[derive(Debug, thiserror::Error)]
-#[error("the pod needs {count} {what} entries ({from}); a pod may have at most {quota} on the ebpf backend, so that one pod cannot fill the node's {capacity}: {fix}")]
+#[error("the pod needs {count} {what} entries ({from}); a pod may have at most {quota} on the ebpf backend, its share of the node's maps: {fix}")]
 pub struct QuotaExceeded {
     pub what: &'static str,
     pub from: &'static str,
     pub count: usize,
     pub quota: u32,
-    pub capacity: u32,
     pub fix: &'static str,
 }
 
@@ -68,7 +68,6 @@ pub fn check(cfg: &CaptureConfig) -> Result<(), QuotaExceeded> {
             from: "the include/exclude inbound and outbound port annotations",
             count: usage.ports,
             quota: POD_PORT_QUOTA,
-            capacity: MAX_PORT_ENTRIES,
             fix: "list fewer ports (includeInboundPorts '*' with excludeInboundPorts, or the reverse, often needs fewer), or capture this pod with --mode iptables",
         },
         QuotaExceeded {
@@ -76,7 +75,6 @@ pub fn check(cfg: &CaptureConfig) -> Result<(), QuotaExceeded> {
             from: "includeOutboundIPRanges, excludeOutboundIPRanges and the DNS nameservers",
             count: usage.cidrs,
             quota: POD_CIDR_QUOTA,
-            capacity: MAX_CIDR_ENTRIES,
             fix: "merge adjacent ranges into fewer, wider CIDRs, or capture this pod with --mode iptables",
         },
         QuotaExceeded {
@@ -84,7 +82,6 @@ pub fn check(cfg: &CaptureConfig) -> Result<(), QuotaExceeded> {
             from: "the pod's IPs",
             count: usage.addresses,
             quota: POD_INBOUND_ADDRESS_QUOTA,
-            capacity: MAX_INBOUND_ADDRESSES,
             fix: "give the pod one address per family",
         },
     ];
@@ -107,72 +104,86 @@ pub struct NodeLimit {
     pub in_use: Option<usize>,
 }
 
-/// The node's limits, with the entries in use where the node is loaded.
+/// The node's limits, with the entries in use where the node is loaded. A pinned map's capacity
+/// is its own; without pins, what this process would load (`--max-pods`).
 #[must_use]
 pub fn node_limits(paths: &Paths) -> Vec<NodeLimit> {
-    let maps_dir = node::read_node_record(paths).map(|r| r.maps_dir(paths));
-    let in_use = |map: &str| {
-        let fd = sys::obj_get(&maps_dir.as_ref()?.join(map)).ok()?;
-        count_entries(&fd).ok()
-    };
-    let row = |map: MapId, holds, capacity, per_pod| NodeLimit {
-        map: map.name(),
-        holds,
-        capacity,
-        per_pod,
-        in_use: in_use(map.name()),
+    let record = node::read_node_record(paths);
+    let maps_dir = record.as_ref().map(|r| r.maps_dir(paths));
+    let sizing = record.map_or_else(NodeSizing::requested, |r| r.sizing());
+    let open = |map: &str| sys::obj_get(&maps_dir.as_ref()?.join(map)).ok();
+    let row = |map: MapId, holds, per_pod| {
+        let fd = open(map.name());
+        NodeLimit {
+            map: map.name(),
+            holds,
+            capacity: fd
+                .as_ref()
+                .and_then(|fd| sys::map_definition(fd.as_fd()).ok())
+                .map_or_else(
+                    || sizing.capacity(map).unwrap_or_else(|| fixed_capacity(map)),
+                    |d| d.max_entries,
+                ),
+            per_pod,
+            in_use: fd.and_then(|fd| count_entries(&fd).ok()),
+        }
     };
     vec![
-        row(MapId::PodConfigs, "captured pods", MAX_PODS, Some(1)),
+        row(MapId::PodConfigs, "captured pods (--max-pods)", Some(1)),
+        row(MapId::PodCounters, "pods' counters", Some(1)),
         row(
             MapId::PortLists,
             "port-list entries",
-            MAX_PORT_ENTRIES,
             Some(POD_PORT_QUOTA),
         ),
         row(
             MapId::CidrLists,
             "CIDR-list entries and DNS nameservers",
-            MAX_CIDR_ENTRIES,
             Some(POD_CIDR_QUOTA),
         ),
         row(
             MapId::InboundPods,
             "pod addresses for inbound capture",
-            MAX_INBOUND_ADDRESSES,
             Some(POD_INBOUND_ADDRESS_QUOTA),
         ),
         row(
             MapId::InboundListeners,
             "inbound listeners (per pod and family: 8 slots)",
-            MAX_INBOUND_LISTENERS,
-            None,
+            Some(2 * LISTENER_SLOTS),
         ),
         row(
             MapId::Handoff,
-            "handshakes in flight between an app and its proxy",
-            MAX_HANDOFFS,
+            "handshakes in flight between an app and its proxy (LRU: the oldest goes first)",
             None,
         ),
         row(
             MapId::LoopbackDests,
             "loopback addresses of the pods' destinations (stateless redirect; when a pod has no \
              address free, its connections to new destinations take the stateful path)",
-            MAX_LOOPBACK_DESTS,
-            Some(LOOPBACK_SLOTS),
+            Some(POD_LOOPBACK_QUOTA),
         ),
         row(
             MapId::AccelPeers,
             "accelerated sockets (two per accelerated connection; when full, connections stay on TCP)",
-            MAX_ACCEL_SOCKETS,
             None,
         ),
+        row(MapId::AccelCounters, "pods' acceleration counters", Some(1)),
+        row(MapId::TracePods, "traced pods (capture trace)", None),
     ]
+}
+
+/// The capacity of a map that does not follow the number of pods.
+fn fixed_capacity(map: MapId) -> u32 {
+    match map {
+        MapId::Handoff => MAX_HANDOFFS,
+        MapId::AccelPeers => MAX_ACCEL_SOCKETS,
+        MapId::TracePods => TRACE_SLOTS,
+        _ => 0,
+    }
 }
 
 /// Walks the keys of a map (the kernel has no entry count for hash and LPM maps).
 fn count_entries(map: &std::os::fd::OwnedFd) -> std::io::Result<usize> {
-    use std::os::fd::AsFd as _;
     let def = sys::map_definition(map.as_fd())?;
     let mut key = vec![0u8; def.key_size as usize];
     let mut next = vec![0u8; def.key_size as usize];
@@ -241,16 +252,5 @@ mod tests {
         cfg.exclude_outbound_cidrs.extend(nets(0x0c_0000, 1));
         let err = check(&cfg).expect_err("over the CIDR quota");
         assert!(err.to_string().contains("excludeOutboundIPRanges"), "{err}");
-    }
-
-    #[test]
-    fn quotas_leave_room_for_other_pods() {
-        for (quota, capacity) in [
-            (POD_PORT_QUOTA, MAX_PORT_ENTRIES),
-            (POD_CIDR_QUOTA, MAX_CIDR_ENTRIES),
-        ] {
-            assert!(capacity / quota >= 64, "{quota} of {capacity}");
-        }
-        assert_eq!(POD_INBOUND_ADDRESS_QUOTA * MAX_PODS, MAX_INBOUND_ADDRESSES);
     }
 }

@@ -11,6 +11,7 @@ use aya::{
 use super::{
     btf_offsets::OwnerOffsets,
     hooks::{Hook, HOOKS},
+    sizing::NodeSizing,
 };
 
 /// The kernel programs, built by build.rs from capture-ebpf.
@@ -182,11 +183,16 @@ fn parse_object(
     features: KernelFeatures,
     owner: &OwnerOffsets,
     map_pins: &MapPins,
+    sizing: NodeSizing,
 ) -> Result<Ebpf, LoadError> {
     if OBJECT.is_empty() {
         return Err(LoadError::NoObject);
     }
     let mut loader = EbpfLoader::new();
+    // A map pinned already keeps its own capacity: the loader uses the pin as it is.
+    for (map, entries) in sizing.capacities() {
+        loader.map_max_entries(map.name(), entries);
+    }
     loader.override_global(
         "SOCK_OPS_NETNS_COOKIE",
         switch(features.sock_ops_netns_cookie),
@@ -224,7 +230,7 @@ fn parse_object(
 /// How the object must be adapted to this kernel (loads the deciding programs up to four times,
 /// nothing else).
 pub fn kernel_features() -> Result<KernelFeatures, LoadError> {
-    adapted_object(&[]).map(|(_, features)| features)
+    adapted_object(&[], NodeSizing::PROBE).map(|(_, features)| features)
 }
 
 /// The programs whose loading decides the features: every switch is read by one of them.
@@ -252,7 +258,10 @@ fn load_deciding(ebpf: &mut Ebpf) -> Result<(), String> {
 
 /// The object, with the deciding programs already loaded: with every switch on where the kernel
 /// takes it, else without what it refuses, down to no switch on.
-pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures), LoadError> {
+pub(super) fn adapted_object(
+    map_pins: &MapPins,
+    sizing: NodeSizing,
+) -> Result<(Ebpf, KernelFeatures), LoadError> {
     let owner = if switched_off_for_testing("CAPTURE_RECORD_OWNERS") {
         Err("CAPTURE_RECORD_OWNERS=1".to_string())
     } else {
@@ -290,7 +299,7 @@ pub(super) fn adapted_object(map_pins: &MapPins) -> Result<(Ebpf, KernelFeatures
         if last.as_ref().is_some_and(|(_, tried)| *tried == features) {
             continue;
         }
-        let mut ebpf = parse_object(features, &offsets, map_pins)?;
+        let mut ebpf = parse_object(features, &offsets, map_pins, sizing)?;
         match load_deciding(&mut ebpf) {
             Ok(()) => return Ok((ebpf, features)),
             Err(e) => {

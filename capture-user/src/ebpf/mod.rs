@@ -13,6 +13,7 @@ mod migrate;
 pub mod netns_cookie;
 pub mod node;
 pub mod pod_maps;
+pub mod sizing;
 pub mod sys;
 pub mod takeover;
 pub mod trace_maps;
@@ -20,12 +21,16 @@ pub mod trace_maps;
 use std::{fs, io, os::fd::AsFd as _, path::PathBuf};
 
 pub use adopt::Adopted;
-use capture_common::config::{PodCounters, NODE_ERROR_KINDS};
+use capture_common::{
+    config::{PodCounters, NODE_ERROR_KINDS},
+    layout::MAX_PODS,
+};
 pub use pod_maps::kernel_config;
 
 use self::{
     hooks::{Target, HOOKS},
     node::NodePrograms,
+    sizing::NodeSizing,
 };
 use crate::{
     backend::{Backend, OpenedPod, PodTarget},
@@ -49,6 +54,8 @@ pub enum EbpfError {
     },
     #[error("this kernel refused {}, which the pod needs ({}); capture it with --mode iptables, or run the agent in --mode auto", .0.hook, .0.reason)]
     MissingHook(hooks::UnavailableHook),
+    #[error("the node captures {captured} pods with eBPF already, as many as its maps are sized for (--max-pods {max_pods}); give the agent a --max-pods of at least the kubelet's maxPods (applied at its next start), or capture this pod with --mode iptables (--mode auto does)")]
+    NodeFull { captured: usize, max_pods: u32 },
     #[error(transparent)]
     Adopt(#[from] adopt::AdoptError),
     #[error("taking the node lock {path}: {source}")]
@@ -101,6 +108,7 @@ impl EbpfBackend {
         // Before anything of the pod is written: a pod over its share leaves the node as it was.
         // Checked here only: a takeover or refill writes pods admitted before.
         limits::check(cfg).map_err(pod_maps::PodMapsError::from)?;
+        self.check_room(pod.netns_cookie)?;
         // Leftovers of an attach that died half-way (no record survived it) go first. Only then:
         // the purge walks the node's maps, and attach must not slow down as the node fills up.
         if self.has_leftovers(pod.netns_cookie) {
@@ -173,6 +181,23 @@ impl EbpfBackend {
                 path,
                 source,
             })?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a pod past the node's pod limit: the per-pod maps have room for exactly that many
+    /// pods at their quotas, so one more would take another's room.
+    fn check_room(&self, netns_cookie: u64) -> Result<(), EbpfError> {
+        let captured = self
+            .node
+            .maps
+            .pod_configs
+            .keys()
+            .filter(|k| k.as_ref().map_or(true, |k| *k != netns_cookie))
+            .count();
+        let max_pods = self.node.sizing.max_pods;
+        if captured >= max_pods as usize {
+            return Err(EbpfError::NodeFull { captured, max_pods });
         }
         Ok(())
     }
@@ -334,6 +359,31 @@ impl EbpfBackend {
     }
 }
 
+/// The sizing the agent's start gives the node: its `--max-pods`, but never fewer pods than the
+/// node captures already (they would not fit the new maps): that keeps them all and says so.
+fn sizing_at_start(paths: &Paths, record: &node::NodeRecord) -> NodeSizing {
+    let wanted = NodeSizing::requested();
+    let captured = u32::try_from(node::pods_use_programs(paths)).unwrap_or(u32::MAX);
+    if captured <= wanted.max_pods {
+        return wanted;
+    }
+    // This build's maps as they are where they hold them all; else room for exactly these.
+    let kept = if record.is_this_build() && record.sizing().max_pods >= captured {
+        record.sizing()
+    } else {
+        NodeSizing {
+            max_pods: captured.min(MAX_PODS),
+        }
+    };
+    tracing::warn!(
+        max_pods = wanted.max_pods,
+        captured,
+        sized_for = kept.max_pods,
+        "--max-pods is fewer than the pods the node captures: the maps stay sized for all of them"
+    );
+    kept
+}
+
 /// Makes the node's programs this build's, under the node lock (agent start-up): loads them on a
 /// node that has none, takes over in place from the build that pinned them, and moves any pod
 /// whose links still run another program. Then registers the listeners the maps do not hold.
@@ -344,7 +394,8 @@ pub fn adopt_or_load(paths: &Paths) -> Result<Option<takeover::Takeover>, EbpfEr
             source,
         })?;
     let record = node::record_or_load(paths)?;
-    let report = if record.is_this_build() {
+    let sizing = sizing_at_start(paths, &record);
+    let report = if record.is_this_build() && record.sizing() == sizing {
         let moved = takeover::converge(paths, &record)?;
         if moved > 0 {
             tracing::info!(
@@ -354,7 +405,7 @@ pub fn adopt_or_load(paths: &Paths) -> Result<Option<takeover::Takeover>, EbpfEr
         }
         None
     } else {
-        Some(takeover::take_over(paths, &record)?)
+        Some(takeover::take_over(paths, &record, sizing)?)
     };
     let mut backend = EbpfBackend::open(paths)?;
     let records = crate::record::load_all(paths).unwrap_or_else(|e| {

@@ -20,6 +20,7 @@ use capture_common::{
 use super::{
     hooks::{Hook, UnavailableHook, HOOKS, HOOKS_ADDED_SINCE_LISTED},
     loader::{adapted_object, build_name, load_hook, object_id, BoxError, LoadError},
+    sizing::NodeSizing,
     sys,
 };
 use crate::{config::CaptureConfig, paths::Paths};
@@ -54,6 +55,8 @@ pub struct NodePrograms {
     pub unavailable: Vec<UnavailableHook>,
     /// The build that pinned them.
     pub build: String,
+    /// The pods the node's maps are sized for.
+    pub sizing: NodeSizing,
 }
 
 impl NodePrograms {
@@ -72,6 +75,7 @@ impl NodePrograms {
 pub(super) fn load_and_pin(
     dir: &Path,
     map_pins: &[(&'static str, PathBuf)],
+    sizing: NodeSizing,
 ) -> Result<Vec<UnavailableHook>, LoadError> {
     let pin_error = |path: &Path, source: BoxError| LoadError::Pin {
         path: path.to_path_buf(),
@@ -84,7 +88,7 @@ pub(super) fn load_and_pin(
             fs::create_dir_all(parent).map_err(|e| pin_error(parent, e.into()))?;
         }
     }
-    let (mut ebpf, features) = adapted_object(map_pins)?;
+    let (mut ebpf, features) = adapted_object(map_pins, sizing)?;
     tracing::info!(?features, dir = %dir.display(), "loading the node's programs");
     let mut unavailable = Vec::new();
     for hook in &HOOKS {
@@ -236,6 +240,7 @@ pub fn adopt(paths: &Paths) -> Result<NodePrograms, LoadError> {
         programs: open_programs(paths, &record)?,
         maps: open_maps(&record.maps_dir(paths))?,
         build: record.build(),
+        sizing: record.sizing(),
         unavailable: record.unavailable,
     })
 }
@@ -260,16 +265,25 @@ pub struct NodeRecord {
     /// kept: see `HOOKS_ADDED_SINCE_LISTED`).
     #[serde(default)]
     pub programs: Vec<String>,
+    /// The pods its maps are sized for (absent from records of the builds before `--max-pods`,
+    /// whose maps held `MAX_PODS` pods).
+    #[serde(default)]
+    pub max_pods: Option<u32>,
 }
 
 impl NodeRecord {
     /// This build's record, for pins under its own directory.
-    pub(super) fn this_build(paths: &Paths, unavailable: Vec<UnavailableHook>) -> Self {
+    pub(super) fn this_build(
+        paths: &Paths,
+        unavailable: Vec<UnavailableHook>,
+        sizing: NodeSizing,
+    ) -> Self {
         let id = object_id();
         Self {
             build: build_name(),
+            max_pods: Some(sizing.max_pods),
             pin_dir: paths
-                .build_pin_dir(&id)
+                .build_pin_dir(&sizing.pin_dir_name(&id))
                 .strip_prefix(&paths.bpffs)
                 .expect("under bpffs")
                 .display()
@@ -350,6 +364,20 @@ impl NodeRecord {
         })
     }
 
+    /// The pods the node's maps are sized for.
+    #[must_use]
+    pub fn sizing(&self) -> NodeSizing {
+        NodeSizing {
+            max_pods: self.max_pods.unwrap_or(capture_common::layout::MAX_PODS),
+        }
+    }
+
+    /// Its pin directory, as this record's build and sizing name it.
+    #[must_use]
+    pub fn pin_dir_path(&self, paths: &Paths) -> PathBuf {
+        paths.bpffs.join(&self.pin_dir)
+    }
+
     #[must_use]
     pub fn is_this_build(&self) -> bool {
         self.object_id == object_id()
@@ -374,12 +402,13 @@ pub fn pods_use_programs(paths: &Paths) -> usize {
 /// earlier pin (no pod uses them).
 fn load_fresh(paths: &Paths) -> Result<NodeRecord, LoadError> {
     unpin_node(paths);
-    let dir = paths.build_pin_dir(&object_id());
+    let sizing = NodeSizing::requested();
+    let dir = paths.build_pin_dir(&sizing.pin_dir_name(&object_id()));
     let map_pins: Vec<(&'static str, PathBuf)> = map_names()
         .map(|name| (name, dir.join("maps").join(name)))
         .collect();
-    let unavailable = load_and_pin(&dir, &map_pins).inspect_err(|_| unpin_node(paths))?;
-    let record = NodeRecord::this_build(paths, unavailable);
+    let unavailable = load_and_pin(&dir, &map_pins, sizing).inspect_err(|_| unpin_node(paths))?;
+    let record = NodeRecord::this_build(paths, unavailable, sizing);
     record.save(paths)?;
     Ok(record)
 }

@@ -31,6 +31,7 @@ use super::{
     migrate::{self, MapPlan},
     node::{self, load_and_pin, open_maps, NodeRecord},
     pod_maps,
+    sizing::NodeSizing,
     sys::{self, MapDefinition},
 };
 use crate::{
@@ -51,11 +52,12 @@ pub struct Takeover {
     pub failed: Vec<String>,
 }
 
-fn same_definition(pinned: &MapDefinition, ours: &aya_obj::Map) -> bool {
+/// `max_entries` is the map's capacity at the node's sizing, which the loader sets.
+fn same_definition(pinned: &MapDefinition, ours: &aya_obj::Map, max_entries: u32) -> bool {
     pinned.map_type == ours.map_type()
         && pinned.key_size == ours.key_size()
         && pinned.value_size == ours.value_size()
-        && pinned.max_entries == ours.max_entries()
+        && pinned.max_entries == max_entries
         && pinned.map_flags == ours.map_flags()
 }
 
@@ -113,6 +115,7 @@ fn plan(
     paths: &Paths,
     from: &NodeRecord,
     mut in_use: Vec<(String, OwnedFd)>,
+    sizing: NodeSizing,
 ) -> Result<Vec<MapPlan>, LoadError> {
     let ours = object_maps()?;
     MAP_LAYOUTS
@@ -138,7 +141,16 @@ fn plan(
             let carried = match pinned {
                 // Gone (a damaged node): the old programs hold it; nothing can be read from it.
                 None => Carried::Rebuilt,
-                Some(p) if version == layout.version && same_definition(&p, definition) => {
+                Some(p)
+                    if version == layout.version
+                        && same_definition(
+                            &p,
+                            definition,
+                            sizing
+                                .capacity(layout.map)
+                                .unwrap_or_else(|| definition.max_entries()),
+                        ) =>
+                {
                     Carried::Kept
                 }
                 Some(p) => match layout.carry {
@@ -192,15 +204,19 @@ const BPF_MAP_TYPE_SK_STORAGE: u32 =
     aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_SK_STORAGE as u32;
 
 /// Takes the node over from the build that `from` names. The caller holds the node lock.
-pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError> {
+pub fn take_over(
+    paths: &Paths,
+    from: &NodeRecord,
+    sizing: NodeSizing,
+) -> Result<Takeover, LoadError> {
     let takeover_error = |path: &Path, source: BoxError| LoadError::Takeover {
         path: path.to_path_buf(),
         source,
     };
     let pods = ebpf_pods(paths).map_err(|e| takeover_error(&paths.records_dir(), e.into()))?;
-    let plans = plan(paths, from, maps_in_use(paths, &pods))?;
-    tracing::info!(from = %from.build(), to = %build_name(), "taking the node over");
-    let dir = paths.build_pin_dir(&object_id());
+    let plans = plan(paths, from, maps_in_use(paths, &pods), sizing)?;
+    tracing::info!(from = %from.build(), to = %build_name(), max_pods = sizing.max_pods, "taking the node over");
+    let dir = paths.build_pin_dir(&sizing.pin_dir_name(&object_id()));
     // A takeover by this build that died half-way left pins here; its pods are moved again.
     let _ = fs::remove_dir_all(&dir);
     // Kept maps are pinned under the new directory first, where the loader finds and uses them;
@@ -216,8 +232,8 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
         .iter()
         .map(|p| (p.layout.name, maps_dir.join(p.layout.name)))
         .collect();
-    let unavailable = load_and_pin(&dir, &map_pins)?;
-    let to = NodeRecord::this_build(paths, unavailable);
+    let unavailable = load_and_pin(&dir, &map_pins, sizing)?;
+    let to = NodeRecord::this_build(paths, unavailable, sizing);
     let mut maps = open_maps(&to.maps_dir(paths))?;
     let programs = node::open_programs(paths, &to)?;
     let carried = |map: MapId| {
@@ -272,7 +288,7 @@ pub fn take_over(paths: &Paths, from: &NodeRecord) -> Result<Takeover, LoadError
     migrate::add_counters(&plans, &to.maps_dir(paths))?;
 
     to.save(paths)?;
-    remove_pins_of(paths, from);
+    remove_pins_of(paths, from, &to);
     let report = Takeover {
         from: from.build(),
         to: to.build(),
@@ -354,7 +370,7 @@ pub(super) fn move_pod(
 
 /// Removes the old build's pins once nothing needs them (its programs and the maps only they
 /// used are freed with the last link), and any other build's leftovers.
-fn remove_pins_of(paths: &Paths, from: &NodeRecord) {
+fn remove_pins_of(paths: &Paths, from: &NodeRecord, to: &NodeRecord) {
     if from.pin_dir.is_empty() {
         for dir in [from.programs_dir(paths), from.maps_dir(paths)] {
             for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
@@ -363,7 +379,7 @@ fn remove_pins_of(paths: &Paths, from: &NodeRecord) {
             let _ = fs::remove_dir(&dir);
         }
     }
-    let ours = paths.build_pin_dir(&object_id());
+    let ours = to.pin_dir_path(paths);
     for entry in fs::read_dir(paths.builds_dir())
         .into_iter()
         .flatten()
@@ -381,6 +397,8 @@ fn remove_pins_of(paths: &Paths, from: &NodeRecord) {
 pub struct Builds {
     pub this: String,
     pub node: Option<String>,
+    /// The pods the node's maps are sized for.
+    pub max_pods: Option<u32>,
     /// Pods using the node's programs.
     pub pods: usize,
     /// What a takeover by this build would do with each map (none when the node is this
@@ -394,12 +412,13 @@ pub fn preview(paths: &Paths) -> Builds {
     let record = node::read_node_record(paths);
     let takeover = record.as_ref().filter(|r| !r.is_this_build()).map(|r| {
         let pods = ebpf_pods(paths).unwrap_or_default();
-        plan(paths, r, maps_in_use(paths, &pods))
+        plan(paths, r, maps_in_use(paths, &pods), NodeSizing::requested())
             .map(|plans| plans.iter().map(|p| (p.layout.name, p.carried)).collect())
             .map_err(|e| e.to_string())
     });
     Builds {
         this: build_name(),
+        max_pods: record.as_ref().map(|r| r.sizing().max_pods),
         node: record.map(|r| r.build()),
         pods: node::pods_use_programs(paths),
         takeover,

@@ -319,7 +319,8 @@ fn a_failed_attach_rolls_back_and_leaves_other_pods_alone() {
     };
     let mut a = Topology::new();
     let include = "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16";
-    a.attach(&["--annotation", include]);
+    // Sized for 64 pods, the map holds 64 pods' 256 CIDRs: 16,384.
+    a.attach(&["--annotation", include, "--max-pods", "64"]);
     a.start_all();
     fill_cidr_lists(&a.dirs.bpffs, 16300);
 

@@ -259,8 +259,16 @@ fn a_pod_over_its_quota_is_refused_and_leaves_the_node_as_it_was() {
         .as_array()
         .and_then(|l| l.iter().find(|r| r["map"] == "CIDR_LISTS"))
         .unwrap_or_else(|| panic!("doctor lists CIDR_LISTS: {report}"));
-    assert_eq!(cidrs["capacity"], 16384);
     assert_eq!(cidrs["per_pod"], 256);
+    let pods = report["limits"]
+        .as_array()
+        .and_then(|l| l.iter().find(|r| r["map"] == "POD_CONFIGS"))
+        .unwrap_or_else(|| panic!("doctor lists POD_CONFIGS: {report}"));
+    assert_eq!(
+        cidrs["capacity"].as_u64(),
+        pods["capacity"].as_u64().map(|n| n * 256),
+        "room for every pod at its quota: {report}"
+    );
     assert_eq!(cidrs["in_use"].as_u64(), Some(before[0] as u64 + 256));
     let text = String::from_utf8_lossy(&first.capture(&["doctor"]).stdout).to_string();
     assert!(text.contains("node limits"), "{text}");

@@ -10,6 +10,7 @@ mod image;
 mod lifecycle;
 mod limits;
 mod live_node;
+mod sizing;
 mod sockets;
 mod upgrade;
 mod validate;
