@@ -38,7 +38,7 @@ const EXPECTED_SECONDS: &[(&str, u32)] = &[
     ("prometheus", 18),
     ("proxy_identity", 20),
     ("reconcile", 90),
-    ("sizing", 25),
+    ("sizing", 40),
     ("sockets", 20),
     ("sockopt_answers", 3),
     ("stateless_redirect", 5),
