@@ -8,6 +8,7 @@ use crate::{
     config::CaptureConfig,
     ebpf::{EbpfBackend, EbpfError},
     iptables::{apply::IptablesError, IptablesBackend},
+    nftables::{NftablesBackend, NftablesBackendError},
     paths::Paths,
     record::{Mode, PodRecord},
 };
@@ -18,11 +19,14 @@ pub enum BackendError {
     Ebpf(#[from] EbpfError),
     #[error(transparent)]
     Iptables(#[from] IptablesError),
+    #[error(transparent)]
+    Nftables(#[from] NftablesBackendError),
 }
 
 pub enum AnyBackend {
     Ebpf(Box<EbpfBackend>),
     Iptables(IptablesBackend),
+    Nftables(NftablesBackend),
 }
 
 impl AnyBackend {
@@ -32,6 +36,7 @@ impl AnyBackend {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::open(paths)?)),
             Mode::Iptables => Self::Iptables(IptablesBackend),
+            Mode::Nftables => Self::Nftables(NftablesBackend),
         })
     }
 
@@ -40,6 +45,7 @@ impl AnyBackend {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::adopt(paths)?)),
             Mode::Iptables => Self::Iptables(IptablesBackend),
+            Mode::Nftables => Self::Nftables(NftablesBackend),
         })
     }
 
@@ -47,6 +53,7 @@ impl AnyBackend {
         match self {
             Self::Ebpf(b) => Ok(b.attach(pod, cfg)?),
             Self::Iptables(b) => Ok(b.attach(pod, cfg)?),
+            Self::Nftables(b) => Ok(b.attach(pod, cfg)?),
         }
     }
 
@@ -54,6 +61,7 @@ impl AnyBackend {
         match self {
             Self::Ebpf(b) => Ok(Backend::detach(b.as_mut(), record)?),
             Self::Iptables(b) => Ok(b.detach(record)?),
+            Self::Nftables(b) => Ok(b.detach(record)?),
         }
     }
 
@@ -61,7 +69,7 @@ impl AnyBackend {
     #[must_use]
     pub fn iptables_flavour(&self) -> Option<crate::iptables::flavour::Flavour> {
         match self {
-            Self::Ebpf(_) => None,
+            Self::Ebpf(_) | Self::Nftables(_) => None,
             Self::Iptables(_) => Some(crate::iptables::flavour::node().flavour),
         }
     }
@@ -70,6 +78,7 @@ impl AnyBackend {
         match self {
             Self::Ebpf(b) => b.missing(record),
             Self::Iptables(b) => b.missing(record),
+            Self::Nftables(b) => b.missing(record),
         }
     }
 
@@ -77,6 +86,7 @@ impl AnyBackend {
         match self {
             Self::Ebpf(b) => Backend::counters(b.as_ref(), record),
             Self::Iptables(b) => b.counters(record),
+            Self::Nftables(b) => b.counters(record),
         }
     }
 
@@ -85,7 +95,7 @@ impl AnyBackend {
     pub fn loopback_destinations(&self, record: &PodRecord) -> Option<usize> {
         match self {
             Self::Ebpf(b) => b.loopback_destinations(record.netns_cookie),
-            Self::Iptables(_) => None,
+            Self::Iptables(_) | Self::Nftables(_) => None,
         }
     }
 
@@ -93,6 +103,7 @@ impl AnyBackend {
         match self {
             Self::Ebpf(b) => Backend::program_build(b.as_ref(), record),
             Self::Iptables(b) => b.program_build(record),
+            Self::Nftables(b) => b.program_build(record),
         }
     }
 }

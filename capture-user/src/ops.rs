@@ -74,9 +74,9 @@ pub struct AttachRequest {
     pub mode: Mode,
     /// The pod's Kubernetes identity, when known (CNI).
     pub pod: Option<PodRef>,
-    /// With mode ebpf: capture a pod the ebpf backend cannot serve with iptables instead (auto
-    /// mode), rather than refusing it.
-    pub allow_fallback: bool,
+    /// With mode ebpf: the backend that captures a pod the ebpf backend cannot serve (auto
+    /// mode's `--fallback`), rather than refusing it.
+    pub fallback: Option<Mode>,
     /// The pod already runs (the reconcile's repair): its open connections are spared.
     pub in_place: bool,
     /// Under proxy identity by container: the proxy container's cgroup, where the caller knows
@@ -106,21 +106,21 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     }
     let (mut config, settings) = CaptureConfig::from_pod_with_settings(&req.spec)?;
     let identity = config.proxy_identity.is_some();
-    let (mode, fallback) = match (req.mode, config.ebpf_unsupported()) {
+    let (mode, fallback) = match (req.mode, config.ebpf_unsupported(), req.fallback) {
         // A fallback would weaken proxy identity to the uid rules: refuse instead.
-        (Mode::Ebpf, Some(gap)) if identity => {
+        (Mode::Ebpf, Some(gap), _) if identity => {
             return Err(Error::Identity(crate::config::proxy_identity::no_fallback(
                 &gap.reason,
             )))
         }
-        (Mode::Ebpf, Some(gap)) if req.allow_fallback => (Mode::Iptables, Some(gap)),
-        (Mode::Ebpf, Some(gap)) => return Err(Error::EbpfUnsupported(gap.reason)),
-        (Mode::Iptables, _) if identity => {
+        (Mode::Ebpf, Some(gap), Some(to)) => (to, Some(gap)),
+        (Mode::Ebpf, Some(gap), None) => return Err(Error::EbpfUnsupported(gap.reason)),
+        (Mode::Iptables | Mode::Nftables, _, _) if identity => {
             return Err(Error::Identity(
                 crate::config::proxy_identity::IPTABLES_CANNOT.into(),
             ))
         }
-        (mode, _) => (mode, None),
+        (mode, _, _) => (mode, None),
     };
     crate::config::proxy_identity::resolve_proxy_cgroup(
         &mut config,
@@ -131,7 +131,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     // Before the comparison with an existing record, which holds them too.
     config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
     config.accelerate &= mode == Mode::Ebpf && crate::accel::why_not(paths).is_none();
-    config.spare_open_connections = req.in_place && mode == Mode::Iptables;
+    config.spare_open_connections = req.in_place && matches!(mode, Mode::Iptables | Mode::Nftables);
     let cgroup = cgroup::open_cgroup2(&req.cgroup)?;
     paths.prepare()?;
     let _lock = lock(paths)?;
@@ -140,7 +140,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     if let Some(existing) = record::load(paths, netns_cookie)? {
         // A pod that fell back stays where it fell: asking again is the same request.
         let same_mode =
-            existing.mode == mode || (req.allow_fallback && existing.fallback_reason.is_some());
+            existing.mode == mode || (req.fallback.is_some() && existing.fallback_reason.is_some());
         // Acceleration is decided once, at the first attach; the node may allow it since. The
         // proxy container may have become known since too.
         let same_config = existing.config
@@ -186,7 +186,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         (&req.netns, netns.file()),
         (&req.cgroup, &cgroup),
     );
-    let attached = attach_backend(paths, &target, &mut record, req.allow_fallback);
+    let attached = attach_backend(paths, &target, &mut record, req.fallback);
     if attached.is_err() && added_v6 {
         // A failed attach leaves the pod as it found it.
         if let Err(e) = crate::netns::remove_inbound_passthrough_v6(&req.netns) {
@@ -196,18 +196,19 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     attached.map(|()| record)
 }
 
-/// Attaches the pod's backend (falling back to iptables for a hook the kernel refuses, when
-/// allowed) and saves its record; on failure nothing of either is left.
+/// Attaches the pod's backend (falling back to `fallback` for a hook the kernel refuses, when
+/// given) and saves its record; on failure nothing of either is left.
 fn attach_backend(
     paths: &Paths,
     target: &PodTarget<'_>,
     record: &mut PodRecord,
-    allow_fallback: bool,
+    fallback: Option<Mode>,
 ) -> Result<(), Error> {
     let mut backend = AnyBackend::for_attach(paths, record.mode)?;
-    // Proxy identity has no iptables form: such a pod is refused rather than weakened.
-    let may_fall_back = allow_fallback && record.config.proxy_identity.is_none();
-    let fallback = match backend.attach(target, &record.config) {
+    // Proxy identity has no rule form: such a pod is refused rather than weakened.
+    let fallback = fallback.filter(|_| record.config.proxy_identity.is_none());
+    let may_fall_back = fallback.is_some();
+    let fell_back = match backend.attach(target, &record.config) {
         Err(BackendError::Ebpf(EbpfError::MissingHook(missing))) if may_fall_back => Some((
             FallbackCause::KernelHook,
             format!(
@@ -220,12 +221,12 @@ fn attach_backend(
         }
         result => result.map(|()| None)?,
     };
-    if let Some((cause, reason)) = fallback {
-        record.mode = Mode::Iptables;
+    if let (Some((cause, reason)), Some(to)) = (fell_back, fallback) {
+        record.mode = to;
         record.fallback_cause = Some(cause);
         record.fallback_reason = Some(reason);
         record.config.accelerate = false;
-        backend = AnyBackend::for_attach(paths, Mode::Iptables)?;
+        backend = AnyBackend::for_attach(paths, to)?;
         backend.attach(target, &record.config)?;
     }
     record.iptables = backend.iptables_flavour();

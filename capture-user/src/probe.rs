@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+pub use crate::fallback::FallbackChoice;
 use crate::{
     ebpf::{hook_probe, loader},
     record::Mode,
@@ -30,6 +31,22 @@ pub struct Probe {
     pub ebpf_usable: bool,
     /// iptables-restore, ip6tables-restore and ip are installed.
     pub iptables_usable: bool,
+    /// nft and ip are installed.
+    pub nftables_usable: bool,
+    /// What the node's own netns already holds, for `--fallback auto`.
+    pub node_rules: crate::fallback::NodeRules,
+}
+
+impl Probe {
+    /// Where `--fallback` sends a pod on this node, and why; or why nowhere.
+    pub fn fallback(&self, choice: FallbackChoice) -> Result<(Mode, String), String> {
+        crate::fallback::resolve(
+            choice,
+            self.iptables_usable,
+            self.nftables_usable,
+            &self.node_rules,
+        )
+    }
 }
 
 fn check(name: impl Into<String>, result: Result<String, String>) -> Check {
@@ -93,17 +110,21 @@ pub fn probe() -> Probe {
         )
     }));
     let ebpf_usable = ebpf.iter().all(|c| c.ok || c.optional);
-    let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "ip"]
+    let tools: Vec<Check> = ["iptables-restore", "ip6tables-restore", "ip", "nft"]
         .into_iter()
         .map(|t| check(t, on_path(t)))
         .collect();
-    let iptables_usable = tools.iter().all(|c| c.ok);
+    let ok = |name: &str| tools.iter().any(|c| c.name == name && c.ok);
+    let iptables_usable = ok("iptables-restore") && ok("ip6tables-restore") && ok("ip");
+    let nftables_usable = ok("nft") && ok("ip");
     Probe {
         kernel,
         checks: ebpf.into_iter().chain(tools).collect(),
         features,
         ebpf_usable,
         iptables_usable,
+        nftables_usable,
+        node_rules: crate::fallback::NodeRules::of_this_netns(nftables_usable),
     }
 }
 
@@ -113,18 +134,35 @@ pub fn probe() -> Probe {
 pub enum ModeChoice {
     Ebpf,
     Iptables,
-    /// ebpf where the kernel supports every hook, else iptables.
+    Nftables,
+    /// ebpf where the kernel supports every hook, else the `--fallback` backend.
     Auto,
 }
 
-/// Resolves a mode choice against a probe: the mode, and why.
-pub fn choose(choice: ModeChoice, probe: &Probe) -> Result<(Mode, String), String> {
+/// Resolves a mode choice against a probe: the mode, and why. `fallback` is what `auto` falls
+/// back to, for the node and per pod.
+pub fn choose(
+    choice: ModeChoice,
+    fallback: FallbackChoice,
+    probe: &Probe,
+) -> Result<(Mode, String), String> {
     let failed: Vec<String> = probe
         .checks
         .iter()
-        .filter(|c| !c.ok)
+        .filter(|c| {
+            !c.ok && !["nft", "iptables-restore", "ip6tables-restore"].contains(&c.name.as_str())
+        })
         .map(|c| format!("{}: {}", c.name, c.detail))
         .collect();
+    let tools_failed = |names: &[&str]| {
+        probe
+            .checks
+            .iter()
+            .filter(|c| !c.ok && names.contains(&c.name.as_str()))
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     let lacking: Vec<String> = probe
         .checks
         .iter()
@@ -138,7 +176,15 @@ pub fn choose(choice: ModeChoice, probe: &Probe) -> Result<(Mode, String), Strin
         )),
         ModeChoice::Ebpf => Err(format!("--mode ebpf, but {}", failed.join("; "))),
         ModeChoice::Iptables if probe.iptables_usable => Ok((Mode::Iptables, "requested".into())),
-        ModeChoice::Iptables => Err(format!("--mode iptables, but {}", failed.join("; "))),
+        ModeChoice::Iptables => Err(format!(
+            "--mode iptables, but {}",
+            tools_failed(&["iptables-restore", "ip6tables-restore", "ip"])
+        )),
+        ModeChoice::Nftables if probe.nftables_usable => Ok((Mode::Nftables, "requested".into())),
+        ModeChoice::Nftables => Err(format!(
+            "--mode nftables, but {}",
+            tools_failed(&["nft", "ip"])
+        )),
         ModeChoice::Auto if probe.ebpf_usable && lacking.is_empty() => Ok((
             Mode::Ebpf,
             format!("auto: kernel {} supports every hook", probe.kernel),
@@ -146,21 +192,23 @@ pub fn choose(choice: ModeChoice, probe: &Probe) -> Result<(Mode, String), Strin
         ModeChoice::Auto if probe.ebpf_usable => Ok((
             Mode::Ebpf,
             format!(
-                "auto: ebpf, but pods that need what kernel {} lacks fall back to iptables ({})",
+                "auto: ebpf, but pods that need what kernel {} lacks fall back ({})",
                 probe.kernel,
                 lacking.join("; ")
             ),
         )),
-        ModeChoice::Auto if probe.iptables_usable => Ok((
-            Mode::Iptables,
-            format!(
-                "auto: falling back to iptables because {}",
+        ModeChoice::Auto => match probe.fallback(fallback) {
+            Ok((mode, why)) => Ok((
+                mode,
+                format!(
+                    "auto: falling back to {mode} ({why}) because {}",
+                    failed.join("; ")
+                ),
+            )),
+            Err(no) => Err(format!(
+                "auto: the ebpf backend is not usable ({}), and {no}",
                 failed.join("; ")
-            ),
-        )),
-        ModeChoice::Auto => Err(format!(
-            "auto: neither backend is usable: {}",
-            failed.join("; ")
-        )),
+            )),
+        },
     }
 }

@@ -25,6 +25,8 @@ pub enum Mode {
     Ebpf,
     /// Istio's nat rules in the pod's netns (the reference and fallback).
     Iptables,
+    /// The same rules as native nftables tables, for nodes without the iptables tools.
+    Nftables,
 }
 
 impl std::fmt::Display for Mode {
@@ -32,6 +34,7 @@ impl std::fmt::Display for Mode {
         f.write_str(match self {
             Self::Ebpf => "ebpf",
             Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
         })
     }
 }

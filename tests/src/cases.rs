@@ -32,15 +32,19 @@ pub enum Expect {
 pub enum Backend {
     Ebpf,
     Iptables,
+    Nftables,
 }
 
 impl Backend {
     pub const ALL: [Self; 2] = [Self::Iptables, Self::Ebpf];
+    /// Every backend, for the tests that hold each to the iptables path's answers.
+    pub const EVERY: [Self; 3] = [Self::Iptables, Self::Nftables, Self::Ebpf];
     #[must_use]
     pub fn mode(self) -> &'static str {
         match self {
             Self::Ebpf => "ebpf",
             Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
         }
     }
 }
@@ -193,7 +197,7 @@ fn verify(case: &Case, got: &Outcome, backend: Option<Backend>) -> Result<(), St
             }
             let pod_ip = ip_of(orig);
             let want_local = match backend {
-                Some(Backend::Iptables) => {
+                Some(Backend::Iptables | Backend::Nftables) => {
                     Some(std::net::SocketAddr::new(pod_ip.parse().expect("ip"), 15006).to_string())
                 }
                 Some(Backend::Ebpf) => Some((*orig).to_string()),
@@ -251,6 +255,7 @@ pub fn run_matrix(scenario: Scenario<'_>, cases: &[Case]) {
     // it: every answer must stay the same.
     for (backend, accelerated) in [
         (Backend::Iptables, false),
+        (Backend::Nftables, false),
         (Backend::Ebpf, false),
         (Backend::Ebpf, true),
     ] {

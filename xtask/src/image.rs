@@ -10,7 +10,8 @@
 //! - what the agent runs in its container, from this machine's Debian packages (setup installs
 //!   them; their versions are in the image's labels): iptables and ip6tables in both the nft and
 //!   the legacy variant (`xtables-nft-multi`, `xtables-legacy-multi`, the names Debian links to
-//!   them, and their match and target extensions), `ip` (iproute2) and `nsenter` (util-linux),
+//!   them, and their match and target extensions), `nft` (nftables, for the nftables backend),
+//!   `ip` (iproute2) and `nsenter` (util-linux),
 //!   with the shared libraries the dynamic loader gives each;
 //! - `/tmp`, `/run` and the merged-/usr links. Nothing else: no shell, no package manager.
 
@@ -38,9 +39,10 @@ const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 const XTABLES_DIR: &str = "/usr/lib/x86_64-linux-gnu/xtables";
 
 /// The programs the agent runs in its container (the iptables names below link to the first two).
-const ELF_TOOLS: [&str; 4] = [
+const ELF_TOOLS: [&str; 5] = [
     "/usr/sbin/xtables-nft-multi",
     "/usr/sbin/xtables-legacy-multi",
+    "/usr/sbin/nft",
     "/usr/bin/ip",
     "/usr/bin/nsenter",
 ];

@@ -224,7 +224,7 @@ fn kernel_check_gauges(checks: &[Check]) -> Family<CheckLabels, Gauge> {
 /// Every mode, 1 for the active one, so a dashboard can tell "not ebpf" from "no data".
 fn mode_gauges(active: Mode) -> Family<ModeLabels, Gauge> {
     let family = Family::<ModeLabels, Gauge>::default();
-    for m in [Mode::Ebpf, Mode::Iptables] {
+    for m in [Mode::Ebpf, Mode::Iptables, Mode::Nftables] {
         let labels = ModeLabels {
             mode: m.to_string(),
         };

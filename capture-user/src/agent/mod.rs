@@ -55,6 +55,8 @@ pub struct AgentConfig {
     /// Where /metrics alone is also served (the node's address, for Prometheus).
     pub metrics: Option<SocketAddr>,
     pub mode: ModeChoice,
+    /// What `--mode auto` falls back to (`--fallback`).
+    pub fallback: probe::FallbackChoice,
     pub proxy_uids: Vec<u32>,
     pub proxy_gids: Vec<u32>,
     pub mesh: crate::config::MeshDefaults,
@@ -116,6 +118,8 @@ enum Phase {
 pub struct Agent {
     cfg: AgentConfig,
     mode: Mode,
+    /// Where a pod the ebpf backend cannot serve goes (auto mode with a usable fallback).
+    fallback: Option<Mode>,
     phase: Mutex<Phase>,
     files: node_files::NodeFiles,
     /// Learns the proxy containers of pods under proxy identity by container.
@@ -249,7 +253,7 @@ impl Agent {
             },
             mode: self.mode,
             pod: Some(pod.pod.clone()),
-            allow_fallback: self.cfg.mode == ModeChoice::Auto,
+            fallback: self.fallback,
             in_place,
         };
         match ops::attach(&self.cfg.paths, &req) {
@@ -463,8 +467,19 @@ async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, 
 
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let probe = tokio::task::spawn_blocking(probe::probe).await?;
-    let (mode, why) = probe::choose(cfg.mode, &probe).map_err(AgentError::Mode)?;
+    let (mode, why) = probe::choose(cfg.mode, cfg.fallback, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
+    let fallback = match (cfg.mode, probe.fallback(cfg.fallback)) {
+        (ModeChoice::Auto, Ok((to, why))) if mode == Mode::Ebpf => {
+            info!(fallback = %to, reason = %why, "pods the kernel cannot serve fall back");
+            Some(to)
+        }
+        (ModeChoice::Auto, Err(why)) if mode == Mode::Ebpf => {
+            warn!(reason = %why, "no fallback backend: pods the kernel cannot serve are refused");
+            None
+        }
+        _ => None,
+    };
     let iptables = tokio::task::spawn_blocking(crate::iptables::flavour::node).await?;
     info!(
         variant = iptables.flavour.name(),
@@ -511,6 +526,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         proxies,
         cfg,
         mode,
+        fallback,
         phase: Mutex::new(Phase::Starting),
         metrics,
     });

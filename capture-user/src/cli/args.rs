@@ -8,7 +8,7 @@ use crate::{
     cli::values::{parse_annotation, parse_id_list, parse_listen_addr, parse_pod_name, IdList},
     config::ProxyIdentityMode,
     paths::{DEFAULT_BPFFS_DIR, DEFAULT_STATE_DIR},
-    probe::ModeChoice,
+    probe::{FallbackChoice, ModeChoice},
 };
 
 #[derive(Debug, Parser)]
@@ -55,9 +55,14 @@ pub enum Command {
         /// The proxy's gid(s), comma-separated (default: the uids).
         #[arg(long, value_parser = parse_id_list)]
         proxy_gid: Option<IdList>,
-        /// ebpf, iptables, or auto (ebpf where the kernel and the pod allow it, else iptables).
+        /// ebpf, iptables, nftables, or auto (ebpf where the kernel and the pod allow it, else
+        /// the --fallback backend).
         #[arg(long, value_enum, default_value_t = ModeChoice::Ebpf)]
         mode: ModeChoice,
+        /// What --mode auto falls back to: iptables, nftables, or auto (what the node already
+        /// uses; nftables where the iptables tools are absent).
+        #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
+        fallback: FallbackChoice,
         /// Under proxy identity by container: the proxy container's cgroup v2 directory (below
         /// the pod's). Without it, the pod's proxy-uid connections are refused until
         /// `capture proxy-container` names it.
@@ -113,9 +118,14 @@ pub enum Command {
         /// example `$(NODE_IP):15301`); health stays on --http.
         #[arg(long, value_parser = parse_listen_addr)]
         metrics: Option<std::net::SocketAddr>,
-        /// ebpf, iptables, or auto (ebpf where the kernel supports every hook).
+        /// ebpf, iptables, nftables, or auto (ebpf where the kernel supports every hook, else the
+        /// --fallback backend, also for each pod that needs what the kernel lacks).
         #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
         mode: ModeChoice,
+        /// What --mode auto falls back to: iptables, nftables, or auto (what the node already
+        /// uses; nftables where the iptables tools are absent).
+        #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
+        fallback: FallbackChoice,
         /// The proxy's uid(s) for every pod this agent captures (default 1337).
         #[arg(long, value_parser = parse_id_list)]
         proxy_uid: Option<IdList>,

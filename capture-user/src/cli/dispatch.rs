@@ -40,17 +40,21 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_uid,
             proxy_gid,
             mode,
+            fallback,
             proxy_cgroup,
             annotation_policy,
             mesh,
         } => {
-            let (node_mode, allow_fallback) = match mode {
-                ModeChoice::Ebpf => (Mode::Ebpf, false),
-                ModeChoice::Iptables => (Mode::Iptables, false),
+            let (node_mode, fallback) = match mode {
+                ModeChoice::Ebpf => (Mode::Ebpf, None),
+                ModeChoice::Iptables => (Mode::Iptables, None),
+                ModeChoice::Nftables => (Mode::Nftables, None),
                 ModeChoice::Auto => {
-                    let (m, _why) = crate::probe::choose(mode, &crate::probe::probe())
-                        .map_err(anyhow::Error::msg)?;
-                    (m, true)
+                    let probe = crate::probe::probe();
+                    let (m, _why) =
+                        crate::probe::choose(mode, fallback, &probe).map_err(anyhow::Error::msg)?;
+                    let to = probe.fallback(fallback).ok();
+                    (m, to.map(|(to, _)| to).filter(|_| m == Mode::Ebpf))
                 }
             };
             let (mesh, mesh_config) = mesh.into_parts();
@@ -74,7 +78,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 },
                 mode: node_mode,
                 pod: None,
-                allow_fallback,
+                fallback,
                 in_place: false,
                 proxy_cgroup,
                 policy: match annotation_policy {
@@ -159,6 +163,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             http,
             metrics,
             mode,
+            fallback,
             proxy_uid,
             proxy_gid,
             mesh,
@@ -192,6 +197,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 http,
                 metrics,
                 mode,
+                fallback,
                 proxy_uids: proxy_uid.unwrap_or_default().0,
                 proxy_gids: proxy_gid.unwrap_or_default().0,
                 mesh,

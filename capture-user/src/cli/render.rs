@@ -1,6 +1,9 @@
 //! The human-readable reports of `capture status` and `capture doctor`.
 
-use crate::{ops::NodeStatus, probe::ModeChoice};
+use crate::{
+    ops::NodeStatus,
+    probe::{FallbackChoice, ModeChoice},
+};
 
 /// The human-readable probe report.
 #[must_use]
@@ -54,24 +57,22 @@ pub fn render_probe(probe: &crate::probe::Probe) -> String {
             }
         );
     }
-    let pick = crate::probe::choose(ModeChoice::Auto, probe);
+    let pick = crate::probe::choose(ModeChoice::Auto, FallbackChoice::Auto, probe);
+    let usable = |ok: bool| if ok { "usable" } else { "NOT usable" };
     let _ = writeln!(
         out,
-        "ebpf backend: {}; iptables backend: {}",
-        if probe.ebpf_usable {
-            "usable"
-        } else {
-            "NOT usable"
-        },
-        if probe.iptables_usable {
-            "usable"
-        } else {
-            "NOT usable"
-        }
+        "ebpf backend: {}; iptables backend: {}; nftables backend: {}",
+        usable(probe.ebpf_usable),
+        usable(probe.iptables_usable),
+        usable(probe.nftables_usable),
     );
     let _ = match pick {
         Ok((mode, why)) => writeln!(out, "--mode auto would use {mode} ({why})"),
         Err(why) => writeln!(out, "--mode auto would fail: {why}"),
+    };
+    let _ = match probe.fallback(FallbackChoice::Auto) {
+        Ok((mode, why)) => writeln!(out, "pods that fall back would use {mode} ({why})"),
+        Err(why) => writeln!(out, "pods that need a fallback would be refused: {why}"),
     };
     out
 }

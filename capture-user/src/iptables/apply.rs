@@ -100,7 +100,7 @@ fn rejected(netns: &Path, tool: &'static str, stderr: &str) -> IptablesError {
 /// TPROXY's routing: packets marked 1337 are delivered locally (table 133), so that captured
 /// inbound traffic reaches the transparent listener and replies to original-source connections
 /// come back to the proxy.
-fn tproxy_routing(netns: &Path, cfg: &CaptureConfig, add: bool) -> Result<(), IptablesError> {
+pub fn tproxy_routing(netns: &Path, cfg: &CaptureConfig, add: bool) -> Result<(), IptablesError> {
     let (mark, table) = (TPROXY_MARK.to_string(), TPROXY_TABLE.to_string());
     for family in families(cfg) {
         let f = if family == Family::V4 { "-4" } else { "-6" };

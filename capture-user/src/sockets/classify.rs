@@ -202,6 +202,7 @@ fn outbound_hook(mode: Mode, ipv6: bool) -> &'static str {
         (Mode::Ebpf, false) => "connect4",
         (Mode::Ebpf, true) => "connect6",
         (Mode::Iptables, _) => "nat OUTPUT",
+        (Mode::Nftables, _) => "inet istio-proxy-nat output",
     }
 }
 
@@ -209,6 +210,7 @@ fn inbound_hook(mode: Mode) -> &'static str {
     match mode {
         Mode::Ebpf => "sk_lookup",
         Mode::Iptables => "nat PREROUTING",
+        Mode::Nftables => "inet istio-proxy-nat prerouting",
     }
 }
 

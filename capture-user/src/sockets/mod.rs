@@ -177,7 +177,7 @@ pub fn sockets(paths: &Paths, which: &PodSelector) -> Result<Report, SocketsErro
                 None
             }
         },
-        Mode::Iptables => None,
+        Mode::Iptables | Mode::Nftables => None,
     };
     let mut looker = Looker::new(netns_ino, states.as_ref());
     let observed: Vec<Observed> = kernel

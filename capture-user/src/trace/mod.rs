@@ -301,7 +301,7 @@ pub fn run(
 ) -> Result<Summary, TraceError> {
     let record = find_pod(paths, &req.pod)?;
     let pod = record.display_name();
-    if record.mode == Mode::Iptables {
+    if record.mode != Mode::Ebpf {
         return Err(TraceError::IptablesPod { pod });
     }
     let mut maps = TraceMaps::open(paths)?;

@@ -79,7 +79,7 @@ impl Bed {
                     cgroup.as_deref().unwrap_or_default(),
                 ]);
             }
-            Mode::Iptables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
+            Mode::Iptables | Mode::Nftables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
             Mode::EbpfNotrace | Mode::EbpfTrace => {
                 if mode == Mode::EbpfNotrace {
                     topo.capture_env

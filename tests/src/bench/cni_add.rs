@@ -54,14 +54,20 @@ pub fn measure(mode: &str, pods: usize) -> CniAdd {
     }
 }
 
-/// Whether the pod's capture is in place: programs on its cgroup, or the ISTIO chains in its netns.
+/// Whether the pod's capture is in place: programs on its cgroup, or the Istio chains in its
+/// netns (iptables' or nftables').
 fn captured(mode: &str, pod: &Pod) -> bool {
-    if mode == "ebpf" {
-        return !cgroup_programs(&pod.cgroup).is_empty();
-    }
+    let (lister, chain): (&[&str], &str) = match mode {
+        "ebpf" => return !cgroup_programs(&pod.cgroup).is_empty(),
+        "nftables" => (
+            &["nft", "list", "table", "inet", "istio-proxy-nat"],
+            "istio-redirect",
+        ),
+        _ => (&["iptables-save", "-t", "nat"], "ISTIO_REDIRECT"),
+    };
     Command::new("nsenter")
         .arg(format!("--net={}", pod.netns.path().display()))
-        .args(["iptables-save", "-t", "nat"])
+        .args(lister)
         .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("ISTIO_REDIRECT"))
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(chain))
 }

@@ -34,6 +34,8 @@ pub enum Mode {
     /// No capture: the client dials the proxy directly (the limit).
     None,
     Iptables,
+    /// The same rules as native nftables tables.
+    Nftables,
     Ebpf,
     /// ebpf with the app-to-proxy acceleration (`sk_msg`) on, whatever this kernel's checks found:
     /// the report says which differences were accepted for the measurement.
@@ -50,7 +52,13 @@ pub enum Mode {
 
 impl Mode {
     /// The modes of a run that names none.
-    pub const ALL: [Self; 4] = [Self::None, Self::Iptables, Self::Ebpf, Self::EbpfAccel];
+    pub const ALL: [Self; 5] = [
+        Self::None,
+        Self::Iptables,
+        Self::Nftables,
+        Self::Ebpf,
+        Self::EbpfAccel,
+    ];
     /// What tracing costs: the programs without it, with it off, with it on.
     pub const TRACE_COST: [Self; 3] = [Self::EbpfNotrace, Self::Ebpf, Self::EbpfTrace];
     #[must_use]
@@ -58,6 +66,7 @@ impl Mode {
         match self {
             Self::None => "none",
             Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
             Self::Ebpf => "ebpf",
             Self::EbpfAccel => "ebpf+accel",
             Self::EbpfNotrace => "ebpf-notrace",
@@ -313,25 +322,25 @@ fn attach_scale(mode: Mode, pods: usize) -> AttachScale {
     }
 }
 
-/// Attach latency and memory as pods fill a node (iptables to at most 200 pods), and the CNI ADD
-/// through capture-cni and the agent.
+/// Attach latency and memory as pods fill a node (iptables and nftables to at most 200 pods), and
+/// the CNI ADD through capture-cni and the agent.
 fn control_plane(pods: usize, cni_pods: usize) -> (Vec<AttachScale>, Vec<cni_add::CniAdd>) {
     eprintln!("bench: attaching {pods} pods per backend");
-    let attach = [Mode::Ebpf, Mode::Iptables]
+    let attach = [Mode::Ebpf, Mode::Iptables, Mode::Nftables]
         .iter()
         .map(|m| {
             attach_scale(
                 *m,
-                if *m == Mode::Iptables {
-                    pods.min(200)
-                } else {
+                if *m == Mode::Ebpf {
                     pods
+                } else {
+                    pods.min(200)
                 },
             )
         })
         .collect();
     eprintln!("bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent");
-    let cni_add = ["ebpf", "iptables"]
+    let cni_add = ["ebpf", "iptables", "nftables"]
         .iter()
         .map(|m| cni_add::measure(m, cni_pods))
         .collect();

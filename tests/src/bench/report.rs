@@ -196,7 +196,7 @@ fn table(o: &mut String, r: &Results, settings: Settings) {
         let ipt = summarize(cell, Mode::Iptables);
         for mode in Mode::ALL {
             let s = summarize(cell, mode);
-            let vs_ipt = matches!(mode, Mode::Ebpf | Mode::EbpfAccel);
+            let vs_ipt = matches!(mode, Mode::Nftables | Mode::Ebpf | Mode::EbpfAccel);
             let _ = writeln!(
                 o,
                 "| {} | {} | {:.0} {} | {:.0}..{:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.2}x | {} | {} |",
@@ -390,12 +390,13 @@ pub fn targets(r: &Results) -> Vec<(String, bool)> {
     reason = "SVG geometry: x, y, w, h as the format names them"
 )]
 pub fn svg(r: &Results) -> String {
-    let (w, row_h, left) = (800.0, 38.0, 330.0);
+    let (w, row_h, left) = (800.0, 50.0, 330.0);
     let h = 60.0 + row_h * r.cells.len() as f64 * 1.0 + 30.0;
     let mut o = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n");
     let _ = writeln!(o, "<text x=\"10\" y=\"20\" font-size=\"14\">Throughput relative to no capture (1.0 = the limit)</text>");
     let colors = [
         (Mode::Iptables, "#d62728"),
+        (Mode::Nftables, "#ff7f0e"),
         (Mode::Ebpf, "#1f77b4"),
         (Mode::EbpfAccel, "#2ca02c"),
     ];

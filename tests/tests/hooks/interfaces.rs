@@ -1,6 +1,7 @@
 //! Virtual and excluded interfaces (spec C `inbound_redirect`, E.17, E.18; T64–T70): traffic
 //! forwarded through the pod from a VM. The ebpf backend does not capture forwarded traffic, so a
-//! pod that needs these rules runs on iptables: refused in ebpf mode, a visible fallback in auto.
+//! pod that needs these rules runs on iptables or nftables: refused in ebpf mode, a visible
+//! fallback in auto.
 
 use capture_tests::{probe::Who, topology::Topology};
 
@@ -16,8 +17,19 @@ fn vm_pod(args: &[&str]) -> Topology {
 
 #[test]
 fn virtual_interface_traffic_is_outbound_traffic() {
-    for mode in ["iptables", "auto"] {
-        let topo = vm_pod(&["--mode", mode, "--annotation", KUBEVIRT]);
+    for (mode, backend) in [
+        ("iptables", "iptables"),
+        ("nftables", "nftables"),
+        ("auto", "iptables"),
+    ] {
+        let topo = vm_pod(&[
+            "--mode",
+            mode,
+            "--fallback",
+            "iptables",
+            "--annotation",
+            KUBEVIRT,
+        ]);
         // T64: a VM's connection out goes to the outbound listener, on eth1's address.
         let got = topo.connect_from_vm("10.0.0.5:80");
         got.assert_served_by("outbound", mode);
@@ -34,7 +46,7 @@ fn virtual_interface_traffic_is_outbound_traffic() {
         let got = topo.tcp(&Who::app(), "10.0.0.5:80");
         got.assert_served_by("outbound", mode);
         let pod = &topo.status()["pods"][0];
-        assert_eq!(pod["mode"], "iptables", "{mode}");
+        assert_eq!(pod["mode"], backend, "{mode}");
         assert_eq!(pod["in_force"], true, "{mode}");
         if mode == "auto" {
             let why = pod["fallback_reason"]
@@ -48,25 +60,27 @@ fn virtual_interface_traffic_is_outbound_traffic() {
 #[test]
 fn virtual_interface_with_an_include_list() {
     // T66: non-matching VM traffic bypasses all capture, inbound included.
-    let topo = vm_pod(&[
-        "--mode",
-        "iptables",
-        "--annotation",
-        KUBEVIRT,
-        "--annotation",
-        "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16",
-    ]);
-    let got = topo.connect_from_vm("10.0.0.5:80");
-    got.assert_served_by("outbound", "");
-    let got = topo.connect_from_vm("1.1.0.5:80");
-    got.assert_served_by("remote", "");
-    let got = topo.connect_from_vm("10.3.0.1:8080");
-    got.assert_served_by("app", "");
+    for mode in ["iptables", "nftables"] {
+        let topo = vm_pod(&[
+            "--mode",
+            mode,
+            "--annotation",
+            KUBEVIRT,
+            "--annotation",
+            "traffic.sidecar.istio.io/includeOutboundIPRanges=10.0.0.0/16",
+        ]);
+        let got = topo.connect_from_vm("10.0.0.5:80");
+        got.assert_served_by("outbound", mode);
+        let got = topo.connect_from_vm("1.1.0.5:80");
+        got.assert_served_by("remote", mode);
+        let got = topo.connect_from_vm("10.3.0.1:8080");
+        got.assert_served_by("app", mode);
+    }
 }
 
 #[test]
 fn excluded_interfaces_are_left_alone_both_ways() {
-    for mode in ["iptables", "auto"] {
+    for mode in ["iptables", "nftables", "auto"] {
         let topo = vm_pod(&[
             "--mode",
             mode,

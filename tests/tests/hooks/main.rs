@@ -9,6 +9,7 @@ mod dns_and_groups;
 mod haproxy;
 mod interfaces;
 mod iptables_variant;
+mod nftables;
 mod outbound;
 mod owner_identity;
 mod parity;

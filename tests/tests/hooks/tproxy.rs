@@ -1,6 +1,6 @@
 //! TPROXY interception mode (spec B TPROXY variant, C `inbound_tproxy`, T54–T63). The ebpf
-//! backend does not implement TPROXY's original-source path, so such pods run on iptables:
-//! explicitly, or as auto mode's visible per-pod fallback.
+//! backend does not implement TPROXY's original-source path, so such pods run on iptables or
+//! nftables: explicitly, or as auto mode's visible per-pod fallback (to the `--fallback` backend).
 
 use capture_tests::{
     probe::{ip_of, ConnectOpts, Who},
@@ -9,9 +9,23 @@ use capture_tests::{
 
 const TPROXY: &str = "sidecar.istio.io/interceptionMode=TPROXY";
 
+/// The ways a TPROXY pod is captured: `--mode` (and `--fallback`), and the backend it gets.
+const MODES: [(&[&str], &str); 4] = [
+    (&["--mode", "iptables"], "iptables"),
+    (&["--mode", "nftables"], "nftables"),
+    (&["--mode", "auto", "--fallback", "iptables"], "iptables"),
+    (&["--mode", "auto", "--fallback", "nftables"], "nftables"),
+];
+
 fn tproxy_pod(mode: &str, with_proxy: bool) -> Topology {
+    tproxy_pod_with(&["--mode", mode], with_proxy)
+}
+
+fn tproxy_pod_with(mode: &[&str], with_proxy: bool) -> Topology {
     let mut topo = Topology::new();
-    topo.attach(&["--mode", mode, "--annotation", TPROXY]);
+    let mut args = mode.to_vec();
+    args.extend(["--annotation", TPROXY]);
+    topo.attach(&args);
     topo.start_remote();
     topo.start_app();
     if with_proxy {
@@ -22,8 +36,9 @@ fn tproxy_pod(mode: &str, with_proxy: bool) -> Topology {
 
 #[test]
 fn inbound_keeps_the_original_destination() {
-    for mode in ["iptables", "auto"] {
-        let topo = tproxy_pod(mode, true);
+    for (args, backend) in MODES {
+        let mode = &args.join(" ");
+        let topo = tproxy_pod_with(args, true);
         // T54: on the inbound listener, with the original destination as local address.
         let got = topo.connect_from_remote("10.1.0.10:8080");
         got.assert_served_by("inbound", mode);
@@ -50,9 +65,9 @@ fn inbound_keeps_the_original_destination() {
         let got = topo.tcp(&Who::new(0, 1337), "10.1.0.10:8080");
         got.assert_served_by("inbound", mode);
         let pod = &topo.status()["pods"][0];
-        assert_eq!(pod["mode"], "iptables", "{mode}");
+        assert_eq!(pod["mode"], backend, "{mode}");
         assert_eq!(pod["in_force"], true, "{mode}: {pod}");
-        if mode == "auto" {
+        if args[1] == "auto" {
             assert!(
                 pod["fallback_reason"]
                     .as_str()
@@ -68,49 +83,68 @@ fn inbound_keeps_the_original_destination() {
 fn original_source_connections_from_the_proxy_complete() {
     // T61: the proxy connects to the app as the original client (IP_TRANSPARENT, mark 1337); the
     // app sees the client's address and the reply finds its way back through table 133.
-    let topo = tproxy_pod("iptables", true);
-    let opts = ConnectOpts {
-        bind: Some("10.1.0.1:0".into()),
-        transparent: true,
-        mark: Some(1337),
-        ..ConnectOpts::default()
-    };
-    let got = topo.connect(&Who::new(0, 1337), "10.1.0.10:8080", &opts);
-    assert!(got.ok(), "{:?}", got.0);
-    got.assert_served_by("app", "");
-    assert_eq!(
-        got.peer_seen().map(|p| ip_of(&p)).as_deref(),
-        Some("10.1.0.1"),
-        "{:?}",
-        got.0
-    );
+    for mode in ["iptables", "nftables"] {
+        let topo = tproxy_pod(mode, true);
+        let opts = ConnectOpts {
+            bind: Some("10.1.0.1:0".into()),
+            transparent: true,
+            mark: Some(1337),
+            ..ConnectOpts::default()
+        };
+        let got = topo.connect(&Who::new(0, 1337), "10.1.0.10:8080", &opts);
+        assert!(got.ok(), "{mode}: {:?}", got.0);
+        got.assert_served_by("app", mode);
+        assert_eq!(
+            got.peer_seen().map(|p| ip_of(&p)).as_deref(),
+            Some("10.1.0.1"),
+            "{mode}: {:?}",
+            got.0
+        );
+    }
 }
 
 #[test]
 fn no_listener_means_the_syn_is_dropped() {
     // T63: TPROXY to a port nobody listens on drops the SYN: the client times out.
-    let topo = tproxy_pod("iptables", false);
-    let got = topo.connect_from_remote("10.1.0.10:8080");
-    assert!(!got.ok(), "{:?}", got.0);
-    assert_eq!(got.error().as_deref(), Some("ETIMEDOUT"), "{:?}", got.0);
+    for mode in ["iptables", "nftables"] {
+        let topo = tproxy_pod(mode, false);
+        let got = topo.connect_from_remote("10.1.0.10:8080");
+        assert!(!got.ok(), "{mode}: {:?}", got.0);
+        assert_eq!(
+            got.error().as_deref(),
+            Some("ETIMEDOUT"),
+            "{mode}: {:?}",
+            got.0
+        );
+    }
 }
 
 #[test]
 fn detach_removes_the_marks_and_routes() {
-    let topo = tproxy_pod("iptables", false);
-    let routes = |t: &Topology| {
-        capture_tests::guards::run(std::process::Command::new("ip").args([
-            "-n",
-            &t.pod.netns.name,
-            "rule",
-            "show",
-        ]))
-    };
-    assert!(routes(&topo).contains("lookup 133"), "{}", routes(&topo));
-    assert!(topo.detach().status.success());
-    assert!(!routes(&topo).contains("lookup 133"), "{}", routes(&topo));
-    let got = topo.connect_from_remote("10.1.0.10:8080");
-    got.assert_served_by("app", "");
+    for mode in ["iptables", "nftables"] {
+        let topo = tproxy_pod(mode, false);
+        let routes = |t: &Topology| {
+            capture_tests::guards::run(std::process::Command::new("ip").args([
+                "-n",
+                &t.pod.netns.name,
+                "rule",
+                "show",
+            ]))
+        };
+        assert!(
+            routes(&topo).contains("lookup 133"),
+            "{mode}: {}",
+            routes(&topo)
+        );
+        assert!(topo.detach().status.success());
+        assert!(
+            !routes(&topo).contains("lookup 133"),
+            "{mode}: {}",
+            routes(&topo)
+        );
+        let got = topo.connect_from_remote("10.1.0.10:8080");
+        got.assert_served_by("app", mode);
+    }
 }
 
 #[test]

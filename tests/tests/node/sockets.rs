@@ -47,13 +47,13 @@ fn holder_from_remote(topo: &Topology, to: &str) -> ChildGuard {
 }
 
 #[test]
-fn sockets_show_the_apps_view_the_proxy_and_the_deciding_rule_under_both_backends() {
+fn sockets_show_the_apps_view_the_proxy_and_the_deciding_rule_under_every_backend() {
     let (app, proxy) = (Who::app(), Who::proxy());
     let captured = "10.0.0.5:80";
     let excluded = format!("10.0.0.5:{EXCLUDED_PORT}");
     let proxys_own = "10.0.0.5:9090";
     let inbound = format!("{POD_IP4}:8080");
-    for backend in Backend::ALL {
+    for backend in Backend::EVERY {
         let mut topo = Topology::new();
         let exclusion = format!("traffic.sidecar.istio.io/excludeOutboundPorts={EXCLUDED_PORT}");
         topo.attach(&["--mode", backend.mode(), "--annotation", &exclusion]);
@@ -69,6 +69,10 @@ fn sockets_show_the_apps_view_the_proxy_and_the_deciding_rule_under_both_backend
         let (hook_out, hook_in) = match backend {
             Backend::Ebpf => ("connect4", "sk_lookup"),
             Backend::Iptables => ("nat OUTPUT", "nat PREROUTING"),
+            Backend::Nftables => (
+                "inet istio-proxy-nat output",
+                "inet istio-proxy-nat prerouting",
+            ),
         };
 
         let app_side = find(&report, "outbound", 1000, captured);
@@ -87,7 +91,9 @@ fn sockets_show_the_apps_view_the_proxy_and_the_deciding_rule_under_both_backend
             // The stateless redirect: the socket really is connected to the proxy's port.
             Backend::Ebpf => assert_eq!(kernel_port.as_deref(), Some("15001"), "{app_side:#}"),
             // NAT rewrites packets, not the socket.
-            Backend::Iptables => assert_eq!(app_side["kernel_remote"], captured, "{app_side:#}"),
+            Backend::Iptables | Backend::Nftables => {
+                assert_eq!(app_side["kernel_remote"], captured, "{app_side:#}");
+            }
         }
         let proxy_end = find(&report, "proxy-outbound", 1337, captured);
         assert_eq!(proxy_end["via_proxy"], true, "{proxy_end:#}");

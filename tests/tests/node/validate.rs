@@ -26,7 +26,7 @@ fn validate(topo: &Topology, who: &Who, timeout: &str) -> (Option<i32>, String, 
 
 #[test]
 fn passes_as_the_proxy_under_both_backends() {
-    for backend in Backend::ALL {
+    for backend in Backend::EVERY {
         let topo = Topology::new();
         topo.attach(&["--mode", backend.mode()]);
         let (code, stdout, stderr, _) = validate(&topo, &Who::proxy(), "5s");
@@ -51,7 +51,7 @@ fn fails_within_its_timeout_when_nothing_is_attached() {
 #[test]
 fn fails_for_a_non_proxy_uid() {
     // T28: the probe from uid 1000 to 127.0.0.6 stays on loopback and is refused.
-    for backend in Backend::ALL {
+    for backend in Backend::EVERY {
         let topo = Topology::new();
         topo.attach(&["--mode", backend.mode()]);
         let (code, _, stderr, _) = validate(&topo, &Who::app(), "2s");

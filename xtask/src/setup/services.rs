@@ -3,7 +3,9 @@
 //! server, and `containerd` ships the node's container runtime as a unit (the tests start their
 //! own containerd, with directories of their own), and `haproxy` ships a load balancer as a unit
 //! (the tests run HAProxy inside a pod with a configuration of their own); each postinst enables
-//! and starts its server.
+//! and starts its server. `nftables` ships `nft` and a unit that loads /etc/nftables.conf, whose
+//! first line is `flush ruleset`: started, it would erase the host's rules (kube-proxy's, a
+//! firewall's). Debian leaves it disabled; setup makes sure nothing starts it.
 //!
 //! Where the postinst would start it:
 //! - in a container without systemd (these machines, CI), invoke-rc.d asks policy-rc.d, which
@@ -24,6 +26,7 @@ pub const UNWANTED_SERVICES: &[(&str, &str)] = &[
     ("prometheus", "prometheus.service"),
     ("containerd", "containerd.service"),
     ("haproxy", "haproxy.service"),
+    ("nftables", "nftables.service"),
 ];
 
 /// Masks the units of those of `packages` that ship an unwanted server, on a host running

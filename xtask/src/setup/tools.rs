@@ -42,6 +42,8 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("iptables-legacy-save", "iptables"),
     tool("ip6tables-legacy-restore", "iptables"),
     tool("ip6tables-legacy-save", "iptables"),
+    // The nftables backend (nftables/apply.rs) and --fallback auto's look at the node's tables.
+    tool("nft", "nftables"),
     tool("nsenter", "util-linux"),
     // capture reads a user-namespaced pod's id maps from inside its namespace (userns.rs).
     tool("cat", "coreutils"),

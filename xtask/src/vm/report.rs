@@ -225,6 +225,36 @@ pub const CAPABILITIES: &[Capability] = &[
         tests: &[("outbound", "ipv4_only_pod_leaves_ipv6_alone")],
         except: &[],
     },
+    Capability {
+        name: "nftables backend (its tables; the parity matrix's nftables column is above)",
+        tests: &[("nftables", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "proxy identity (by container, node policy)",
+        tests: &[("proxy_identity", "*"), ("identity_policy", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "stateless redirect",
+        tests: &[("stateless_redirect", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "limits and --max-pods sizing",
+        tests: &[("limits", "*"), ("sizing", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "trace and explain",
+        tests: &[("trace", "*"), ("explain", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "pods with a user namespace",
+        tests: &[("userns", "*")],
+        except: &[],
+    },
 ];
 
 fn matches(patterns: &[(&str, &str)], test: &TestResult) -> bool {

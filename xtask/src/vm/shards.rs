@@ -32,6 +32,7 @@ const EXPECTED_SECONDS: &[(&str, u32)] = &[
     ("lifecycle", 49),
     ("limits", 52),
     ("live_node", 49),
+    ("nftables", 15),
     ("outbound", 64),
     ("owner_identity", 7),
     ("parity", 55),
