@@ -1,4 +1,5 @@
-//! cgroup v2 directories: verify the pod's, and find where cgroup2 is mounted.
+//! cgroup directories: verify the pod's (v2 for the ebpf backend; the rule backends take a v1 one
+//! too), and find where cgroup2 and the v1 hierarchies are mounted.
 
 use std::{
     ffi::CString,
@@ -11,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -21,10 +22,64 @@ pub enum CgroupError {
         source: io::Error,
         mount_hint: String,
     },
-    #[error("cgroup {path} is not a cgroup v2 directory; pass the pod's directory under the cgroup2 mount{mount_hint}")]
+    #[error("cgroup {path} is not a cgroup v2 directory (nor a v1 one); pass the pod's directory under the cgroup2 mount{mount_hint}")]
     NotCgroup2 { path: PathBuf, mount_hint: String },
     #[error("no cgroup2 filesystem is mounted (see /proc/self/mounts); capture needs cgroup v2")]
     NoCgroup2,
+}
+
+/// Which cgroup hierarchy a pod's cgroup directory belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The unified hierarchy: programs attach to it.
+    V2,
+    /// A v1 hierarchy (a node booted without cgroup v2, or a controller's tree on a hybrid one):
+    /// no cgroup programs attach to it; rules in the pod's netns need no cgroup at all.
+    V1,
+}
+
+/// Opens a pod's cgroup directory, v2 or v1, and says which.
+pub fn open_pod_cgroup(path: &Path) -> Result<(File, Layout), CgroupError> {
+    let open_err = |source| CgroupError::Open {
+        path: path.into(),
+        source,
+        mount_hint: mount_hint(),
+    };
+    let meta = fs::metadata(path).map_err(open_err)?;
+    let fs = statfs(path).map_err(|e| open_err(io::Error::from(e)))?;
+    let not_cgroup = || CgroupError::NotCgroup2 {
+        path: path.into(),
+        mount_hint: mount_hint(),
+    };
+    let layout = match fs.filesystem_type() {
+        _ if !meta.is_dir() => return Err(not_cgroup()),
+        CGROUP2_SUPER_MAGIC => Layout::V2,
+        CGROUP_SUPER_MAGIC => Layout::V1,
+        _ => return Err(not_cgroup()),
+    };
+    Ok((File::open(path).map_err(open_err)?, layout))
+}
+
+/// Where the cgroup v1 hierarchies are mounted, the named `systemd` one first (the one kubelet's
+/// systemd driver and every controller's tree mirror), then the others.
+#[must_use]
+pub fn cgroup1_mounts() -> Vec<PathBuf> {
+    let Ok(mounts) = fs::read_to_string("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    let mut found: Vec<(bool, PathBuf)> = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (_src, target, fstype, opts) = (f.next()?, f.next()?, f.next()?, f.next()?);
+            (fstype == "cgroup").then(|| {
+                let systemd = opts.split(',').any(|o| o == "name=systemd");
+                (!systemd, PathBuf::from(target.replace("\\040", " ")))
+            })
+        })
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
 }
 
 fn mount_hint() -> String {
@@ -35,20 +90,13 @@ fn mount_hint() -> String {
 
 /// Opens a cgroup v2 directory for attaching programs to it.
 pub fn open_cgroup2(path: &Path) -> Result<File, CgroupError> {
-    let open_err = |source| CgroupError::Open {
-        path: path.into(),
-        source,
-        mount_hint: mount_hint(),
-    };
-    let meta = fs::metadata(path).map_err(open_err)?;
-    let fs = statfs(path).map_err(|e| open_err(io::Error::from(e)))?;
-    if !meta.is_dir() || fs.filesystem_type() != CGROUP2_SUPER_MAGIC {
-        return Err(CgroupError::NotCgroup2 {
+    match open_pod_cgroup(path)? {
+        (file, Layout::V2) => Ok(file),
+        (_, Layout::V1) => Err(CgroupError::NotCgroup2 {
             path: path.into(),
             mount_hint: mount_hint(),
-        });
+        }),
     }
-    File::open(path).map_err(open_err)
 }
 
 /// Where cgroup2 is mounted (`/sys/fs/cgroup` on most nodes, `/sys/fs/cgroup/unified` on hybrid

@@ -18,6 +18,7 @@ pub mod fsutil;
 pub mod identity;
 pub mod install;
 pub mod iptables;
+pub mod istio_rules;
 pub mod left_alone;
 pub mod lock;
 pub mod netns;

@@ -376,6 +376,70 @@ impl Drop for ChildGuard {
     }
 }
 
+/// A cgroup v1 hierarchy of its own (named, no controllers), mounted on a scratch directory: where
+/// a node booted without cgroup v2 keeps its pods' cgroups. Unmounted on drop, after the
+/// directories below it are removed (a v1 hierarchy with cgroups in it outlives its mount).
+pub struct CgroupV1Mount {
+    pub path: PathBuf,
+}
+
+impl CgroupV1Mount {
+    /// `None` where this kernel does not let a v1 hierarchy be mounted (`cgroup_no_v1=named`).
+    #[must_use]
+    pub fn new() -> Option<Self> {
+        use nix::mount::{mount, MsFlags};
+        let name = unique("capture-v1");
+        let path = std::env::temp_dir().join(&name);
+        fs::create_dir(&path).ok()?;
+        let options = format!("none,name={name}");
+        if let Err(e) = mount(
+            Some("cgroup"),
+            &path,
+            Some("cgroup"),
+            MsFlags::empty(),
+            Some(options.as_str()),
+        ) {
+            eprintln!(
+                "cannot mount a cgroup v1 hierarchy on {}: {e}",
+                path.display()
+            );
+            let _ = fs::remove_dir(&path);
+            return None;
+        }
+        Some(Self { path })
+    }
+}
+
+impl Drop for CgroupV1Mount {
+    fn drop(&mut self) {
+        // Deepest first: a cgroup directory goes only once it has no children.
+        for d in directory_tree(&self.path).iter().skip(1).rev() {
+            let _ = fs::remove_dir(d);
+        }
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+        let _ = fs::remove_dir(&self.path);
+    }
+}
+
+/// `root` and every directory below it, each before its children.
+#[must_use]
+pub fn directory_tree(root: &Path) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(entries) = fs::read_dir(&d) {
+            stack.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        dirs.push(d);
+    }
+    dirs
+}
+
 /// A directory made read-only in place (a read-only bind mount over itself) until dropped: what a
 /// file system that refuses to remove a file looks like to the code under test.
 pub struct ReadOnlyBind {

@@ -35,6 +35,9 @@ pub enum Feature {
     /// exist or can be made: not on the kernel matrix's guests, whose root is the host's, read
     /// only. A gap of that harness, not of capture or nodes.
     WritableNodePaths,
+    /// A cgroup v1 hierarchy can be mounted (a named one, no controllers), to stand for a node
+    /// booted without cgroup v2. Known from a failure: see `record_skip`.
+    CgroupV1Hierarchy,
 }
 
 impl Feature {
@@ -48,6 +51,7 @@ impl Feature {
             Self::RuncClonedBinary => "runc_cloned_binary",
             Self::SkMsgAcceleration => "sk_msg_acceleration",
             Self::WritableNodePaths => "writable_node_paths",
+            Self::CgroupV1Hierarchy => "cgroup_v1_hierarchy",
         }
     }
 }
@@ -86,7 +90,7 @@ pub fn has_or_skip(feature: Feature, reason: &str) -> bool {
             .iter()
             .all(|p| can_be_made(std::path::Path::new(p))),
         // Known only from a failure or a node's load: see record_skip.
-        Feature::RuncClonedBinary | Feature::SkMsgAcceleration => true,
+        Feature::RuncClonedBinary | Feature::SkMsgAcceleration | Feature::CgroupV1Hierarchy => true,
     };
     if !present {
         record_skip(feature, reason);

@@ -72,6 +72,8 @@ pub struct AgentConfig {
     pub accelerate: bool,
     /// Check cases whose differences are accepted (`--accelerate-accepting`).
     pub accelerate_accepting: Vec<String>,
+    /// Replace Istio's own rules found in a pod's netns (`--take-over-istio-rules`).
+    pub take_over_istio_rules: bool,
     /// Hold the runtime's sandboxes against the records (`--cri-socket`, `--repair`).
     pub reconcile: Option<ReconcileConfig>,
 }
@@ -255,6 +257,7 @@ impl Agent {
             pod: Some(pod.pod.clone()),
             fallback: self.fallback,
             in_place,
+            take_over_istio_rules: self.cfg.take_over_istio_rules,
         };
         match ops::attach(&self.cfg.paths, &req) {
             Ok(record) => {

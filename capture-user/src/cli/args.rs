@@ -40,7 +40,7 @@ pub enum Command {
         /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
         #[arg(long)]
         netns: PathBuf,
-        /// The pod's cgroup v2 directory.
+        /// The pod's cgroup directory: cgroup v2 (a cgroup v1 one only for the rule backends).
         #[arg(long)]
         cgroup: PathBuf,
         /// The pod's IP address; repeat for an IPv4 and an IPv6 address.
@@ -63,6 +63,12 @@ pub enum Command {
         /// uses; nftables where the iptables tools are absent).
         #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
         fallback: FallbackChoice,
+        /// Where the pod's netns already holds Istio's own capture rules (istio-init's ISTIO_*
+        /// chains, or Istio's nftables tables): remove them and capture the pod, rather than
+        /// refuse it. Rules identical to what --mode iptables or nftables would write are
+        /// adopted without this.
+        #[arg(long)]
+        take_over_istio_rules: bool,
         /// Under proxy identity by container: the proxy container's cgroup v2 directory (below
         /// the pod's). Without it, the pod's proxy-uid connections are refused until
         /// `capture proxy-container` names it.
@@ -151,6 +157,11 @@ pub enum Command {
         /// accelerated anyway.
         #[arg(long, value_delimiter = ',', requires = "accelerate")]
         accelerate_accepting: Vec<String>,
+        /// A pod whose netns already holds Istio's own capture rules (istio-init's, in a cluster
+        /// migrating from it) has them removed and replaced, rather than refused. Rules identical
+        /// to what the pod's rule backend would write are adopted without this.
+        #[arg(long)]
+        take_over_istio_rules: bool,
         /// The container runtime's CRI socket, read at start and every --reconcile-period to find
         /// meshed pods capture never saw and records whose pod is gone (CRI-O's:
         /// /var/run/crio/crio.sock).

@@ -41,6 +41,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             proxy_gid,
             mode,
             fallback,
+            take_over_istio_rules,
             proxy_cgroup,
             annotation_policy,
             mesh,
@@ -80,6 +81,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 pod: None,
                 fallback,
                 in_place: false,
+                take_over_istio_rules,
                 proxy_cgroup,
                 policy: match annotation_policy {
                     Some(path) => Some(crate::config::policy::read(&path)?),
@@ -170,6 +172,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             watch_cni_config,
             accelerate,
             accelerate_accepting,
+            take_over_istio_rules,
             cri_socket,
             repair,
             annotation_policy,
@@ -207,6 +210,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 cni_watch,
                 accelerate,
                 accelerate_accepting,
+                take_over_istio_rules,
                 reconcile,
             })?;
         }

@@ -265,6 +265,7 @@ pub fn render_status(status: &NodeStatus) -> String {
             .map(|a| a.to_string())
             .into_iter()
             .chain(r.config.pod_ip6.map(|a| a.to_string()))
+            .chain(r.config.other_pod_ips.iter().map(ToString::to_string))
             .collect();
         let _ = writeln!(
             out,

@@ -1,6 +1,8 @@
 //! Finding a pod's cgroup from its UID, for both of kubelet's cgroup drivers:
 //! cgroupfs (`kubepods/burstable/pod<uid>`) and systemd
-//! (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice`).
+//! (`kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice`),
+//! in the cgroup2 hierarchy first and then in the v1 ones (a node booted without cgroup v2 has its
+//! pods there; the rule backends capture them, the ebpf backend refuses them and says why).
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +42,25 @@ pub fn find_pod_cgroup(root: &Path, uid: &str) -> Result<PathBuf, String> {
         root.display(),
         uid.replace('-', "_")
     ))
+}
+
+/// The pod's cgroup on this node: under the cgroup2 mount, else under a v1 hierarchy.
+pub fn find_on_node(uid: &str) -> Result<PathBuf, String> {
+    let roots: Vec<PathBuf> = crate::cgroup::cgroup2_mount()
+        .into_iter()
+        .chain(crate::cgroup::cgroup1_mounts())
+        .collect();
+    if roots.is_empty() {
+        return Err("no cgroup hierarchy is mounted (see /proc/self/mounts)".into());
+    }
+    let mut why = Vec::new();
+    for root in &roots {
+        match find_pod_cgroup(root, uid) {
+            Ok(found) => return Ok(found),
+            Err(e) => why.push(e),
+        }
+    }
+    Err(why.join("; "))
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use rscni_plugin::{
 };
 
 use super::{
-    cgroup::find_pod_cgroup, parse_cni_args, skip_reason, K8sArgs, PluginConfig, Skip,
-    POD_ANNOTATIONS_CAPABILITY,
+    cgroup::{find_on_node, find_pod_cgroup},
+    parse_cni_args, skip_reason, K8sArgs, PluginConfig, Skip, POD_ANNOTATIONS_CAPABILITY,
 };
 use crate::{
     api::{self, CallError, FailureKind, PodRequest, Request, Response},
@@ -179,7 +179,7 @@ pub fn add_input(args: &Args) -> Result<AddInput, Error> {
     let k8s = parse_cni_args(args.args()).map_err(Error::InvalidEnvValue)?;
     let annotations = pod_annotations(args)?;
     let skip = skip_reason(&cfg, &k8s, &annotations);
-    let pod_ips = prev.ips.iter().map(|ip| ip.address.addr()).collect();
+    let pod_ips = pod_addresses(&prev)?;
     Ok(AddInput {
         cfg,
         prev,
@@ -188,6 +188,34 @@ pub fn add_input(args: &Args) -> Result<AddInput, Error> {
         skip,
         pod_ips,
     })
+}
+
+/// The pod's addresses in prevResult's order (the network plugin lists the primary interface's
+/// first). An address on an interface prevResult does not list, or on one outside the pod's
+/// netns (the host end of a veth), is not the pod's: the result is refused, naming it.
+fn pod_addresses(prev: &CNIResult) -> Result<Vec<IpAddr>, Error> {
+    prev.ips
+        .iter()
+        .map(|ip| {
+            let addr = ip.address.addr();
+            let Some(i) = ip.interface else {
+                return Ok(addr);
+            };
+            match prev.interfaces.get(i as usize) {
+                None => Err(Error::InvalidNetworkConfig(format!(
+                    "prevResult gives the pod address {addr} on interface {i}, but lists {} interface(s): the network plugin's result is inconsistent",
+                    prev.interfaces.len()
+                ))),
+                Some(nic) if nic.sandbox.as_deref().is_none_or(str::is_empty) => {
+                    Err(Error::InvalidNetworkConfig(format!(
+                        "prevResult gives the pod address {addr} on interface {}, which is not in the pod's network namespace (no sandbox)",
+                        nic.name
+                    )))
+                }
+                Some(_) => Ok(addr),
+            }
+        })
+        .collect()
 }
 
 /// What CHECK reads from its input: the plugin's keys, the pod, and why it is left alone.
@@ -232,14 +260,11 @@ impl Cni for CapturePlugin {
             .netns()
             .cloned()
             .ok_or_else(|| Error::InvalidEnvValue("CNI_NETNS is not set".into()))?;
-        let root = match &cfg.cgroup_root {
-            Some(r) => r.clone(),
-            None => crate::cgroup::cgroup2_mount().map_err(|e| {
-                Error::Custom(CODE_NO_POD_CGROUP, "no pod cgroup".into(), e.to_string())
-            })?,
-        };
-        let cgroup = find_pod_cgroup(&root, &k8s.uid)
-            .map_err(|e| Error::Custom(CODE_NO_POD_CGROUP, "no pod cgroup".into(), e))?;
+        let cgroup = match &cfg.cgroup_root {
+            Some(root) => find_pod_cgroup(root, &k8s.uid),
+            None => find_on_node(&k8s.uid),
+        }
+        .map_err(|e| Error::Custom(CODE_NO_POD_CGROUP, "no pod cgroup".into(), e))?;
         if pod_ips.is_empty() {
             return Err(Error::InvalidNetworkConfig(
                 "prevResult has no IP addresses for the pod".into(),
@@ -359,6 +384,47 @@ mod tests {
             .unwrap()
             .build()
             .unwrap()
+    }
+
+    fn prev(ips: &str) -> CNIResult {
+        let result = format!(
+            r#"{{"cniVersion":"1.0.0","interfaces":[
+                {{"name":"veth1","mac":"00:00:00:00:00:01"}},
+                {{"name":"eth0","sandbox":"/var/run/netns/cni-1"}},
+                {{"name":"net1","sandbox":"/var/run/netns/cni-1"}}],"ips":[{ips}]}}"#
+        );
+        serde_json::from_str(&result).unwrap()
+    }
+
+    #[test]
+    fn a_second_network_gives_the_pod_more_addresses() {
+        let two = prev(
+            r#"{"address":"10.1.0.10/24","interface":1},{"address":"192.168.7.2/24","interface":2},
+               {"address":"fd00::10/64","interface":1},{"address":"10.9.0.1/32"}"#,
+        );
+        let ips: Vec<String> = pod_addresses(&two)
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(ips, ["10.1.0.10", "192.168.7.2", "fd00::10", "10.9.0.1"]);
+    }
+
+    #[test]
+    fn an_address_outside_the_pods_interfaces_is_refused_by_name() {
+        for (ips, words) in [
+            (
+                r#"{"address":"10.1.0.10/24","interface":0}"#,
+                ["10.1.0.10", "veth1"],
+            ),
+            (
+                r#"{"address":"10.1.0.11/24","interface":7}"#,
+                ["10.1.0.11", "interface 7"],
+            ),
+        ] {
+            let e = pod_addresses(&prev(ips)).unwrap_err().to_string();
+            assert!(words.iter().all(|w| e.contains(w)), "{e}");
+        }
     }
 
     /// Found by the `cni_stdin` fuzz target: with two unknown keys, the one the error named

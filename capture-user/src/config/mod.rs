@@ -132,8 +132,15 @@ pub enum OwnerGroups {
 /// Everything capture needs to know about one pod, validated.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureConfig {
+    /// The pod's first address of each family (its primary interface's, as the network plugin
+    /// lists it first).
     pub pod_ip4: Option<Ipv4Addr>,
     pub pod_ip6: Option<Ipv6Addr>,
+    /// Its other addresses (a second network's, as Multus adds, or a second address of a
+    /// family). Istio's rules name no pod address, so they capture all of them alike; the ebpf
+    /// backend knows one address per family and leaves such pods to the fallback.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_pod_ips: Vec<IpAddr>,
     pub proxy_uids: Vec<u32>,
     pub proxy_gids: Vec<u32>,
     pub interception_mode: InterceptionMode,
@@ -301,16 +308,14 @@ impl CaptureConfig {
             &spec.mesh.proxy_identity,
         )?;
 
-        let (mut pod_ip4, mut pod_ip6) = (None, None);
+        let (mut pod_ip4, mut pod_ip6, mut other_pod_ips) = (None, None, Vec::new());
         for ip in &spec.pod_ips {
             match ip {
                 IpAddr::V4(a) if pod_ip4.is_none() => pod_ip4 = Some(*a),
                 IpAddr::V6(a) if pod_ip6.is_none() => pod_ip6 = Some(*a),
-                _ => {
-                    return Err(ConfigError::Pod(format!(
-                        "pod IP {ip}: at most one IPv4 and one IPv6 address"
-                    )))
-                }
+                _ if other_pod_ips.contains(ip)
+                    || [pod_ip4.map(IpAddr::V4), pod_ip6.map(IpAddr::V6)].contains(&Some(*ip)) => {}
+                _ => other_pod_ips.push(*ip),
             }
         }
         if pod_ip4.is_none() && pod_ip6.is_none() {
@@ -405,6 +410,7 @@ impl CaptureConfig {
             owner_groups,
             pod_ip4,
             pod_ip6,
+            other_pod_ips,
             proxy_uids,
             proxy_gids,
             interception_mode,
@@ -454,6 +460,15 @@ impl CaptureConfig {
                     self.exclude_interfaces.join(",")
                 ),
             )
+        } else if !self.other_pod_ips.is_empty() {
+            let others: Vec<String> = self.other_pod_ips.iter().map(ToString::to_string).collect();
+            (
+                FallbackCause::SeveralAddresses,
+                format!(
+                    "the pod has more than one address of a family ({} besides its first): the ebpf backend captures one IPv4 and one IPv6 address per pod",
+                    others.join(", ")
+                ),
+            )
         } else {
             return None;
         };
@@ -491,6 +506,10 @@ pub enum FallbackCause {
     KernelHook,
     /// The node's maps hold `--max-pods` pods already.
     NodeFull,
+    /// The pod's cgroup is a cgroup v1 one.
+    CgroupV1,
+    /// The pod has more than one address of a family (a second network).
+    SeveralAddresses,
 }
 
 impl FallbackCause {
@@ -502,6 +521,8 @@ impl FallbackCause {
             Self::ExcludeInterfaces => "exclude_interfaces",
             Self::KernelHook => "kernel_hook",
             Self::NodeFull => "node_full",
+            Self::CgroupV1 => "cgroup_v1",
+            Self::SeveralAddresses => "several_addresses",
         }
     }
 }

@@ -106,8 +106,19 @@ fn pod_ips_and_ids_are_checked() {
         .unwrap_err()
         .to_string()
         .contains("--pod-ip"));
-    s.pod_ips = vec!["10.1.0.10".parse().unwrap(), "10.1.0.11".parse().unwrap()];
-    assert!(CaptureConfig::from_pod(&s).is_err());
+    // A second address of a family is the pod's too (a second network), but not the ebpf
+    // backend's: the first stays the primary, the pod falls back.
+    s.pod_ips = ["10.1.0.10", "10.1.0.11", "fd00::1", "10.1.0.11"]
+        .map(|a| a.parse().unwrap())
+        .to_vec();
+    let c = CaptureConfig::from_pod(&s).unwrap();
+    assert_eq!(c.pod_ip4, Some("10.1.0.10".parse().unwrap()));
+    assert_eq!(c.other_pod_ips, ["10.1.0.11".parse::<IpAddr>().unwrap()]);
+    let gap = c
+        .ebpf_unsupported()
+        .expect("several addresses are a fallback cause");
+    assert_eq!(gap.cause, FallbackCause::SeveralAddresses);
+    assert!(gap.reason.contains("10.1.0.11"), "{}", gap.reason);
     let mut s = spec(&[]);
     s.proxy_uids = vec![1337, 1338];
     let c = CaptureConfig::from_pod(&s).unwrap();

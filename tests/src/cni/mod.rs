@@ -64,9 +64,14 @@ pub struct Node {
 
 impl Node {
     pub fn new() -> Self {
+        Self::under(&capture_user::cgroup::cgroup2_mount().expect("cgroup2"))
+    }
+
+    /// A node whose kubepods tree is below `mount` (a cgroup v1 hierarchy's, for a node booted
+    /// without cgroup v2).
+    pub fn under(mount: &Path) -> Self {
         crate::require_root();
         let netns = NetnsGuard::new("capture-node");
-        let mount = capture_user::cgroup::cgroup2_mount().expect("cgroup2");
         let cgroup_root = mount.join(unique("capture-kubepods"));
         std::fs::create_dir(&cgroup_root).expect("cgroup root");
         let dirs = CaptureDirs::new();
@@ -522,24 +527,7 @@ impl Drop for Node {
     }
 }
 
-/// `root` and every directory below it, each before its children.
-#[must_use]
-pub fn directory_tree(root: &Path) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        if let Ok(entries) = std::fs::read_dir(&d) {
-            stack.extend(
-                entries
-                    .flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
-        }
-        dirs.push(d);
-    }
-    dirs
-}
+pub use crate::guards::directory_tree;
 
 /// Removes a cgroup directory tree, deepest first, killing what is left in it.
 pub fn remove_cgroup_tree(root: &Path) {

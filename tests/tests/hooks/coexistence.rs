@@ -73,3 +73,43 @@ fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
     node.del(&meshed).expect("DEL meshed");
     node.del(&backend).expect("DEL backend");
 }
+
+/// Under the rule backends the balancer decides first: netfilter sees the connection only after
+/// `connect()` rewrote it, so the proxy learns the backend, not the service, as under Istio's own
+/// iptables capture. Hence Cilium's `socketLB.hostNamespaceOnly=true` for such pods (the balancer
+/// then stays out of the pods' cgroups, and the nat rules see the service address).
+#[test]
+fn under_the_rule_backends_a_socket_load_balancer_in_the_pods_decides_first() {
+    for mode in ["iptables", "nftables"] {
+        let node = Node::new();
+        let _agent = node.start_agent(mode);
+        let mut meshed = node.pod("meshed", CgroupDriver::Cgroupfs, MESHED);
+        let mut backend = node.pod("backend", CgroupDriver::Systemd, &[]);
+        node.add(&mut meshed).expect("ADD meshed");
+        node.add(&mut backend).expect("ADD backend");
+        let _servers = [meshed.start_servers(), backend.start_servers()];
+        let to_backend: SocketAddrV4 = format!("{}:8080", backend.ip()).parse().unwrap();
+        let lb = SocketLb::attach(&node.cgroup_root, SERVICE.parse().unwrap(), to_backend)
+            .expect("attaching the socket load balancer");
+        let app = connect_with(meshed.app_client(), SERVICE);
+        app.assert_served_by("outbound", mode);
+        assert_eq!(app.orig(), Some(to_backend.to_string()), "{mode}: {app:?}");
+        // Without the balancer in the pods' tree, the proxy learns the service. Routing comes
+        // before the nat rules, and the test network has no default route, as nodes do.
+        drop(lb);
+        capture_tests::guards::run(std::process::Command::new("ip").args([
+            "-n",
+            &meshed.netns.name,
+            "route",
+            "add",
+            "default",
+            "dev",
+            "eth0",
+        ]));
+        let app = connect_with(meshed.app_client(), SERVICE);
+        app.assert_served_by("outbound", mode);
+        assert_eq!(app.orig().as_deref(), Some(SERVICE), "{mode}: {app:?}");
+        node.del(&meshed).expect("DEL meshed");
+        node.del(&backend).expect("DEL backend");
+    }
+}

@@ -9,6 +9,7 @@ mod dns_and_groups;
 mod haproxy;
 mod interfaces;
 mod iptables_variant;
+mod multi_network;
 mod nftables;
 mod outbound;
 mod owner_identity;

@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use capture_tests::{
-    guards::run,
+    guards::{output_text, run, TempFile},
     probe::Who,
     topology::{cgroup_programs, Topology, POD_IP4},
 };
@@ -92,7 +92,7 @@ fn a_table_of_istios_names_it_did_not_write_is_refused() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("istio-proxy-nat") && err.contains("did not write"),
+        err.contains("istio-proxy-nat") && err.contains("--take-over-istio-rules"),
         "{err}"
     );
     assert_eq!(topo.status()["pods"].as_array().map_or(0, Vec::len), 0);
@@ -118,4 +118,44 @@ fn a_pod_without_ipv6_is_left_alone_on_ipv6() {
         topo.tcp(&Who::app(), "[fd00:2::5]:80")
             .assert_served_by("remote", mode);
     }
+}
+
+/// A node without the iptables tools (RHEL 10's): capture sees only what is on its PATH, here
+/// nft and the other commands it runs, but no iptables.
+#[test]
+fn auto_falls_back_to_nftables_where_the_iptables_tools_are_absent() {
+    let bin = TempFile::new("README", "commands capture may run, iptables left out");
+    let dir = bin.path.parent().unwrap().to_path_buf();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for tool in ["nft", "ip", "nsenter", "cat", "sysctl"] {
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(tool))
+            .find(|f| f.is_file())
+            .unwrap_or_else(|| panic!("{tool} is not on the PATH"));
+        std::os::unix::fs::symlink(found, dir.join(tool)).unwrap();
+    }
+    let mut topo = Topology::new();
+    topo.capture_env
+        .push(("PATH", dir.to_string_lossy().into_owned()));
+    let doctor = output_text(&topo.capture(&["doctor"]));
+    assert!(
+        doctor.contains("iptables backend: NOT usable")
+            && doctor.contains("nftables backend: usable")
+            && doctor.contains("pods that fall back would use nftables")
+            && doctor.contains("the iptables tools are not installed"),
+        "{doctor}"
+    );
+    topo.attach(&[
+        "--mode",
+        "auto",
+        "--annotation",
+        "sidecar.istio.io/interceptionMode=TPROXY",
+    ]);
+    topo.start_remote();
+    topo.start_app();
+    topo.start_tproxy_proxy();
+    topo.connect_from_remote("10.1.0.10:8080")
+        .assert_served_by("inbound", "TPROXY on nftables");
+    let pod = &topo.status()["pods"][0];
+    assert_eq!(pod["mode"], "nftables", "{pod}");
 }

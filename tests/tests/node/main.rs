@@ -3,10 +3,12 @@
 //! node agent's image. It needs a kernel that attaches (the host runs it in CI, every kernel of
 //! the matrix by hand), but its subject is capture's own state.
 
+mod cgroup_v1;
 mod cni;
 mod explain;
 mod identity_policy;
 mod image;
+mod istio_rules;
 mod lifecycle;
 mod limits;
 mod live_node;

@@ -255,6 +255,21 @@ pub const CAPABILITIES: &[Capability] = &[
         tests: &[("userns", "*")],
         except: &[],
     },
+    Capability {
+        name: "multi-network pods (two addresses, two interfaces)",
+        tests: &[("multi_network", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "cgroup v1 pods (rule backends; ebpf refuses)",
+        tests: &[("cgroup_v1", "*")],
+        except: &[],
+    },
+    Capability {
+        name: "pods that carry Istio's rules (refuse, take over, adopt)",
+        tests: &[("istio_rules", "*")],
+        except: &[],
+    },
 ];
 
 fn matches(patterns: &[(&str, &str)], test: &TestResult) -> bool {
