@@ -403,6 +403,10 @@ mod tests {
                 "{}",
                 map.name()
             );
+            // The loader scales these for --max-pods from what the object declares.
+            if let Some(capacity) = map.declared_capacity() {
+                assert_eq!(definition.max_entries(), capacity, "{}", map.name());
+            }
         }
     }
 

@@ -108,7 +108,6 @@ impl EbpfBackend {
         // Before anything of the pod is written: a pod over its share leaves the node as it was.
         // Checked here only: a takeover or refill writes pods admitted before.
         limits::check(cfg).map_err(pod_maps::PodMapsError::from)?;
-        self.check_room(pod.netns_cookie)?;
         // Leftovers of an attach that died half-way (no record survived it) go first. Only then:
         // the purge walks the node's maps, and attach must not slow down as the node fills up.
         if self.has_leftovers(pod.netns_cookie) {
@@ -126,7 +125,10 @@ impl EbpfBackend {
         if result.is_err() {
             self.purge(pod.netns_cookie);
         }
-        result
+        result.map_err(|e| match e {
+            EbpfError::Maps(pod_maps::PodMapsError::NodeFull) => self.node_full(),
+            other => other,
+        })
     }
 
     /// Registers the listeners of an attached pod that has none registered: after the listener
@@ -185,21 +187,14 @@ impl EbpfBackend {
         Ok(())
     }
 
-    /// Refuses a pod past the node's pod limit: the per-pod maps have room for exactly that many
-    /// pods at their quotas, so one more would take another's room.
-    fn check_room(&self, netns_cookie: u64) -> Result<(), EbpfError> {
-        let captured = self
-            .node
-            .maps
-            .pod_configs
-            .keys()
-            .filter(|k| k.as_ref().map_or(true, |k| *k != netns_cookie))
-            .count();
-        let max_pods = self.node.sizing.max_pods;
-        if captured >= max_pods as usize {
-            return Err(EbpfError::NodeFull { captured, max_pods });
+    /// The refusal of a pod past the node's pod limit: the per-pod maps have room for exactly
+    /// that many pods at their quotas, so one more would take another's room.
+    fn node_full(&self) -> EbpfError {
+        let captured = self.node.maps.pod_configs.keys().count();
+        EbpfError::NodeFull {
+            captured,
+            max_pods: self.node.sizing.max_pods,
         }
-        Ok(())
     }
 
     fn has_leftovers(&self, netns_cookie: u64) -> bool {

@@ -39,6 +39,9 @@ pub enum PodMapsError {
     Cpus(std::io::Error),
     #[error(transparent)]
     Quota(#[from] super::limits::QuotaExceeded),
+    /// The per-pod maps hold `--max-pods` pods already: the pod's first entry found no room.
+    #[error("the node's per-pod maps are full")]
+    NodeFull,
 }
 
 pub fn ip6_words(octets: [u8; 16]) -> [u32; 4] {
@@ -218,8 +221,13 @@ pub fn install(
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| PodMapsError::Cpus(e))?;
     let zero = PerCpuValues::try_from(vec![PodCounters::default(); cpus]).expect("non-empty");
     // NOEXIST: a takeover refills the maps of pods whose counters it keeps.
+    // The per-pod maps are sized for exactly --max-pods pods, so the first insert of a pod past
+    // them is the one that finds no room, before anything of the pod is written.
     match maps.pod_counters.insert(netns_cookie, zero, NOEXIST) {
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::E2BIG) => {
+            return Err(PodMapsError::NodeFull);
+        }
         result => result.map_err(write("counters".into()))?,
     }
     if let (true, Some(accel)) = (cfg.accelerate, maps.accel_counters.as_mut()) {
