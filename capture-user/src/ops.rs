@@ -55,14 +55,8 @@ pub enum Error {
     },
     #[error("the ebpf backend cannot capture this pod: {0}; attach it with --mode iptables or --mode nftables, or run in --mode auto")]
     EbpfUnsupported(String),
-    #[error("pod netns {netns} already holds Istio's capture rules ({found}){why}: capturing it again would send its connections through two captures; restart the pod without istio-init, or give --take-over-istio-rules to have capture replace them")]
-    IstioRules {
-        netns: PathBuf,
-        found: String,
-        why: String,
-    },
-    #[error("looking for Istio's rules in pod netns {netns}: {reason}")]
-    IstioRulesUnreadable { netns: PathBuf, reason: String },
+    #[error(transparent)]
+    IstioRules(#[from] crate::istio_rules::RulesError),
     #[error("pod netns {0} is not captured (no record in the state directory)")]
     NotAttached(PathBuf),
     #[error("{0}")]
@@ -104,61 +98,6 @@ pub(crate) fn lock(paths: &Paths) -> Result<NodeLock, Error> {
     NodeLock::acquire(&path).map_err(|source| Error::Lock { path, source })
 }
 
-/// Istio's rules in a pod's netns that are exactly what its rule backend writes, taken as the
-/// pod's capture.
-struct Adopted {
-    /// The iptables variant that holds them (iptables backend).
-    iptables: Option<crate::iptables::flavour::Flavour>,
-}
-
-/// What to do with Istio's own rules in the pod's netns: nothing when there are none; refuse,
-/// or remove them (`--take-over-istio-rules`); or, when a rule backend would write exactly
-/// them, adopt them.
-fn istio_rules(req: &AttachRequest, record: &PodRecord) -> Result<Option<Adopted>, Error> {
-    let unreadable = |reason: String| Error::IstioRulesUnreadable {
-        netns: req.netns.clone(),
-        reason,
-    };
-    let found = crate::istio_rules::find(&req.netns).map_err(unreadable)?;
-    if found.is_empty() {
-        return Ok(None);
-    }
-    let differs = crate::istio_rules::identical(&req.netns, &record.config, record.mode, &found)
-        .map_err(unreadable)?;
-    let Some(why) = differs else {
-        tracing::info!(netns = %req.netns.display(), found = %found, "adopting Istio's rules, identical to capture's");
-        return Ok(Some(Adopted {
-            iptables: found.iptables_flavour(),
-        }));
-    };
-    if !req.take_over_istio_rules {
-        return Err(Error::IstioRules {
-            netns: req.netns.clone(),
-            found: found.to_string(),
-            why: if record.mode == Mode::Ebpf {
-                String::new()
-            } else {
-                format!(", which differ from capture's: {why}")
-            },
-        });
-    }
-    tracing::warn!(netns = %req.netns.display(), found = %found, "removing Istio's rules: --take-over-istio-rules");
-    crate::istio_rules::remove(&req.netns, &found).map_err(unreadable)?;
-    Ok(None)
-}
-
-/// Why a pod whose cgroup is a v1 one cannot have the ebpf backend.
-fn cgroup_v1_gap(path: &Path) -> crate::config::EbpfUnsupported {
-    crate::config::EbpfUnsupported {
-        cause: FallbackCause::CgroupV1,
-        reason: format!(
-            "its cgroup {} is on a cgroup v1 hierarchy, and the ebpf backend attaches to cgroup v2 \
-             only (boot the node with cgroup v2: systemd.unified_cgroup_hierarchy=1)",
-            path.display()
-        ),
-    }
-}
-
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
 pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let subject = Subject {
@@ -173,9 +112,10 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     let (mut config, settings) = CaptureConfig::from_pod_with_settings(&req.spec)?;
     let identity = config.proxy_identity.is_some();
     let (cgroup, layout) = cgroup::open_pod_cgroup(&req.cgroup)?;
-    let gap = config
-        .ebpf_unsupported()
-        .or_else(|| (layout == cgroup::Layout::V1).then(|| cgroup_v1_gap(&req.cgroup)));
+    let gap = config.ebpf_unsupported().or_else(|| {
+        (layout == cgroup::Layout::V1)
+            .then(|| crate::config::EbpfUnsupported::cgroup_v1(&req.cgroup))
+    });
     let (mode, fallback) = match (req.mode, gap, req.fallback) {
         // A fallback would weaken proxy identity to the uid rules: refuse instead.
         (Mode::Ebpf, Some(gap), _) if identity => {
@@ -246,7 +186,12 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         iptables: None,
         settings,
     };
-    let adopt = istio_rules(req, &record)?;
+    let adopt = crate::istio_rules::decide(
+        &req.netns,
+        &record.config,
+        record.mode,
+        req.take_over_istio_rules,
+    )?;
     let added_v6 = match record.config.pod_ip6 {
         Some(_) => crate::netns::add_inbound_passthrough_v6(&req.netns)?,
         None => false,

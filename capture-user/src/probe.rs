@@ -47,6 +47,21 @@ impl Probe {
             &self.node_rules,
         )
     }
+
+    /// Where a pod the ebpf backend cannot serve goes, when `--mode auto` chose ebpf for the
+    /// node (`chosen`): `Ok(None)` in every other case (no pod falls back), `Err` when no
+    /// fallback backend is usable here.
+    pub fn pod_fallback(
+        &self,
+        choice: ModeChoice,
+        chosen: Mode,
+        fallback: FallbackChoice,
+    ) -> Result<Option<(Mode, String)>, String> {
+        if choice != ModeChoice::Auto || chosen != Mode::Ebpf {
+            return Ok(None);
+        }
+        self.fallback(fallback).map(Some)
+    }
 }
 
 fn check(name: impl Into<String>, result: Result<String, String>) -> Check {

@@ -12,6 +12,7 @@ mod mesh_watch;
 mod metrics;
 mod node_files;
 mod node_metrics;
+mod options;
 mod policy_watch;
 mod prepare;
 mod proxy_watch;
@@ -21,10 +22,10 @@ mod socket;
 pub use http::HEADER_READ_TIMEOUT;
 
 pub use cni_watch::CniWatch;
+pub use options::{AgentConfig, AgentError};
 pub use reconcile::ReconcileConfig;
 
 use std::{
-    io,
     net::SocketAddr,
     path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
@@ -44,66 +45,9 @@ use crate::{
     config::PodSpec,
     ops::{self, AttachRequest, PodSelector},
     paths::Paths,
-    probe::{self, ModeChoice},
+    probe,
     record::Mode,
 };
-
-pub struct AgentConfig {
-    pub paths: Paths,
-    pub socket: PathBuf,
-    pub http: SocketAddr,
-    /// Where /metrics alone is also served (the node's address, for Prometheus).
-    pub metrics: Option<SocketAddr>,
-    pub mode: ModeChoice,
-    /// What `--mode auto` falls back to (`--fallback`).
-    pub fallback: probe::FallbackChoice,
-    pub proxy_uids: Vec<u32>,
-    pub proxy_gids: Vec<u32>,
-    pub mesh: crate::config::MeshDefaults,
-    /// Istio's mesh configuration file (`--mesh-config`).
-    pub mesh_config: Option<PathBuf>,
-    /// The node's policy for bypass annotations (`--annotation-policy`).
-    pub annotation_policy: Option<PathBuf>,
-    /// The runtime's CRI socket: the reconcile's, and where pods' proxy containers are named.
-    pub cri_socket: PathBuf,
-    /// Keep capture-cni chained in the node's CNI configuration.
-    pub cni_watch: Option<CniWatch>,
-    /// Allow the app-to-proxy acceleration (`--accelerate`).
-    pub accelerate: bool,
-    /// Check cases whose differences are accepted (`--accelerate-accepting`).
-    pub accelerate_accepting: Vec<String>,
-    /// Replace Istio's own rules found in a pod's netns (`--take-over-istio-rules`).
-    pub take_over_istio_rules: bool,
-    /// Hold the runtime's sandboxes against the records (`--cri-socket`, `--repair`).
-    pub reconcile: Option<ReconcileConfig>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// The kernel offers no mode the agent may run in (the probe's reason, in words).
-    #[error("choosing the capture mode: {0}")]
-    Mode(String),
-    #[error("preparing the node's directories: {0}")]
-    Paths(#[from] crate::paths::PathsError),
-    #[error("loading the node's kernel programs: {0}")]
-    Programs(#[source] crate::ebpf::EbpfError),
-    #[error("reading the node's captured pods: {0}")]
-    Status(#[source] ops::Error),
-    #[error("listening on {what} {addr}: {source}")]
-    Listen {
-        what: &'static str,
-        addr: String,
-        source: io::Error,
-    },
-    #[error("starting the async runtime: {0}")]
-    Runtime(io::Error),
-    #[error("a start-up task of the agent failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
-    /// The node's programs are another build's and this one cannot take them over: they stay in
-    /// force, and the agent stays up (not ready) to say why rather than crash-looping.
-    #[error("{0}")]
-    TakeoverStopped(#[source] crate::ebpf::loader::LoadError),
-}
 
 /// Where the agent is in its life; it serves capture requests in `Serving` only.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -472,16 +416,15 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let probe = tokio::task::spawn_blocking(probe::probe).await?;
     let (mode, why) = probe::choose(cfg.mode, cfg.fallback, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
-    let fallback = match (cfg.mode, probe.fallback(cfg.fallback)) {
-        (ModeChoice::Auto, Ok((to, why))) if mode == Mode::Ebpf => {
+    let fallback = match probe.pod_fallback(cfg.mode, mode, cfg.fallback) {
+        Ok(to) => to.map(|(to, why)| {
             info!(fallback = %to, reason = %why, "pods the kernel cannot serve fall back");
-            Some(to)
-        }
-        (ModeChoice::Auto, Err(why)) if mode == Mode::Ebpf => {
+            to
+        }),
+        Err(why) => {
             warn!(reason = %why, "no fallback backend: pods the kernel cannot serve are refused");
             None
         }
-        _ => None,
     };
     let iptables = tokio::task::spawn_blocking(crate::iptables::flavour::node).await?;
     info!(

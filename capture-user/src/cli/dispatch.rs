@@ -54,8 +54,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     let probe = crate::probe::probe();
                     let (m, _why) =
                         crate::probe::choose(mode, fallback, &probe).map_err(anyhow::Error::msg)?;
-                    let to = probe.fallback(fallback).ok();
-                    (m, to.map(|(to, _)| to).filter(|_| m == Mode::Ebpf))
+                    let to = probe.pod_fallback(mode, m, fallback).ok().flatten();
+                    (m, to.map(|(to, _)| to))
                 }
             };
             let (mesh, mesh_config) = mesh.into_parts();

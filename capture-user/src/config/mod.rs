@@ -534,6 +534,21 @@ pub struct EbpfUnsupported {
     pub reason: String,
 }
 
+impl EbpfUnsupported {
+    /// Why a pod whose cgroup `path` is a v1 one cannot have the ebpf backend.
+    #[must_use]
+    pub fn cgroup_v1(path: &std::path::Path) -> Self {
+        Self {
+            cause: FallbackCause::CgroupV1,
+            reason: format!(
+                "its cgroup {} is on a cgroup v1 hierarchy, and the ebpf backend attaches to cgroup v2 \
+                 only (boot the node with cgroup v2: systemd.unified_cgroup_hierarchy=1)",
+                path.display()
+            ),
+        }
+    }
+}
+
 impl std::fmt::Display for EbpfUnsupported {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.reason)

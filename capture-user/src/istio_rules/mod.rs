@@ -4,19 +4,84 @@
 //! migrating from istio-init to capture has them; capturing it again on top would send each
 //! connection through two captures.
 //!
-//! What to do with them is `ops`' decision (refuse, take over, or adopt identical rules); this
-//! module finds, names, compares and removes them.
+//! `decide` says what becomes of them: a rule backend adopts rules exactly like its own; other
+//! rules, and any under the ebpf backend, are refused, or removed when the operator asked for
+//! that (`--take-over-istio-rules`).
 
 mod same;
 
-use std::{fmt, path::Path, process::Command};
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 pub use same::identical;
 
 use crate::{
+    config::CaptureConfig,
     iptables::{flavour::Flavour, rules::Family},
     netns::{output_in, Netns},
+    record::Mode,
 };
+
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("pod netns {netns} already holds Istio's capture rules ({found}){why}: capturing it again would send its connections through two captures; restart the pod without istio-init, or give --take-over-istio-rules to have capture replace them")]
+    Found {
+        netns: PathBuf,
+        found: String,
+        why: String,
+    },
+    #[error("looking for Istio's rules in pod netns {netns}: {reason}")]
+    Unreadable { netns: PathBuf, reason: String },
+}
+
+/// Istio's rules in a pod's netns that are exactly what its rule backend writes, taken as the
+/// pod's capture.
+pub struct Adopted {
+    /// The iptables variant that holds them (iptables backend).
+    pub iptables: Option<Flavour>,
+}
+
+/// What becomes of Istio's own rules in the pod's netns before `mode` captures it with `cfg`:
+/// nothing when there are none; adopted when they are exactly `mode`'s; else refused, or
+/// removed when `take_over`.
+pub fn decide(
+    netns: &Path,
+    cfg: &CaptureConfig,
+    mode: Mode,
+    take_over: bool,
+) -> Result<Option<Adopted>, RulesError> {
+    let unreadable = |reason: String| RulesError::Unreadable {
+        netns: netns.into(),
+        reason,
+    };
+    let found = find(netns).map_err(unreadable)?;
+    if found.is_empty() {
+        return Ok(None);
+    }
+    let Some(why) = identical(netns, cfg, mode, &found).map_err(unreadable)? else {
+        tracing::info!(netns = %netns.display(), %found, "adopting Istio's rules, identical to capture's");
+        return Ok(Some(Adopted {
+            iptables: found.iptables_flavour(),
+        }));
+    };
+    if !take_over {
+        return Err(RulesError::Found {
+            netns: netns.into(),
+            found: found.to_string(),
+            why: if mode == Mode::Ebpf {
+                String::new()
+            } else {
+                format!(", which differ from capture's: {why}")
+            },
+        });
+    }
+    tracing::warn!(netns = %netns.display(), %found, "removing Istio's rules: --take-over-istio-rules");
+    remove(netns, &found).map_err(unreadable)?;
+    Ok(None)
+}
 
 /// The iptables tables Istio's chains live in.
 const IPTABLES_TABLES: [&str; 3] = ["nat", "mangle", "raw"];
