@@ -35,8 +35,8 @@ pub const DEFAULT_RATE: u32 = 1000;
 pub enum TraceError {
     #[error(transparent)]
     Pod(#[from] ExplainError),
-    #[error("pod {pod} runs on the iptables backend, whose decisions are netfilter's: `capture explain` names the rule for a connection and shows its packet counter in the pod's netns; for a live trace use iptables' TRACE target in the pod's netns (`iptables -t raw -I OUTPUT -j TRACE` and `xtables-monitor --trace`)")]
-    IptablesPod { pod: String },
+    #[error("pod {pod} runs on the {mode} backend, whose decisions are netfilter's: `capture explain` names the rule for a connection; for a live trace use netfilter's tracing in the pod's netns (iptables: `iptables -t raw -I OUTPUT -j TRACE` and `xtables-monitor --trace`; nftables: a rule `meta nftrace set 1` in an output chain of a table of your own, and `nft monitor trace`)")]
+    IptablesPod { pod: String, mode: Mode },
     #[error("the node's programs cannot be traced ({0}); `capture status` shows the node's build, and a build with `capture trace` must run it")]
     Maps(#[from] LoadError),
     #[error("pod {pod} is traced already by process {pid} (its lease ends within {secs} s); stop that session first")]
@@ -302,7 +302,10 @@ pub fn run(
     let record = find_pod(paths, &req.pod)?;
     let pod = record.display_name();
     if record.mode != Mode::Ebpf {
-        return Err(TraceError::IptablesPod { pod });
+        return Err(TraceError::IptablesPod {
+            pod,
+            mode: record.mode,
+        });
     }
     let mut maps = TraceMaps::open(paths)?;
     let slot = claim_when_free(paths, &mut maps, &record, &pod, req.rate)?;
