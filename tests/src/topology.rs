@@ -234,8 +234,17 @@ impl Topology {
 
     /// `capture attach` naming only `pod_ips` as the pod's addresses.
     pub fn try_attach_with_ips(&self, pod_ips: &[&str], extra: &[&str]) -> Output {
+        self.try_attach_in(&self.pod.cgroup.path, pod_ips, extra)
+    }
+
+    /// `capture attach` of the pod as if its cgroup were `cgroup` (a v1 one, say).
+    pub fn try_attach_in(
+        &self,
+        cgroup: &std::path::Path,
+        pod_ips: &[&str],
+        extra: &[&str],
+    ) -> Output {
         let netns = self.pod.netns.path();
-        let cgroup = self.pod.cgroup.path.clone();
         let mut args = vec![
             "attach",
             "--netns",

@@ -23,12 +23,6 @@ pub enum NftablesError {
     Spawn { netns: PathBuf, reason: String },
     #[error("nft in netns {netns} refused the rules: {stderr}")]
     Rejected { netns: PathBuf, stderr: String },
-    #[error(
-        "netns {netns} already holds the nftables table(s) {}, which capture did not write for this pod: \
-         remove them (nft delete table inet NAME) or restart the pod without istio-init",
-        tables.join(", ")
-    )]
-    Foreign { netns: PathBuf, tables: Vec<String> },
     #[error("nft in netns {netns} printed what capture cannot read: {reason}")]
     Unreadable { netns: PathBuf, reason: String },
 }
@@ -59,11 +53,15 @@ pub fn creation(tables: &[Table]) -> Nftables<'static> {
     let mut objects = Vec::new();
     for t in tables {
         let table = Cow::Borrowed(t.name);
-        objects.push(add(NfListObject::Table(NftTable {
-            family: NfFamily::INet,
-            name: table.clone(),
-            handle: None,
-        })));
+        // `create`, not `add`: a table of this name already there fails the whole batch rather
+        // than taking capture's chains into it.
+        objects.push(NfObject::CmdObject(NfCmd::Create(NfListObject::Table(
+            NftTable {
+                family: NfFamily::INet,
+                name: table.clone(),
+                handle: None,
+            },
+        ))));
         for c in &t.chains {
             objects.push(add(NfListObject::Chain(Chain {
                 family: NfFamily::INet,
@@ -168,17 +166,10 @@ fn objects<'v>(listing: &'v Value, kind: &'v str) -> impl Iterator<Item = &'v Va
         .filter_map(move |o| o.get(kind))
 }
 
-/// Writes the pod's tables in one transaction. Tables of the same names already in the netns are
-/// refused, named: they are another writer's (istio-init's, an earlier capture's that lost its
-/// record), and merging rules into them would capture twice.
+/// Writes the pod's tables in one transaction. A table of the same name already in the netns
+/// (another writer's, which `istio_rules` looked at before) fails it whole: merging rules into
+/// it would capture twice.
 pub fn apply(netns: &Path, cfg: &CaptureConfig) -> Result<(), NftablesError> {
-    let found = present(netns)?;
-    if !found.is_empty() {
-        return Err(NftablesError::Foreign {
-            netns: netns.into(),
-            tables: found,
-        });
-    }
     apply_document(netns, &creation(&tables(cfg)))
 }
 

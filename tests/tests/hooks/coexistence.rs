@@ -5,7 +5,8 @@
 use std::net::SocketAddrV4;
 
 use capture_tests::{
-    cni::{CgroupDriver, Node, MESHED},
+    cni::{CgroupDriver, Node, Pod, MESHED},
+    guards::ChildGuard,
     probe::{connect_with, probe_in, Who},
     socket_lb::{SocketLb, PROGRAM_NAME},
     topology::capture_bin,
@@ -13,16 +14,22 @@ use capture_tests::{
 
 const SERVICE: &str = "10.96.0.50:80";
 
-#[test]
-fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
-    let node = Node::new();
-    let _agent = node.start_agent("ebpf");
+/// A meshed pod and an unmeshed backend on the node, both serving; the backend's address.
+fn meshed_and_backend(node: &Node) -> (Pod, Pod, [Vec<ChildGuard>; 2], SocketAddrV4) {
     let mut meshed = node.pod("meshed", CgroupDriver::Cgroupfs, MESHED);
     let mut backend = node.pod("backend", CgroupDriver::Systemd, &[]);
     node.add(&mut meshed).expect("ADD meshed");
     node.add(&mut backend).expect("ADD backend");
-    let _servers = [meshed.start_servers(), backend.start_servers()];
-    let to_backend: SocketAddrV4 = format!("{}:8080", backend.ip()).parse().unwrap();
+    let servers = [meshed.start_servers(), backend.start_servers()];
+    let to_backend = format!("{}:8080", backend.ip()).parse().unwrap();
+    (meshed, backend, servers, to_backend)
+}
+
+#[test]
+fn a_socket_load_balancer_above_the_pods_sees_connections_after_capture() {
+    let node = Node::new();
+    let _agent = node.start_agent("ebpf");
+    let (meshed, backend, _servers, to_backend) = meshed_and_backend(&node);
     let _lb = SocketLb::attach(&node.cgroup_root, SERVICE.parse().unwrap(), to_backend)
         .expect("attaching the socket load balancer");
 
@@ -83,12 +90,7 @@ fn under_the_rule_backends_a_socket_load_balancer_in_the_pods_decides_first() {
     for mode in ["iptables", "nftables"] {
         let node = Node::new();
         let _agent = node.start_agent(mode);
-        let mut meshed = node.pod("meshed", CgroupDriver::Cgroupfs, MESHED);
-        let mut backend = node.pod("backend", CgroupDriver::Systemd, &[]);
-        node.add(&mut meshed).expect("ADD meshed");
-        node.add(&mut backend).expect("ADD backend");
-        let _servers = [meshed.start_servers(), backend.start_servers()];
-        let to_backend: SocketAddrV4 = format!("{}:8080", backend.ip()).parse().unwrap();
+        let (meshed, backend, _servers, to_backend) = meshed_and_backend(&node);
         let lb = SocketLb::attach(&node.cgroup_root, SERVICE.parse().unwrap(), to_backend)
             .expect("attaching the socket load balancer");
         let app = connect_with(meshed.app_client(), SERVICE);

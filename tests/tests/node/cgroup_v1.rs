@@ -14,20 +14,7 @@ use capture_tests::{
 };
 
 fn attach_v1(topo: &Topology, cgroup: &Path, extra: &[&str]) -> std::process::Output {
-    let netns = topo.pod.netns.path();
-    let mut args = vec![
-        "attach",
-        "--netns",
-        netns.to_str().unwrap(),
-        "--cgroup",
-        cgroup.to_str().unwrap(),
-        "--pod-ip",
-        POD_IP4,
-        "--pod-ip",
-        POD_IP6,
-    ];
-    args.extend(extra);
-    topo.capture(&args)
+    topo.try_attach_in(cgroup, &[POD_IP4, POD_IP6], extra)
 }
 
 fn v1_hierarchy() -> Option<CgroupV1Mount> {
