@@ -1,9 +1,10 @@
 //! Tier "userspace": capture's user space, whatever the kernel. Malformed input, the agent's
-//! socket protocol, the CNI defaults, the container runtime's calls, the DaemonSet manifest and
-//! the metrics. What these ask of the kernel the other tiers ask too, so the kernel matrix
-//! leaves them to the host's run (`cargo xtask test`).
+//! socket protocol, the CNI defaults, the container runtime's calls, the DaemonSet manifest, the
+//! metrics and the alerts on them. What these ask of the kernel the other tiers ask too, so the
+//! kernel matrix leaves them to the host's run (`cargo xtask test`).
 
 mod agent_socket;
+mod alerts;
 mod bad_input;
 mod cni_defaults;
 mod containerd;

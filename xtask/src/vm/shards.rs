@@ -15,6 +15,7 @@ use super::model::TestBinary;
 const EXPECTED_SECONDS: &[(&str, u32)] = &[
     ("accel", 57),
     ("agent_socket", 18),
+    ("alerts", 3),
     ("bad_input", 8),
     ("cgroup_v1", 28),
     ("chaos", 139),
