@@ -2,7 +2,8 @@
 //! proxy's uid, forwarding each connection to its original destination (`server … 0.0.0.0:0`,
 //! which HAProxy reads with `SO_ORIGINAL_DST` on IPv4) and logging, per connection, the client
 //! it accepted and the destination it forwarded to. None of capture's code or the probe's is on
-//! its side of the connection, so what it logs is what any proxy would see.
+//! its side of the connection, so what it logs is what any proxy would see. The benchmark runs it
+//! with HAProxy's defaults instead (`default_sidecar_config`), which log nothing.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -16,6 +17,10 @@ use crate::probe::{probe_in, Who};
 
 /// The source Istio's inbound passthrough connects from, which the capture rules let through.
 pub const INBOUND_PASSTHROUGH_SRC: &str = "127.0.0.6";
+
+/// The sidecar's listeners, where capture sends the pod's outbound and inbound connections.
+pub const OUTBOUND_PORT: u16 = 15001;
+pub const INBOUND_PORT: u16 = 15006;
 
 /// What HAProxy logged for one connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +59,18 @@ fn config(outbound_port: u16, inbound_port: u16) -> String {
     )
 }
 
+/// A sidecar with HAProxy's defaults but for what transparent forwarding needs: TCP mode, the
+/// outbound listener and the original-destination server. The timeouts only bound idle
+/// connections and connects (HAProxy warns without them); everything else (threads, maxconn,
+/// buffers, no logging) is HAProxy's default. The benchmark's sidecar (`--real-proxy`).
+#[must_use]
+pub fn default_sidecar_config() -> String {
+    format!(
+        "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\n\
+         listen outbound\n  bind 0.0.0.0:{OUTBOUND_PORT}\n  server original 0.0.0.0:0\n"
+    )
+}
+
 /// Is a TCP socket of the netns `/proc/<pid>/net/tcp` shows listening on `port`?
 fn listening(pid: u32, port: u16) -> bool {
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
@@ -69,10 +86,39 @@ impl Haproxy {
     /// inbound ports, and waits until both listen.
     #[must_use]
     pub fn start_in_pod(netns: &Path, cgroup: &Path, who: &Who) -> Self {
+        Self::start_in_pod_with(
+            netns,
+            cgroup,
+            who,
+            &config(OUTBOUND_PORT, INBOUND_PORT),
+            &[OUTBOUND_PORT, INBOUND_PORT],
+        )
+    }
+
+    /// As [`Self::start_in_pod`], with [`default_sidecar_config`]: no log, no inbound listener,
+    /// HAProxy's defaults.
+    #[must_use]
+    pub fn start_default_sidecar(netns: &Path, cgroup: &Path, who: &Who) -> Self {
+        Self::start_in_pod_with(
+            netns,
+            cgroup,
+            who,
+            &default_sidecar_config(),
+            &[OUTBOUND_PORT],
+        )
+    }
+
+    fn start_in_pod_with(
+        netns: &Path,
+        cgroup: &Path,
+        who: &Who,
+        config: &str,
+        ports: &[u16],
+    ) -> Self {
         let dir = std::env::temp_dir().join(crate::unique("capture-haproxy"));
         std::fs::create_dir_all(&dir).expect("the HAProxy directory");
         let file = dir.join("haproxy.cfg");
-        std::fs::write(&file, config(15001, 15006)).expect("the HAProxy configuration");
+        std::fs::write(&file, config).expect("the HAProxy configuration");
         let errors = dir.join("stderr");
         let stderr = std::fs::File::create(&errors).expect("HAProxy's stderr file");
         let mut cmd = probe_in(netns, Some(cgroup), Some(who));
@@ -98,8 +144,27 @@ impl Haproxy {
             lines,
             errors,
         };
-        proxy.wait_listening(&[15001, 15006]);
+        proxy.wait_listening(ports);
         proxy
+    }
+
+    /// HAProxy's process (its threads are its tasks), to place on CPUs.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The first line of `haproxy -v` (`HAProxy version 2.6.12-1+deb12u4 …`).
+    #[must_use]
+    pub fn version() -> String {
+        std::process::Command::new("haproxy")
+            .arg("-v")
+            .output()
+            .map(|o| {
+                let out = String::from_utf8_lossy(&o.stdout);
+                out.lines().next().unwrap_or_default().trim().to_string()
+            })
+            .unwrap_or_default()
     }
 
     fn wait_listening(&mut self, ports: &[u16]) {

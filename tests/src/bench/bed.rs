@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     path::PathBuf,
     process::{Command, Stdio},
     time::Duration,
@@ -14,9 +14,13 @@ use super::{
 };
 use crate::{
     guards::ChildGuard,
+    haproxy::Haproxy,
     probe::Who,
     topology::{Topology, POD_IP4},
 };
+
+/// The remote address the pods' outbound load goes to unless told otherwise.
+pub(super) const DEFAULT_UPSTREAM: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
 
 pub(super) fn bench_bin() -> PathBuf {
     crate::built_binary("capture-bench", "CAPTURE_BENCH_BIN")
@@ -39,9 +43,21 @@ fn role(
     cmd
 }
 
+/// What one load run measured, and the CPU it took per operation.
+pub(super) struct Measured {
+    pub(super) load: LoadResult,
+    /// The whole machine's busy time, microseconds.
+    pub(super) cpu_us_per_op: f64,
+    /// The pod's processes' (its cgroup's), microseconds.
+    pub(super) pod_cpu_us_per_op: f64,
+}
+
 /// One pod in one mode with one proxy, and its servers.
 pub(super) struct Bed {
     pub(super) mode: Mode,
+    proxy: Proxy,
+    /// The sidecar when it is HAProxy; before `topo`, so it stops before its pod goes.
+    haproxy: Option<Haproxy>,
     /// The proxy's container cgroup (`ebpf+identity`); before `topo`, so it goes first.
     #[expect(
         dead_code,
@@ -105,36 +121,48 @@ impl Bed {
             &["echo".into(), "--listen".into(), "0.0.0.0:80".into()],
         );
         servers.push(ChildGuard::spawn_ready(&mut { upstream }));
-        let proxy_args: Vec<String> = match proxy {
-            Proxy::Echo => [
-                "echo",
-                "--listen",
-                "0.0.0.0:15001",
-                "--listen",
-                "0.0.0.0:15006",
-            ]
-            .map(String::from)
-            .to_vec(),
-            Proxy::Forward => [
-                "forward",
-                "--listen",
-                "0.0.0.0:15001",
-                "--default-upstream",
-                "10.0.0.5:80",
-            ]
-            .map(String::from)
-            .to_vec(),
-        };
         let proxy_home = proxy_cgroup
             .as_ref()
             .map_or(&topo.pod.cgroup.path, |c| &c.path);
-        let mut p = role(
-            &topo.pod.netns.path(),
-            Some(proxy_home),
-            &Who::proxy(),
-            &proxy_args,
-        );
-        servers.push(ChildGuard::spawn_ready(&mut p));
+        // The benchmark's own proxies are roles of this binary; HAProxy is started below.
+        let role_args: Option<Vec<String>> = match proxy {
+            Proxy::Haproxy => None,
+            Proxy::Echo => Some(
+                [
+                    "echo",
+                    "--listen",
+                    "0.0.0.0:15001",
+                    "--listen",
+                    "0.0.0.0:15006",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+            Proxy::Forward => Some(
+                [
+                    "forward",
+                    "--listen",
+                    "0.0.0.0:15001",
+                    "--default-upstream",
+                    "10.0.0.5:80",
+                ]
+                .map(String::from)
+                .to_vec(),
+            ),
+        };
+        // Beside HAProxy, `none` is no mesh: no proxy at all, the app dials the upstream itself.
+        let haproxy = (proxy == Proxy::Haproxy && mode != Mode::None).then(|| {
+            Haproxy::start_default_sidecar(&topo.pod.netns.path(), proxy_home, &Who::proxy())
+        });
+        if let Some(args) = role_args {
+            let mut p = role(
+                &topo.pod.netns.path(),
+                Some(proxy_home),
+                &Who::proxy(),
+                &args,
+            );
+            servers.push(ChildGuard::spawn_ready(&mut p));
+        }
         if mode == Mode::EbpfTrace {
             // Every decision emitted and read: no rate limit to speak of.
             let netns = topo.pod.netns.path();
@@ -151,6 +179,8 @@ impl Bed {
         }
         Self {
             mode,
+            proxy,
+            haproxy,
             proxy_cgroup,
             topo,
             servers,
@@ -163,30 +193,39 @@ impl Bed {
         for server in &self.servers {
             cpus.confine_process(server.pid());
         }
+        if let Some(haproxy) = &self.haproxy {
+            cpus.confine_process(haproxy.pid());
+        }
     }
 
-    fn target(&self, cell: &Cell) -> SocketAddr {
+    /// Where the load generator connects: outbound, `upstream` (10.0.0.5 unless given) on the
+    /// remote side's port 80, which every remote address serves.
+    fn target(&self, cell: &Cell, upstream: Option<Ipv4Addr>) -> SocketAddr {
+        let remote = SocketAddr::from((upstream.unwrap_or(DEFAULT_UPSTREAM), 80));
         let s = match (self.mode, cell.inbound) {
+            (Mode::None, false) if self.proxy == Proxy::Haproxy => remote.to_string(),
             (Mode::None, false) => "127.0.0.1:15001".to_string(),
-            (_, false) => "10.0.0.5:80".to_string(),
+            (_, false) => remote.to_string(),
             (Mode::None, true) => format!("{POD_IP4}:15006"),
             (_, true) => format!("{POD_IP4}:8080"),
         };
         s.parse().expect("address")
     }
 
+    /// One load run of `cell`, outbound to `upstream` when given (see `target`).
     pub(super) fn run(
         &self,
         cell: &Cell,
+        upstream: Option<Ipv4Addr>,
         warmup: Duration,
         duration: Duration,
         one_cpu_for_one_client: bool,
-    ) -> (LoadResult, f64) {
+    ) -> Measured {
         let mut args: Vec<String> = vec!["load".into(), "--workload".into()];
         args.push(format!("{:?}", cell.workload).to_lowercase());
         args.extend([
             "--target".into(),
-            self.target(cell).to_string(),
+            self.target(cell, upstream).to_string(),
             "--concurrency".into(),
             cell.concurrency.to_string(),
         ]);
@@ -214,26 +253,70 @@ impl Bed {
         if let Some(one) = &one {
             self.place(one);
         }
-        let cpu0 = cpu_jiffies();
+        let (cpu0, pod_cpu0) = (cpu_jiffies(), self.pod_cpu_usec());
         let out = cmd
             .stderr(Stdio::inherit())
             .output()
             .expect("load generator");
-        let cpu1 = cpu_jiffies();
+        let (cpu1, pod_cpu1) = (cpu_jiffies(), self.pod_cpu_usec());
         if one.is_some() {
             self.place(&all);
         }
         assert!(out.status.success(), "load generator failed");
         let load: LoadResult = serde_json::from_slice(&out.stdout).expect("load result");
         // The busy time covers warm-up and the measured window; scale to the measured part.
-        let busy_s = (cpu1 - cpu0) as f64 / clock_ticks()
-            * (load.seconds / (load.seconds + warmup.as_secs_f64()));
-        let per_op = if load.ops == 0 {
-            0.0
-        } else {
-            busy_s * 1e6 / load.ops as f64
+        let measured_share = load.seconds / (load.seconds + warmup.as_secs_f64());
+        let per_op = |busy_us: f64| {
+            if load.ops == 0 {
+                0.0
+            } else {
+                busy_us * measured_share / load.ops as f64
+            }
         };
-        (load, per_op)
+        Measured {
+            cpu_us_per_op: per_op((cpu1 - cpu0) as f64 / clock_ticks() * 1e6),
+            pod_cpu_us_per_op: per_op(pod_cpu1.saturating_sub(pod_cpu0) as f64),
+            load,
+        }
+    }
+
+    /// CPU time of the pod cgroup's processes so far (its `cpu.stat`, which cgroup v2 keeps
+    /// without the cpu controller), microseconds.
+    fn pod_cpu_usec(&self) -> u64 {
+        std::fs::read_to_string(self.topo.pod.cgroup.path.join("cpu.stat"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("usage_usec "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The values of `keys` in the pod's netns, as `sysctl` prints them.
+    pub(super) fn pod_sysctls(&self, keys: &[&str]) -> Vec<(String, String)> {
+        keys.iter()
+            .map(|key| {
+                let out = Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        &self.topo.pod.netns.name,
+                        "sysctl",
+                        "-n",
+                        key,
+                    ])
+                    .output();
+                let value = out.map_or_else(
+                    |e| format!("({e})"),
+                    |o| {
+                        String::from_utf8_lossy(&o.stdout)
+                            .split_whitespace()
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    },
+                );
+                ((*key).to_string(), value)
+            })
+            .collect()
     }
 
     /// Cumulative (`run_cnt`, `run_time_ns`) of this pod's capture programs (its own pinned set).
@@ -267,7 +350,7 @@ impl Bed {
         let before_setting = std::fs::read_to_string(BPF_STATS).unwrap_or_else(|_| "0".into());
         let _ = std::fs::write(BPF_STATS, "1");
         let before = self.program_counters();
-        let (load, _) = self.run(cell, Duration::ZERO, duration, true);
+        let load = self.run(cell, None, Duration::ZERO, duration, true).load;
         let after = self.program_counters();
         let _ = std::fs::write(BPF_STATS, before_setting.trim());
         let costs = after
@@ -292,6 +375,14 @@ impl Bed {
 
     /// `TIME_WAIT` sockets and conntrack entries in the pod's netns now.
     pub(super) fn aftermath(&self) -> Aftermath {
+        Aftermath {
+            time_wait: self.time_wait_sockets().len() as u64,
+            conntrack: self.conntrack_entries(),
+        }
+    }
+
+    /// The pod's TCP sockets in `TIME_WAIT`, as /proc/net/tcp{,6} lines.
+    fn time_wait_sockets(&self) -> Vec<String> {
         let tcp = Command::new("nsenter")
             .arg(format!("--net={}", self.topo.pod.netns.path().display()))
             .args(["cat", "/proc/net/tcp", "/proc/net/tcp6"])
@@ -299,14 +390,25 @@ impl Bed {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
         // The fourth column is the state; 06 is TIME_WAIT.
-        let time_wait = tcp
-            .lines()
+        tcp.lines()
             .filter(|l| l.split_whitespace().nth(3) == Some("06"))
-            .count() as u64;
-        Aftermath {
-            time_wait,
-            conntrack: self.conntrack_entries(),
-        }
+            .map(String::from)
+            .collect()
+    }
+
+    /// The pod's sockets in `TIME_WAIT` whose peer is `to`: each holds a local port of the pod
+    /// toward `to` until it ends.
+    pub(super) fn time_wait_toward(&self, to: SocketAddrV4) -> u64 {
+        // The kernel prints the address as the u32 it stores (network order) in host order.
+        let peer = format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(to.ip().octets()),
+            to.port()
+        );
+        self.time_wait_sockets()
+            .iter()
+            .filter(|l| l.split_whitespace().nth(2) == Some(peer.as_str()))
+            .count() as u64
     }
 
     pub(super) fn conntrack_entries(&self) -> u64 {

@@ -3,15 +3,18 @@
 //!
 //! Each mode gets its own pod (netns + cgroup) wired to a remote netns; the same proxy and the
 //! same load generator run in every mode. The limit (`none`) has no capture: the client dials
-//! the proxy's listener directly.
+//! the proxy's listener directly. `--real-proxy` (`real_proxy.rs`) runs HAProxy as the sidecar
+//! instead, end to end.
 
 mod bed;
 pub mod cni_add;
 mod cpus;
 pub mod identity_cost;
+pub mod real_proxy;
 pub mod reconcile_cost;
 pub mod report;
 pub mod roles;
+mod schedule;
 mod stats;
 pub mod trace_cost;
 
@@ -25,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use self::{
     bed::Bed,
     roles::{LoadResult, Workload},
+    schedule::Schedule,
 };
 use crate::topology::Topology;
 
@@ -102,6 +106,19 @@ pub enum Proxy {
     Echo,
     /// Reads `SO_ORIGINAL_DST` and connects upstream (Envoy's outbound shape).
     Forward,
+    /// Debian's HAProxy forwarding to each connection's original destination (`real_proxy.rs`).
+    /// Beside it `none` means no mesh at all: no proxy runs and the app dials the upstream.
+    Haproxy,
+}
+
+impl Proxy {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Echo => "echo proxy",
+            Self::Forward => "forward proxy",
+            Self::Haproxy => "haproxy",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -127,10 +144,10 @@ impl Cell {
             Settings::Tuned => ", tuned",
         };
         format!(
-            "{dir} {w} c{} ({:?} proxy{tuned})",
-            self.concurrency, self.proxy
+            "{dir} {w} c{} ({}{tuned})",
+            self.concurrency,
+            self.proxy.label()
         )
-        .to_lowercase()
     }
 }
 
@@ -141,6 +158,11 @@ pub struct Sample {
     pub load: LoadResult,
     /// CPU time of the whole machine per operation, microseconds (from /proc/stat).
     pub cpu_us_per_op: f64,
+    /// CPU time of the pod's processes (the app and its proxy) per operation, microseconds, from
+    /// the pod's cgroup: unlike the machine's, other work on the machine does not count. 0 in
+    /// runs from before it was measured.
+    #[serde(default)]
+    pub pod_cpu_us_per_op: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -406,32 +428,14 @@ pub fn run(opts: &Options) -> Results {
             .iter()
             .map(|m| Bed::new(*m, proxy, settings, &accel))
             .collect();
-        for round in 0..rounds {
-            for (i, cell) in cells.iter().enumerate().filter(|(_, c)| ours(c)) {
-                // Interleaved: the modes' order rotates every round and cell.
-                for k in 0..beds.len() {
-                    let bed = &beds[(round + i + k) % beds.len()];
-                    let (load, cpu) = bed.run(cell, warmup, duration, !opts.any_cpu);
-                    eprintln!(
-                        "bench: round {round} {:<48} {:<8} {:>10.0} ops/s  p50 {:>6.0}us  cpu/op {:>6.1}us",
-                        cell.label(),
-                        bed.mode.name(),
-                        load.ops as f64 / load.seconds,
-                        load.p50_us,
-                        cpu
-                    );
-                    results[i].samples.push(Sample {
-                        round,
-                        mode: bed.mode,
-                        load,
-                        cpu_us_per_op: cpu,
-                    });
-                    if round + 1 == rounds && cell.workload == Workload::Crr {
-                        results[i].aftermath.push((bed.mode, bed.aftermath()));
-                    }
-                }
-            }
-        }
+        let schedule = Schedule {
+            rounds,
+            warmup,
+            duration,
+            one_cpu_for_one_client: !opts.any_cpu,
+            fresh_upstream_per_sample: false,
+        };
+        schedule.measure(&beds, &cells, &mut results, ours);
         if proxy == Proxy::Echo && settings == Settings::Default {
             conntrack = beds
                 .iter()

@@ -459,6 +459,7 @@ mod tests {
                 ..LoadResult::default()
             },
             cpu_us_per_op: cpu,
+            pod_cpu_us_per_op: 0.0,
         }
     }
 

@@ -35,6 +35,9 @@ pub struct Summary {
     pub p99: f64,
     pub p999: f64,
     pub cpu: f64,
+    pub pod_cpu: f64,
+    /// Failed operations per second.
+    pub errors: f64,
 }
 
 #[must_use]
@@ -49,6 +52,13 @@ pub fn summarize(cell: &CellResult, mode: Mode) -> Summary {
         p99: median(s.iter().map(|x| x.load.p99_us).collect()),
         p999: median(s.iter().map(|x| x.load.p999_us).collect()),
         cpu: median(s.iter().map(|x| x.cpu_us_per_op).collect()),
+        pod_cpu: median(s.iter().map(|x| x.pod_cpu_us_per_op).collect()),
+        errors: median(
+            s.iter()
+                .filter(|x| x.load.seconds > 0.0)
+                .map(|x| x.load.errors as f64 / x.load.seconds)
+                .collect(),
+        ),
     }
 }
 

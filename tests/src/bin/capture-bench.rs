@@ -42,6 +42,26 @@ enum Cmd {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
+    /// Churn and request/response end to end with HAProxy as the sidecar, against no mesh;
+    /// writes real-proxy.md and real-proxy.json.
+    RealProxy {
+        /// A short run (about a minute) for a quick check.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+        /// Rounds (default 25, quick 3).
+        #[arg(long)]
+        rounds: Option<usize>,
+    },
+    /// Write real-proxy.md again from a run's real-proxy.json, with this build's report (no
+    /// measurement).
+    RealProxyReport {
+        /// A real-proxy.json written by `real-proxy`.
+        results: PathBuf,
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
     /// Measure the CPU of one reconcile pass over a synthetic node; writes reconcile-cost.md.
     ReconcileCost {
         #[arg(long, default_value_t = 1000)]
@@ -94,6 +114,28 @@ enum Role {
 
 fn main() {
     match Args::parse().cmd {
+        Cmd::RealProxy { quick, out, rounds } => {
+            let results = bench::real_proxy::run(&bench::real_proxy::Options {
+                quick,
+                out: out.clone(),
+                rounds,
+            });
+            print!("{}", bench::real_proxy::markdown(&results));
+            println!("wrote {}", out.display());
+        }
+        Cmd::RealProxyReport { results, out } => {
+            let text = std::fs::read_to_string(&results)
+                .unwrap_or_else(|e| panic!("read {}: {e}", results.display()));
+            let results: bench::real_proxy::RealProxyResults = serde_json::from_str(&text)
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{} is not a real-proxy.json of this build's format: {e}",
+                        results.display()
+                    )
+                });
+            bench::real_proxy::write(&results, &out);
+            println!("wrote {}", out.display());
+        }
         Cmd::ReconcileCost {
             sandboxes,
             rounds,
