@@ -52,6 +52,13 @@ pub fn build_all() -> Result<()> {
     build()
 }
 
+/// `capture` alone, without the test-only switches (so with the command line a release has); the
+/// binary's path.
+pub fn build_capture() -> Result<PathBuf> {
+    run(cargo().args(BUILD_CAPTURE))?;
+    Ok(target_dir().join(PROFILE).join("capture"))
+}
+
 /// Every binary of this tree, with the test-only switches.
 pub fn build() -> Result<()> {
     run(cargo()

@@ -1,5 +1,6 @@
-//! `cargo xtask lint`: rustfmt, the import-cycle check (cycles.rs), and clippy `-D warnings` over
-//! the user side (with and without the test-only switches), the fuzz crate and the kernel side.
+//! `cargo xtask lint`: rustfmt, the import-cycle check (cycles.rs), the docs' relative links
+//! (doclinks.rs), and clippy `-D warnings` over the user side (with and without the test-only
+//! switches), the fuzz crate and the kernel side.
 
 use std::process::Command;
 
@@ -10,6 +11,7 @@ use crate::{cargo, fuzz, run, TEST_FEATURES};
 pub fn lint() -> Result<()> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     crate::cycles::check(&crate::workspace())?;
+    crate::doclinks::check(&crate::workspace())?;
     run(cargo()
         .args(["clippy", "--all-targets", "--locked"])
         .args(TEST_FEATURES)

@@ -1,11 +1,14 @@
-//! capture's developer tasks: `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm|image`.
+//! capture's developer tasks:
+//! `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm|image|completions`.
 //!
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
 
 mod builds;
 mod ci;
+mod completions;
 mod cycles;
+mod doclinks;
 mod fuzz;
 mod image;
 mod lint;
@@ -93,6 +96,14 @@ enum Task {
         #[arg(long, conflicts_with = "out")]
         check_reproducible: bool,
     },
+    /// Write shell completions (capture.bash, _capture for zsh, capture.fish) and man pages
+    /// (man/capture.1 and one per subcommand: capture-attach.1, ...) for the `capture` CLI,
+    /// generated from its own definition: builds `capture`, then runs it.
+    Completions {
+        /// Where to write them (default target/dist).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Benchmark ebpf against iptables and no capture; writes docs/benchmarks.{md,svg} and
     /// docs/benchmark-results.json (needs root).
     Bench {
@@ -114,6 +125,10 @@ enum Task {
         /// exempt by uid and by its container's cgroup; writes identity-cost.md.
         #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost"])]
         identity_cost: bool,
+        /// Measure only churn and request/response end to end, with Debian's HAProxy as the
+        /// pod's sidecar, against no mesh; writes real-proxy.md and real-proxy.json.
+        #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost", "identity_cost"])]
+        real_proxy: bool,
     },
     /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
     /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
@@ -293,16 +308,29 @@ fn run_task(task: Task) -> Result<()> {
                 image::build(&image::Options { out }).map(|_| ())
             }
         }
+        Task::Completions { out } => {
+            setup::kernel_build_setup()?;
+            completions::write(&out.unwrap_or_else(|| builds::target_dir().join("dist")))
+        }
         Task::Bench {
             quick,
             out,
             trace_cost,
             reconcile_cost,
             identity_cost,
+            real_proxy,
         } => {
             require_root("cargo xtask bench")?;
             setup::setup()?;
             run(cargo().args(["build", "--release", "--bins", "--locked"]))?;
+            if real_proxy {
+                let mut cmd = Command::new("target/release/capture-bench");
+                cmd.args(["real-proxy", "--out", &out]);
+                if quick {
+                    cmd.arg("--quick");
+                }
+                return run(&mut cmd);
+            }
             if reconcile_cost {
                 return run(Command::new("target/release/capture-bench").args([
                     "reconcile-cost",

@@ -309,6 +309,14 @@ pub enum Command {
         #[arg(long)]
         destination: std::net::SocketAddr,
     },
+    /// Write shell completions (bash, zsh, fish) and man pages for this command line into a
+    /// directory (packaging; `cargo xtask completions` runs it).
+    #[command(hide = true)]
+    GenerateDocs {
+        /// The directory: completions at its top, man pages in `man/`.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 /// `5s`, `500ms` or a plain number of seconds.

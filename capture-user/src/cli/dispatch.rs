@@ -339,6 +339,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::AccelCases { destination } => {
             crate::accel::check::run_cases_here(destination)?;
         }
+        Command::GenerateDocs { out } => {
+            for path in super::docs::generate(&out)? {
+                println!("{}", path.display());
+            }
+        }
         Command::Explain {
             pod,
             to,

@@ -1,8 +1,9 @@
 //! The `capture` command line: its arguments (`args`), what each command does (`dispatch`) and
-//! the text it prints for people (`render`).
+//! the text it prints for people (`render`); its completions and man pages (`docs`).
 
 mod args;
 mod dispatch;
+mod docs;
 mod render;
 mod values;
 

@@ -130,6 +130,13 @@ fn cargo_fuzz() -> Result<()> {
     ]))
 }
 
+/// What building capture-user needs, and no more (its build.rs builds the kernel programs): the
+/// nightly's rust-src and bpf-linker, for `cargo xtask completions` on a packager's machine.
+pub fn kernel_build_setup() -> Result<()> {
+    nightly()?;
+    bpf_linker()
+}
+
 /// What `cargo xtask fuzz` needs: the nightly and cargo-fuzz (no Debian package, no bpf-linker:
 /// the fuzz build leaves the kernel programs out).
 pub fn fuzz_setup() -> Result<()> {
