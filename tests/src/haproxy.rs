@@ -81,6 +81,23 @@ fn listening(pid: u32, port: u16) -> bool {
     })
 }
 
+/// The first line of `haproxy FLAG`'s output that `wanted` takes, trimmed; empty when haproxy
+/// cannot be run or says no such line.
+fn said_by_haproxy(flag: &str, wanted: impl Fn(&str) -> bool) -> String {
+    std::process::Command::new("haproxy")
+        .arg(flag)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find(|l| wanted(l))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
 impl Haproxy {
     /// Starts HAProxy in the pod (netns and cgroup) as `who`, listening on the outbound and
     /// inbound ports, and waits until both listen.
@@ -157,14 +174,14 @@ impl Haproxy {
     /// The first line of `haproxy -v` (`HAProxy version 2.6.12-1+deb12u4 …`).
     #[must_use]
     pub fn version() -> String {
-        std::process::Command::new("haproxy")
-            .arg("-v")
-            .output()
-            .map(|o| {
-                let out = String::from_utf8_lossy(&o.stdout);
-                out.lines().next().unwrap_or_default().trim().to_string()
-            })
-            .unwrap_or_default()
+        said_by_haproxy("-v", |_| true)
+    }
+
+    /// What `haproxy -vv` says of its threads (`Built with multi-threading support (…,
+    /// default=2).`): how many it runs when its configuration does not say.
+    #[must_use]
+    pub fn threads() -> String {
+        said_by_haproxy("-vv", |l| l.contains("multi-threading"))
     }
 
     fn wait_listening(&mut self, ports: &[u16]) {

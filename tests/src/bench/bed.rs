@@ -144,7 +144,7 @@ impl Bed {
                     "--listen",
                     "0.0.0.0:15001",
                     "--default-upstream",
-                    "10.0.0.5:80",
+                    &format!("{DEFAULT_UPSTREAM}:80"),
                 ]
                 .map(String::from)
                 .to_vec(),
@@ -198,7 +198,7 @@ impl Bed {
         }
     }
 
-    /// Where the load generator connects: outbound, `upstream` (10.0.0.5 unless given) on the
+    /// Where the load generator connects: outbound, `upstream` (`DEFAULT_UPSTREAM` unless given) on the
     /// remote side's port 80, which every remote address serves.
     fn target(&self, cell: &Cell, upstream: Option<Ipv4Addr>) -> SocketAddr {
         let remote = SocketAddr::from((upstream.unwrap_or(DEFAULT_UPSTREAM), 80));

@@ -174,6 +174,27 @@ pub struct CellResult {
     pub aftermath: Vec<(Mode, Aftermath)>,
 }
 
+impl CellResult {
+    /// A cell before its first sample.
+    #[must_use]
+    pub fn new(cell: Cell) -> Self {
+        Self {
+            cell,
+            label: cell.label(),
+            samples: Vec::new(),
+            aftermath: Vec::new(),
+        }
+    }
+}
+
+/// This machine's kernel release, as the reports state it.
+#[must_use]
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// What connection churn leaves in a pod's netns.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Aftermath {
@@ -393,15 +414,7 @@ pub fn run(opts: &Options) -> Results {
     } else {
         opts.modes.clone()
     };
-    let mut results: Vec<CellResult> = cells
-        .iter()
-        .map(|c| CellResult {
-            cell: *c,
-            label: c.label(),
-            samples: Vec::new(),
-            aftermath: Vec::new(),
-        })
-        .collect();
+    let mut results: Vec<CellResult> = cells.iter().copied().map(CellResult::new).collect();
     let mut conntrack = Vec::new();
     let mut profile = (Vec::new(), 0);
     let mut accel_profile = (Vec::new(), 0);
@@ -464,11 +477,8 @@ pub fn run(opts: &Options) -> Results {
     } else {
         control_plane(pods, if opts.quick { 10 } else { 100 })
     };
-    let kernel = nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default();
     let results = Results {
-        kernel,
+        kernel: kernel_release(),
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
         quick: opts.quick,
         rounds,

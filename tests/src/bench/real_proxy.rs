@@ -145,21 +145,6 @@ fn cells() -> Vec<Cell> {
         .to_vec()
 }
 
-fn haproxy_threads() -> String {
-    std::process::Command::new("haproxy")
-        .arg("-vv")
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .find(|l| l.contains("multi-threading"))
-                .unwrap_or_default()
-                .trim()
-                .to_string()
-        })
-        .unwrap_or_default()
-}
-
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -207,15 +192,7 @@ pub fn run(opts: &Options) -> RealProxyResults {
         fresh_upstream_per_sample: true,
     };
     let cells = cells();
-    let mut results: Vec<CellResult> = cells
-        .iter()
-        .map(|c| CellResult {
-            cell: *c,
-            label: c.label(),
-            samples: Vec::new(),
-            aftermath: Vec::new(),
-        })
-        .collect();
+    let mut results: Vec<CellResult> = cells.iter().copied().map(CellResult::new).collect();
     eprintln!("bench: {haproxy_version} as the sidecar of a pod per mode");
     let beds: Vec<Bed> = MODES
         .iter()
@@ -240,9 +217,7 @@ pub fn run(opts: &Options) -> RealProxyResults {
     schedule.measure(&beds, &cells, &mut results, |_| true);
     drop(beds);
     let results = RealProxyResults {
-        kernel: nix::sys::utsname::uname()
-            .map(|u| u.release().to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        kernel: super::kernel_release(),
         cpu_model: cpu_model(),
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
         quick: opts.quick,
@@ -251,7 +226,7 @@ pub fn run(opts: &Options) -> RealProxyResults {
         warmup_seconds: warmup,
         one_client_on_one_cpu: Cpus::allowed().last_alone().is_some(),
         haproxy_version,
-        haproxy_threads: haproxy_threads(),
+        haproxy_threads: Haproxy::threads(),
         haproxy_config: default_sidecar_config(),
         open_files_limit: open_files_limit(),
         sysctls,

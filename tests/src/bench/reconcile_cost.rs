@@ -152,9 +152,7 @@ pub fn measure(sandboxes: usize, rounds: usize) -> ReconcileCost {
         meshed: sandboxes - sandboxes.div_ceil(10),
         rounds,
         passes,
-        kernel: nix::sys::utsname::uname()
-            .map(|u| u.release().to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        kernel: super::kernel_release(),
     }
 }
 

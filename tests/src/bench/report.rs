@@ -427,7 +427,12 @@ pub fn svg(r: &Results) -> String {
 }
 
 /// Writes the results as `json` and a report of them as `md` (file names) into `dir`.
-pub fn write_json_and_markdown(r: &Results, dir: &Path, json: &str, md: (&str, &str)) {
+pub fn write_json_and_markdown(
+    r: &impl serde::Serialize,
+    dir: &Path,
+    json: &str,
+    md: (&str, &str),
+) {
     std::fs::create_dir_all(dir).expect("output directory");
     std::fs::write(
         dir.join(json),

@@ -302,13 +302,12 @@ fn conditions(o: &mut String, r: &RealProxyResults) {
 
 /// Writes real-proxy.md and real-proxy.json into `dir`.
 pub fn write(r: &RealProxyResults, dir: &Path) {
-    std::fs::create_dir_all(dir).expect("output directory");
-    std::fs::write(
-        dir.join("real-proxy.json"),
-        serde_json::to_vec_pretty(r).expect("serialise"),
-    )
-    .expect("real-proxy.json");
-    std::fs::write(dir.join("real-proxy.md"), markdown(r)).expect("real-proxy.md");
+    crate::bench::report::write_json_and_markdown(
+        r,
+        dir,
+        "real-proxy.json",
+        ("real-proxy.md", &markdown(r)),
+    );
 }
 
 #[cfg(test)]
