@@ -179,8 +179,9 @@ pub fn check_error(spec: &PodSpec, error: &ConfigError) {
     }
 }
 
-/// Validates `spec` under both sets of defaults and checks what comes out. The defaults change
-/// which ports are excluded, never whether a pod is accepted or what its error says.
+/// Validates `spec` under every set of defaults and checks what comes out. The defaults change
+/// which ports are excluded and what is captured when nothing is named, never whether a pod is
+/// accepted or what its error says.
 pub fn validate(spec: &mut PodSpec) -> Result<CaptureConfig, ConfigError> {
     let first = CaptureConfig::from_pod(spec);
     match &first {
@@ -188,15 +189,21 @@ pub fn validate(spec: &mut PodSpec) -> Result<CaptureConfig, ConfigError> {
         Err(e) => check_error(spec, e),
     }
     let given = spec.defaults;
-    spec.defaults = match given {
-        Defaults::IstioInit => Defaults::IstioCni,
-        Defaults::IstioCni => Defaults::IstioInit,
-    };
-    let other = CaptureConfig::from_pod(spec);
-    match (&first, &other) {
-        (Ok(_), Ok(cfg)) => check_config(spec, cfg),
-        (Err(a), Err(b)) => assert_eq!(a, b, "the defaults changed the error"),
-        _ => panic!("the defaults decide acceptance: {first:?} / {other:?}"),
+    for defaults in [
+        Defaults::IstioInit,
+        Defaults::IstioCni,
+        Defaults::IstioIptables,
+    ] {
+        if defaults == given {
+            continue;
+        }
+        spec.defaults = defaults;
+        let other = CaptureConfig::from_pod(spec);
+        match (&first, &other) {
+            (Ok(_), Ok(cfg)) => check_config(spec, cfg),
+            (Err(a), Err(b)) => assert_eq!(a, b, "the defaults changed the error"),
+            _ => panic!("the defaults decide acceptance: {first:?} / {other:?}"),
+        }
     }
     spec.defaults = given;
     first

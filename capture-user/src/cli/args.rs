@@ -74,6 +74,12 @@ pub enum Command {
         /// `capture proxy-container` names it.
         #[arg(long)]
         proxy_cgroup: Option<PathBuf>,
+        /// Whose defaults fill in what the annotations leave out: the sidecar injector's as
+        /// istio-init gets them (`injector`), istio-cni's as the agent applies them (`cni`), or
+        /// istio-iptables' own flag defaults (`istio-iptables`: nothing excluded implicitly,
+        /// inbound capture only for includeInboundPorts).
+        #[arg(long, value_enum, default_value_t = DefaultsChoice::Injector)]
+        defaults: DefaultsChoice,
         /// The node's policy for bypass annotations (YAML, see docs/proxy-identity.md); the
         /// pod's annotations must keep to it.
         #[arg(long, value_name = "FILE")]
@@ -317,6 +323,24 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
+}
+
+/// `attach --defaults`: which of Istio's paths a pod's unset settings follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DefaultsChoice {
+    Injector,
+    Cni,
+    IstioIptables,
+}
+
+impl From<DefaultsChoice> for crate::config::Defaults {
+    fn from(choice: DefaultsChoice) -> Self {
+        match choice {
+            DefaultsChoice::Injector => Self::IstioInit,
+            DefaultsChoice::Cni => Self::IstioCni,
+            DefaultsChoice::IstioIptables => Self::IstioIptables,
+        }
+    }
 }
 
 /// `5s`, `500ms` or a plain number of seconds.

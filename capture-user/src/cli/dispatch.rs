@@ -43,6 +43,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             fallback,
             take_over_istio_rules,
             proxy_cgroup,
+            defaults,
             annotation_policy,
             mesh,
         } => {
@@ -75,7 +76,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     proxy_gids: proxy_gid.unwrap_or_default().0,
                     mesh,
                     mesh_config,
-                    defaults: crate::config::Defaults::IstioInit,
+                    defaults: defaults.into(),
                 },
                 mode: node_mode,
                 pod: None,

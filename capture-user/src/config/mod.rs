@@ -236,6 +236,12 @@ pub enum Defaults {
     /// 15090; outbound 15020 is excluded unless the pod names its own outbound exclusions. The
     /// CNI path's.
     IstioCni,
+    /// `istio-iptables`' own, for its flags given by hand: nothing is excluded that the
+    /// annotations do not name, and only what `includeInboundPorts` and
+    /// `includeOutboundIPRanges` (or `includeOutboundPorts`) name is captured (its `-b` and `-i`
+    /// default to none). What Istio's rule tests configure
+    /// (`tools/istio-iptables/pkg/capture/run_test.go`).
+    IstioIptables,
 }
 
 /// The status port Istio CNI excludes from outbound capture when a pod names no outbound
@@ -348,9 +354,10 @@ impl CaptureConfig {
             }
         }
 
-        let include_outbound_cidrs = match ann(ANN_INCLUDE_OUTBOUND_CIDRS) {
-            None => Selection::All,
-            Some(v) => parse_cidr_selection(ANN_INCLUDE_OUTBOUND_CIDRS, v)?,
+        let include_outbound_cidrs = match (ann(ANN_INCLUDE_OUTBOUND_CIDRS), spec.defaults) {
+            (None, Defaults::IstioIptables) => Selection::List(Vec::new()),
+            (None, _) => Selection::All,
+            (Some(v), _) => parse_cidr_selection(ANN_INCLUDE_OUTBOUND_CIDRS, v)?,
         };
         let exclude_outbound_cidrs = ann(ANN_EXCLUDE_OUTBOUND_CIDRS)
             .map_or(Ok(Vec::new()), |v| {
@@ -363,11 +370,12 @@ impl CaptureConfig {
         let exclude_outbound_ports = match (ann(ANN_EXCLUDE_OUTBOUND_PORTS), spec.defaults) {
             (Some(v), _) => parse_ports(ANN_EXCLUDE_OUTBOUND_PORTS, v)?,
             (None, Defaults::IstioCni) => vec![CNI_DEFAULT_OUTBOUND_EXCLUDED_PORT],
-            (None, Defaults::IstioInit) => Vec::new(),
+            (None, Defaults::IstioInit | Defaults::IstioIptables) => Vec::new(),
         };
-        let include_inbound_ports = match ann(ANN_INCLUDE_INBOUND_PORTS) {
-            None => Selection::All,
-            Some(v) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
+        let include_inbound_ports = match (ann(ANN_INCLUDE_INBOUND_PORTS), spec.defaults) {
+            (None, Defaults::IstioIptables) => Selection::List(Vec::new()),
+            (None, _) => Selection::All,
+            (Some(v), _) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
         };
         let status_port = match ann(ANN_STATUS_PORT) {
             None => DEFAULT_STATUS_PORT,
@@ -391,6 +399,7 @@ impl CaptureConfig {
                 &CNI_ALWAYS_EXCLUDED_INBOUND_PORTS,
             ]
             .concat(),
+            Defaults::IstioIptables => annotated_inbound_excludes,
         };
         let mut seen = Vec::new();
         exclude_inbound_ports.retain(|p| {

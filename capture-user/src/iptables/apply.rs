@@ -8,8 +8,8 @@ use std::{
 
 use super::flavour::Flavour;
 use super::rules::{
-    mangle_rules, nat_chains, nat_rules, raw_rules, restore_input, Family, RAW_CHAINS,
-    TPROXY_CHAINS, TPROXY_MARK, TPROXY_TABLE,
+    chains_of, mangle_rules, nat_chains, nat_rules, raw_rules, restore_input, Family, TPROXY_MARK,
+    TPROXY_TABLE,
 };
 use crate::{
     config::{CaptureConfig, InterceptionMode},
@@ -158,9 +158,9 @@ fn apply_rules(netns: &Path, cfg: &CaptureConfig, flavour: Flavour) -> Result<()
     Ok(())
 }
 
-/// The lines that undo one table's rules: its jumps from the built-in chains deleted, then its
-/// chains flushed and deleted.
-fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
+/// The lines that undo one table's rules: its jumps from the built-in chains deleted, then the
+/// chains it created flushed and deleted.
+fn undo(rules: &[String]) -> Vec<String> {
     let mut out: Vec<String> = rules
         .iter()
         .filter_map(|rule| {
@@ -172,6 +172,7 @@ fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
             })
         })
         .collect();
+    let chains = chains_of(rules);
     out.extend(chains.iter().map(|c| format!("-F {c}")));
     out.extend(chains.iter().map(|c| format!("-X {c}")));
     out
@@ -182,26 +183,9 @@ fn undo(rules: &[String], chains: &[&str]) -> Vec<String> {
 pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
     let mut out = String::new();
     for (name, lines) in [
-        (
-            "mangle",
-            undo(
-                &mangle_rules(cfg, family),
-                if cfg.interception_mode == InterceptionMode::Tproxy {
-                    &TPROXY_CHAINS
-                } else {
-                    &[]
-                },
-            ),
-        ),
-        ("nat", undo(&nat_rules(cfg, family), &nat_chains(cfg))),
-        (
-            "raw",
-            if cfg.dns.is_some() {
-                undo(&raw_rules(cfg, family), &RAW_CHAINS)
-            } else {
-                Vec::new()
-            },
-        ),
+        ("mangle", undo(&mangle_rules(cfg, family))),
+        ("nat", undo(&nat_rules(cfg, family))),
+        ("raw", undo(&raw_rules(cfg, family))),
     ] {
         if lines.is_empty() {
             continue;
@@ -216,19 +200,87 @@ pub fn removal_input(cfg: &CaptureConfig, family: Family) -> String {
     out
 }
 
+/// Removes one family's rules: exactly what the rules of `cfg` are, then whatever of capture's
+/// the netns still lists (a pod captured by an earlier build, whose rules for the same settings
+/// differed, holds rules or chains the first pass does not name).
 fn remove_family(
     netns: &Path,
     cfg: &CaptureConfig,
     family: Family,
     flavour: Flavour,
 ) -> Result<(), IptablesError> {
-    in_netns(
-        netns,
-        flavour.tool(family, true),
-        &["--noflush"],
-        &removal_input(cfg, family),
-    )
-    .map(drop)
+    let tool = flavour.tool(family, true);
+    // Where this fails (a rule of it is not there), the listing below removes what is.
+    let _ = in_netns(netns, tool, &["--noflush"], &removal_input(cfg, family));
+    let saved = in_netns(netns, flavour.tool(family, false), &[], "")?;
+    let left = removal_of_listed(cfg, &saved);
+    if left.is_empty() {
+        return Ok(());
+    }
+    in_netns(netns, tool, &["--noflush"], &left).map(drop)
+}
+
+/// The restore input that removes, from the tables as `iptables-save` lists them, every rule of
+/// a built-in chain that capture writes for `cfg` (jumps into Istio's chains, the interface and
+/// open-connection RETURNs, TPROXY's marks, `--drop-invalid`'s DROP, in any build's form) and
+/// every `ISTIO_*` chain. Empty when the tables hold none.
+#[must_use]
+pub fn removal_of_listed(cfg: &CaptureConfig, saved: &str) -> String {
+    let mut out = String::new();
+    let mut table = "";
+    let mut lines: Vec<String> = Vec::new();
+    let mut chains: Vec<&str> = Vec::new();
+    let mut flush = |table: &str, lines: &mut Vec<String>, chains: &mut Vec<&str>| {
+        lines.extend(chains.iter().map(|c| format!("-F {c}")));
+        lines.extend(chains.iter().map(|c| format!("-X {c}")));
+        if !lines.is_empty() {
+            out.push_str(&format!("*{table}\n{}\nCOMMIT\n", lines.join("\n")));
+        }
+        lines.clear();
+        chains.clear();
+    };
+    for line in saved.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            flush(table, &mut lines, &mut chains);
+            table = name;
+        } else if let Some(chain) = line.strip_prefix(':') {
+            chains.extend(
+                chain
+                    .split_whitespace()
+                    .next()
+                    .filter(|c| c.starts_with("ISTIO_")),
+            );
+        } else if let Some((chain, spec)) = line.strip_prefix("-A ").and_then(|r| r.split_once(' '))
+        {
+            if matches!(chain, "PREROUTING" | "OUTPUT") && written_by_capture(cfg, table, spec) {
+                lines.push(format!("-D {chain} {spec}"));
+            }
+        }
+    }
+    flush(table, &mut lines, &mut chains);
+    out
+}
+
+/// Is this rule of a built-in chain, as listed, one that capture writes for `cfg`?
+fn written_by_capture(cfg: &CaptureConfig, table: &str, spec: &str) -> bool {
+    let words: Vec<&str> = spec.split_whitespace().collect();
+    let by_interface = spec.ends_with("-j RETURN")
+        && words.windows(2).any(|w| {
+            matches!(w[0], "-i" | "-o")
+                && cfg
+                    .exclude_interfaces
+                    .iter()
+                    .chain(&cfg.reroute_virtual_interfaces)
+                    .any(|nic| nic == w[1])
+        });
+    let mangle = table == "mangle";
+    let tproxy_mark = cfg.interception_mode == InterceptionMode::Tproxy
+        && ["0x539", "0x53a"].iter().any(|m| spec.contains(m));
+    spec.contains("-j ISTIO_")
+        || by_interface
+        || spec.contains(super::rules::SPARE_COMMENT)
+        || (mangle && tproxy_mark)
+        || (mangle && cfg.drop_invalid && spec.contains("--ctstate INVALID -j DROP"))
 }
 
 /// Removes the pod's rules (and TPROXY's routing) with the tools that wrote them; every family is
@@ -256,7 +308,7 @@ pub fn missing(netns: &Path, cfg: &CaptureConfig, flavour: Flavour) -> Vec<Strin
                 continue;
             }
         };
-        for chain in nat_chains(cfg) {
+        for chain in nat_chains(cfg, family) {
             if !saved.lines().any(|l| l.starts_with(&format!(":{chain} "))) {
                 missing.push(format!("{family:?} chain {chain}"));
             }

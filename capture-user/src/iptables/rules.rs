@@ -1,5 +1,7 @@
 //! Rule generation for `iptables-restore` / `ip6tables-restore`, in the emission order of Istio's
-//! `istio-iptables` (spec section B), REDIRECT mode, with its DNS and owner-group variants.
+//! `istio-iptables` (`tools/istio-iptables/pkg/capture/run.go` in istio/istio; its
+//! `testdata/*.golden` are `tests/tests/userspace/istio_goldens.rs`'s expectations), REDIRECT and
+//! TPROXY modes, with its DNS and owner-group variants.
 
 use std::net::IpAddr;
 
@@ -32,6 +34,13 @@ impl Family {
     }
 }
 
+/// Does DNS capture redirect this family's queries (`captureAll`, or a nameserver of the
+/// family)? Istio jumps to the DNS chain, and marks replies' conntrack zone, only then
+/// (`SetupDNSRedir`, `addDNSConntrackZones` in run.go).
+fn dns_in(family: Family, dns: &DnsCapture) -> bool {
+    dns.capture_all || !family.nameservers(dns).is_empty()
+}
+
 /// `excludeInboundPorts` as RETURNs from `ISTIO_INBOUND` (nat in REDIRECT mode, mangle in TPROXY).
 fn inbound_exclusions(cfg: &CaptureConfig) -> impl Iterator<Item = String> + '_ {
     cfg.exclude_inbound_ports
@@ -41,26 +50,29 @@ fn inbound_exclusions(cfg: &CaptureConfig) -> impl Iterator<Item = String> + '_ 
 
 /// The DNS chain, present only with DNS capture.
 pub const DNS_CHAIN: &str = "ISTIO_OUTPUT_DNS";
-/// The chains of the raw table (conntrack zones for DNS).
-pub const RAW_CHAINS: [&str; 2] = ["ISTIO_OUTPUT_DNS", "ISTIO_INBOUND"];
+/// The chain `--drop-invalid` sends invalid packets to.
+pub const DROP_CHAIN: &str = "ISTIO_DROP";
 
-/// The nat chains a pod's rules use.
+/// The chains a table's rules create (their `-N` lines), which detach flushes and deletes.
 #[must_use]
-pub fn nat_chains(cfg: &CaptureConfig) -> Vec<&'static str> {
-    let mut c = NAT_CHAINS.to_vec();
-    if cfg.dns.is_some() {
+pub fn chains_of(rules: &[String]) -> Vec<&str> {
+    rules.iter().filter_map(|r| r.strip_prefix("-N ")).collect()
+}
+
+/// The chains capture creates in the nat table for one family (and removes on detach).
+#[must_use]
+pub fn nat_chains(cfg: &CaptureConfig, family: Family) -> Vec<&'static str> {
+    let mut c = vec![
+        "ISTIO_INBOUND",
+        "ISTIO_REDIRECT",
+        "ISTIO_IN_REDIRECT",
+        "ISTIO_OUTPUT",
+    ];
+    if cfg.dns.as_ref().is_some_and(|dns| dns_in(family, dns)) {
         c.push(DNS_CHAIN);
     }
     c
 }
-
-/// The chains capture creates in the nat table (and removes on detach).
-pub const NAT_CHAINS: [&str; 4] = [
-    "ISTIO_INBOUND",
-    "ISTIO_REDIRECT",
-    "ISTIO_IN_REDIRECT",
-    "ISTIO_OUTPUT",
-];
 
 /// The nat-table rules for one family, one per line, without the table header and COMMIT.
 #[must_use]
@@ -72,7 +84,10 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         ),
         Family::V6 => ("::6/128".to_string(), "::1/128".to_string()),
     };
-    let mut r: Vec<String> = nat_chains(cfg).iter().map(|c| format!("-N {c}")).collect();
+    let mut r: Vec<String> = nat_chains(cfg, family)
+        .iter()
+        .map(|c| format!("-N {c}"))
+        .collect();
     let dns = cfg.dns.as_ref();
     for nic in &cfg.exclude_interfaces {
         r.push(format!("-A PREROUTING -i {nic} -j RETURN"));
@@ -171,7 +186,7 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             );
         }
     }
-    if let Some(dns) = dns {
+    if let Some(dns) = dns.filter(|dns| dns_in(family, dns)) {
         r.push(format!("-A ISTIO_OUTPUT -j {DNS_CHAIN}"));
         let targets: Vec<String> = if dns.capture_all {
             vec![String::new()]
@@ -247,13 +262,19 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
 pub const SPARE_COMMENT: &str = "capture: connections open before capture";
 
 /// The raw-table rules for DNS capture: conntrack zones that keep the proxy's own DNS apart from
-/// the app's, so that replies are un-NATed (spec B, DNS variant). Empty without DNS capture.
+/// the app's, so that replies are un-NATed (`addDNSConntrackZones` in run.go). The proxy's zones
+/// are set in every family, the app's only where its queries are redirected. Empty without DNS
+/// capture.
 #[must_use]
 pub fn raw_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
     let Some(dns) = &cfg.dns else {
         return Vec::new();
     };
-    let mut r: Vec<String> = RAW_CHAINS.iter().map(|c| format!("-N {c}")).collect();
+    let redirected = dns_in(family, dns);
+    let mut r = vec![format!("-N {DNS_CHAIN}")];
+    if redirected {
+        r.push("-N ISTIO_INBOUND".into());
+    }
     r.push(format!("-A OUTPUT -j {DNS_CHAIN}"));
     for (flag, ids) in [
         ("--uid-owner", &cfg.proxy_uids),
@@ -268,6 +289,9 @@ pub fn raw_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
                 dns.port
             ));
         }
+    }
+    if !redirected {
+        return r;
     }
     r.push("-A PREROUTING -j ISTIO_INBOUND".into());
     let servers: Vec<(String, String)> = if dns.capture_all {
@@ -309,7 +333,8 @@ pub const TPROXY_TABLE: u32 = 133;
 /// The mangle chains TPROXY mode creates.
 pub const TPROXY_CHAINS: [&str; 3] = ["ISTIO_DIVERT", "ISTIO_TPROXY", "ISTIO_INBOUND"];
 
-/// The mangle-table rules: `--drop-invalid`'s, and TPROXY inbound capture (spec B, TPROXY).
+/// The mangle-table rules: `excludeInterfaces` under TPROXY, `--drop-invalid`'s, and TPROXY
+/// inbound capture (`shortCircuitExcludeInterfaces`, then the rest of run.go's `Run`).
 #[must_use]
 pub fn mangle_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
     let mut r = Vec::new();
@@ -318,7 +343,21 @@ pub fn mangle_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         r.extend(TPROXY_CHAINS.iter().map(|c| format!("-N {c}")));
     }
     if cfg.drop_invalid {
-        r.push("-A PREROUTING -m conntrack --ctstate INVALID -j DROP".into());
+        r.push(format!("-N {DROP_CHAIN}"));
+    }
+    // TPROXY captures inbound in this table, so an excluded interface must leave it here too,
+    // as it leaves the nat table.
+    if tproxy {
+        for nic in &cfg.exclude_interfaces {
+            r.push(format!("-A PREROUTING -i {nic} -j RETURN"));
+            r.push(format!("-A OUTPUT -o {nic} -j RETURN"));
+        }
+    }
+    if cfg.drop_invalid {
+        r.push(format!(
+            "-A PREROUTING -m conntrack --ctstate INVALID -j {DROP_CHAIN}"
+        ));
+        r.push(format!("-A {DROP_CHAIN} -j DROP"));
     }
     if !tproxy {
         return r;

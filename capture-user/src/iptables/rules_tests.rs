@@ -302,7 +302,7 @@ fn interfaces_and_drop_invalid() {
     let input = restore_input(&with_mesh(&[], mesh), Family::V4);
     assert!(
         input.starts_with(
-            "* mangle\n-A PREROUTING -m conntrack --ctstate INVALID -j DROP\nCOMMIT\n* nat\n"
+            "* mangle\n-N ISTIO_DROP\n-A PREROUTING -m conntrack --ctstate INVALID -j ISTIO_DROP\n-A ISTIO_DROP -j DROP\nCOMMIT\n* nat\n"
         ),
         "{input}"
     );
@@ -318,7 +318,8 @@ fn removal_undoes_inserts_and_every_table() {
     for line in [
         "-D PREROUTING -i eth1 -j RETURN",
         "-D PREROUTING -i eth1 -j ISTIO_REDIRECT",
-        "-D PREROUTING -m conntrack --ctstate INVALID -j DROP",
+        "-D PREROUTING -m conntrack --ctstate INVALID -j ISTIO_DROP",
+        "-X ISTIO_DROP",
         "-D OUTPUT -j ISTIO_OUTPUT_DNS",
         "-X ISTIO_OUTPUT_DNS",
     ] {

@@ -42,6 +42,7 @@ const ISTIO_OUTPUT: &str = "istio-output";
 const OUTPUT_DNS: &str = "istio-output-dns";
 const DIVERT: &str = "istio-divert";
 const TPROXY: &str = "istio-tproxy";
+const DROP_CHAIN: &str = "istio-drop";
 
 /// A base chain: where it hooks and at which priority (the iptables table's: nat -100, mangle
 /// -150, raw -300), and of which type.
@@ -260,9 +261,8 @@ fn nat(cfg: &CaptureConfig, families: &[Family]) -> Table {
         t.append(ISTIO_OUTPUT, vec![counter(), jump(OUTPUT_DNS)]);
         for proto in [L4::Tcp, L4::Udp] {
             let redirect_dns = |server: Option<IpNet>| {
-                let mut s = vec![dport(proto, 53, true)];
-                s.extend(server.map(|n| daddr(&n, true)));
-                s.extend([counter(), redirect(dns.port)]);
+                let mut s: Vec<Stmt> = server.map(|n| daddr(&n, true)).into_iter().collect();
+                s.extend([dport(proto, 53, true), counter(), redirect(dns.port)]);
                 s
             };
             if dns.capture_all {

@@ -111,3 +111,39 @@ fn ebpf_mode_refuses_what_it_cannot_capture() {
     );
     assert_eq!(topo.status()["pods"].as_array().map_or(0, Vec::len), 0);
 }
+
+#[test]
+fn tproxy_pods_leave_excluded_interfaces_alone_in_both_tables() {
+    // Under TPROXY inbound capture happens in the mangle table, so the interface's exclusion
+    // must be there too (Istio's `shortCircuitExcludeInterfaces`): without it, a connection
+    // arriving on eth1 was still handed to the proxy.
+    for (args, backend) in [
+        (&["--mode", "iptables"][..], "iptables"),
+        (&["--mode", "nftables"], "nftables"),
+        (&["--mode", "auto", "--fallback", "nftables"], "nftables"),
+    ] {
+        let mode = &args.join(" ");
+        let mut topo = Topology::new();
+        topo.add_vm();
+        let mut attach = args.to_vec();
+        attach.extend([
+            "--annotation",
+            "sidecar.istio.io/interceptionMode=TPROXY",
+            "--annotation",
+            "traffic.sidecar.istio.io/excludeInterfaces=eth1",
+        ]);
+        topo.attach(&attach);
+        topo.start_remote();
+        topo.start_app();
+        topo.start_tproxy_proxy();
+        topo.connect_from_vm("10.3.0.1:8080")
+            .assert_served_by("app", mode);
+        topo.connect_from_remote("10.1.0.10:8080")
+            .assert_served_by("inbound", mode);
+        topo.tcp(&Who::app(), "10.3.0.2:80")
+            .assert_served_by("vm", mode);
+        topo.tcp(&Who::app(), "10.0.0.5:80")
+            .assert_served_by("outbound", mode);
+        assert_eq!(topo.status()["pods"][0]["mode"], backend, "{mode}");
+    }
+}

@@ -186,7 +186,7 @@ fn drop_invalid_is_a_mangle_rule_in_iptables_mode() {
         ]))
     };
     assert!(
-        mangle(&topo).contains("-A PREROUTING -m conntrack --ctstate INVALID -j DROP"),
+        mangle(&topo).contains("-A PREROUTING -m conntrack --ctstate INVALID -j ISTIO_DROP"),
         "{}",
         mangle(&topo)
     );

@@ -18,7 +18,7 @@ use std::{
 use capture_tests::{
     agent::READY_PATIENCE,
     cni::{Agent, Node},
-    guards::ChildGuard,
+    guards::{saved_rules_with, ChildGuard},
     previous_release_capture_bin,
     probe::Who,
     topology::{capture_bin, node_pin_dir, Topology},
@@ -545,6 +545,13 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
     for topo in &pods {
         let out = topo.detach();
         assert!(out.status.success(), "{out:?}");
+        // The previous release wrote other rules for the same settings (DNS chains in a family
+        // without a nameserver): detach removes what the netns holds, not only what this build
+        // would have written.
+        for save in ["iptables-save", "ip6tables-save"] {
+            let left = saved_rules_with(&topo.pod.netns.path(), save, &[]);
+            assert!(!left.contains("ISTIO"), "{save} after detach:\n{left}");
+        }
     }
     assert_eq!(still_loaded("link", &links), Vec::<u64>::new());
 }
