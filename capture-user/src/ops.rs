@@ -516,6 +516,9 @@ pub struct NodeStatus {
     pub left_alone: Vec<crate::left_alone::LeftAlone>,
     /// The mesh configuration the agent reads, if it reads one.
     pub mesh_config: Option<crate::config::mesh_config::MeshConfigReport>,
+    /// capture-cni in the node's CNI configuration, where the agent keeps it chained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cni_chain: Option<crate::install::chain_report::ChainReport>,
     /// `capture trace` on this node, where the node's programs have it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace::NodeTrace>,
@@ -562,6 +565,7 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         mesh_config: std::fs::read(paths.mesh_config_report_path())
             .ok()
             .and_then(|data| serde_json::from_slice(&data).ok()),
+        cni_chain: crate::install::chain_report::load(paths),
         trace: crate::trace::node_trace(paths),
         runtime: None,
         reconcile: crate::runtime::report::load(paths),

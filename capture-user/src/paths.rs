@@ -93,6 +93,13 @@ impl Paths {
         self.state_dir.join("mesh-config.json")
     }
 
+    /// capture-cni's place in the node's CNI configuration as the agent's watcher last saw it
+    /// (see `agent::cni_fight`).
+    #[must_use]
+    pub fn cni_chain_report_path(&self) -> PathBuf {
+        self.state_dir.join("cni-chain.json")
+    }
+
     #[must_use]
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join("lock")

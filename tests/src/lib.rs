@@ -4,6 +4,7 @@
 
 pub mod accel;
 pub mod accepted;
+pub mod cni_neighbours;
 pub mod flood;
 pub mod guards;
 pub mod haproxy;

@@ -108,7 +108,7 @@ async fn respond(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match route(req.method(), req.uri().path(), endpoints) {
         Route::Health => text(StatusCode::OK, "ok\n"),
-        Route::Ready => match agent.readiness() {
+        Route::Ready => match agent.node_readiness() {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,

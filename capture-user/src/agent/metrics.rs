@@ -188,9 +188,25 @@ impl Metrics {
         self.attach_duration.observe(took.as_secs_f64());
     }
 
-    /// The counter the CNI watcher increments (shared with the registry).
-    pub fn cni_rechained(&self) -> Counter {
-        self.cni_rechained.clone()
+    /// The series the CNI watcher keeps (shared with the registry): the re-chaining counter,
+    /// and, registered here as the watcher runs, whether capture-cni is chained and whether
+    /// something keeps taking it out.
+    pub fn cni_chain(&mut self) -> super::cni_watch::ChainMetrics {
+        let chain = super::cni_watch::ChainMetrics {
+            rechained: self.cni_rechained.clone(),
+            ..super::cni_watch::ChainMetrics::default()
+        };
+        self.registry.register(
+            "capture_cni_chained",
+            "1 while capture-cni is in the node's active CNI configuration (with --watch-cni-config)",
+            chain.chained.clone(),
+        );
+        self.registry.register(
+            "capture_cni_chain_fight",
+            "1 while something keeps rewriting the node's CNI configuration without capture-cni (see capture status)",
+            chain.fighting.clone(),
+        );
+        chain
     }
 
     pub fn count_request(&self, op: &'static str, ok: bool) {

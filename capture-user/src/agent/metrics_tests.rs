@@ -76,6 +76,7 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         pending_handoffs: 0,
         left_alone: Vec::new(),
         mesh_config: None,
+        cni_chain: None,
         runtime: None,
         reconcile: None,
     }

@@ -5,6 +5,7 @@
 //! Stopping the agent (or killing it) never releases a pod: capture lives in pinned kernel objects
 //! and netns rules, not in this process.
 
+mod cni_fight;
 mod cni_watch;
 mod http;
 mod map_metrics;
@@ -21,7 +22,7 @@ mod socket;
 
 pub use http::HEADER_READ_TIMEOUT;
 
-pub use cni_watch::CniWatch;
+pub use cni_watch::{ChainState, CniWatch};
 pub use options::{AgentConfig, AgentError};
 pub use reconcile::ReconcileConfig;
 
@@ -70,6 +71,8 @@ pub struct Agent {
     files: node_files::NodeFiles,
     /// Learns the proxy containers of pods under proxy identity by container.
     proxies: Option<Arc<proxy_watch::ProxyWatch>>,
+    /// capture-cni's place in the node's CNI configuration, where the agent keeps it chained.
+    chain: Option<ChainState>,
     metrics: metrics::Metrics,
 }
 
@@ -98,8 +101,21 @@ impl Agent {
         }
     }
 
+    /// The node's readiness (`/readyz`): serving, and, where the agent keeps capture-cni
+    /// chained, capture-cni in the active CNI configuration, so that a node whose pods would
+    /// start without it is not ready (as istio-cni's node agent is not). ADDs are served
+    /// whatever the chain's state: one that arrives came through capture-cni.
+    fn node_readiness(&self) -> Result<(), String> {
+        let chain = self.chain.as_ref().and_then(ChainState::unready);
+        match (self.readiness(), chain) {
+            (Ok(()), None) => Ok(()),
+            (Err(why), None) | (Ok(()), Some(why)) => Err(why),
+            (Err(serving), Some(chain)) => Err(format!("{serving}; and {chain}")),
+        }
+    }
+
     fn is_ready(&self) -> bool {
-        self.readiness().is_ok()
+        self.node_readiness().is_ok()
     }
 
     fn enter(&self, phase: Phase) {
@@ -465,11 +481,19 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             None
         }
     };
-    let metrics =
+    let mut metrics =
         metrics::Metrics::new(mode, &probe.checks, read_node).with_map_fill(cfg.paths.clone());
+    let chain = cfg.cni_watch.as_ref().map(|watch| {
+        let state = ChainState::new(&watch.conf_dir, cfg.paths.cni_chain_report_path());
+        (state, metrics.cni_chain())
+    });
+    if chain.is_none() {
+        let _ = std::fs::remove_file(cfg.paths.cni_chain_report_path());
+    }
     let agent = Arc::new(Agent {
         files,
         proxies,
+        chain: chain.as_ref().map(|(state, _)| state.clone()),
         cfg,
         mode,
         fallback,
@@ -499,10 +523,19 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         }
         Err(e) => return Err(e),
     };
-    if let Some(watch) = agent.cfg.cni_watch.clone() {
+    if let (Some(watch), Some((state, chain_metrics))) = (agent.cfg.cni_watch.clone(), chain) {
         watch
-            .spawn(agent.metrics.cni_rechained())
+            .spawn(chain_metrics, state)
             .map_err(AgentError::Runtime)?;
+        // The watcher's thread changes the readiness the gauge reports.
+        let a = Arc::clone(&agent);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                a.metrics.set_ready(a.is_ready());
+            }
+        });
     }
     if serving {
         tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
@@ -524,7 +557,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             None => crate::runtime::report::forget(&agent.cfg.paths),
         }
         agent.enter(Phase::Serving);
-        match agent.readiness().err() {
+        match agent.node_readiness().err() {
             None => info!(
                 socket = %socket_path.display(),
                 http = %agent.cfg.http,

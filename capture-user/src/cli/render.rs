@@ -212,6 +212,9 @@ pub fn render_status(status: &NodeStatus) -> String {
     if let Some(mesh) = &status.mesh_config {
         out.push_str(&render_mesh_config(mesh));
     }
+    if let Some(chain) = &status.cni_chain {
+        out.push_str(&render_cni_chain(chain));
+    }
     if let Some(trace) = status
         .trace
         .as_ref()
@@ -444,6 +447,32 @@ fn render_mesh_config(mesh: &crate::config::mesh_config::MeshConfigReport) -> St
         out.push_str(&format!(
             "  the file's present content cannot be used (since {} unix): {problem}\n",
             mesh.problem_since_unix.unwrap_or_default()
+        ));
+    }
+    out
+}
+
+fn render_cni_chain(chain: &crate::install::chain_report::ChainReport) -> String {
+    let mut out = format!("cni: capture-cni in {}: ", chain.conf_dir.display());
+    match (&chain.active, chain.chained) {
+        (Some(active), true) => out.push_str(&format!("chained in {}\n", active.display())),
+        _ => out.push_str(&format!(
+            "NOT CHAINED ({}){}: new pods start uncaptured until the reconcile captures them\n",
+            chain.problem.as_deref().unwrap_or("unknown"),
+            chain
+                .next_rechain_in_seconds
+                .map(|s| format!("; chained again in {s} s"))
+                .unwrap_or_default()
+        )),
+    }
+    if let Some(fight) = &chain.fight {
+        out.push_str(&format!(
+            "  FIGHT: {} keeps being rewritten without capture-cni (since {} unix, {} re-chainings, by {:?}): {}\n",
+            fight.file.display(),
+            fight.since_unix,
+            fight.rechains,
+            fight.neighbour,
+            fight.fix
         ));
     }
     out

@@ -3,6 +3,7 @@
 //! file's other plugins, key order and indentation; and take both out again. Both are idempotent.
 //! Beside istio-cni only when told to replace it (istio.rs).
 
+pub mod chain_report;
 pub mod istio;
 
 use std::{

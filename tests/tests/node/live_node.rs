@@ -9,6 +9,7 @@ use std::{
 
 use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, MESHED},
+    cni_neighbours::rewrite_whole,
     guards::ReadOnlyBind,
     probe::{Outcome, Who},
     topology::{capture_bin, cgroup_programs, only_pod_links, Topology, POD_CGROUP_HOOKS, POD_IP4},
@@ -91,16 +92,9 @@ fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
     None
 }
 
-/// Writes `conf` the way network plugins install their configuration: a temporary file in the
-/// same directory, renamed over the target.
-fn write_as_a_network_plugin(file: &Path, conf: &serde_json::Value) {
-    let tmp = file.with_extension("tmp-by-plugin");
-    std::fs::write(&tmp, serde_json::to_string_pretty(conf).unwrap()).unwrap();
-    std::fs::rename(&tmp, file).unwrap();
-}
-
-/// Calico, Cilium and others rewrite their CNI configuration on restart and upgrade and drop
-/// what they do not know; the agent puts capture-cni back, and only uninstall-cni takes it out.
+/// Calico and AWS VPC CNI rewrite their CNI configuration whole at each start and drop what they
+/// do not know; the agent puts capture-cni back at once, without calling it a fight, and only
+/// uninstall-cni takes it out (the node is then not ready, as istio-cni's is not unchained).
 #[test]
 fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_config() {
     // The design says within a second (four checks a second); emulated kernels get slack.
@@ -123,7 +117,7 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     own["plugins"].as_array_mut().unwrap().truncate(1);
 
     // Rewritten in place (renamed over), without capture-cni.
-    write_as_a_network_plugin(&file, &own);
+    rewrite_whole(&file, &own);
     let took = within(LIMIT, || chain(&file) == ["bridge", "capture-cni"]);
     assert!(took.is_some(), "not chained again: {:?}", chain(&file));
     eprintln!("chained again after {took:?}");
@@ -132,7 +126,7 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     let replacement = conf_dir.join("05-replacement.conflist");
     let mut other = own.clone();
     other["name"] = "replacement".into();
-    write_as_a_network_plugin(&replacement, &other);
+    rewrite_whole(&replacement, &other);
     assert!(
         within(LIMIT, || chain(&replacement) == ["bridge", "capture-cni"]).is_some(),
         "the new active configuration was not chained: {:?}",
@@ -142,6 +136,15 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     assert!(
         metrics.contains("\ncapture_cni_rechained_total 2\n"),
         "both re-chainings counted: {metrics}"
+    );
+    for line in ["\ncapture_cni_chained 1\n", "\ncapture_cni_chain_fight 0\n"] {
+        assert!(metrics.contains(line), "{line:?} in {metrics}");
+    }
+    let report = &node.status()["cni_chain"];
+    assert_eq!(report["chained"], true, "{report}");
+    assert!(
+        report["fight"].is_null(),
+        "a rewrite at a start is no fight: {report}"
     );
 
     // uninstall-cni is the way out, and the watcher respects it.
@@ -155,6 +158,60 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     );
     std::thread::sleep(Duration::from_secs(1));
     assert!(out_of_both(), "chained again after uninstall-cni");
+    let (code, why) = agent.get("/readyz").expect("/readyz");
+    assert!(
+        code == 503 && why.contains("capture-cni is not installed"),
+        "{code} {why}"
+    );
+    assert!(agent
+        .checked_metrics()
+        .contains("\ncapture_cni_chained 0\n"));
+}
+
+/// A configuration directory that changes hundreds of times a second, its active file written
+/// without capture-cni each time: the agent chains it again a few times, growing its wait, names
+/// the fight and stays healthy; it never rewrites in step with the writer.
+#[test]
+fn a_configuration_rewritten_hundreds_of_times_a_second_is_not_fought() {
+    let node = Node::new();
+    let installed = node.install_cni();
+    let conf_dir = node.conf_dir();
+    let file = conf_dir.join("10-bridge.conflist");
+    let agent = node.start_agent_with(
+        "ebpf",
+        &[
+            "--watch-cni-config",
+            "--cni-conf-dir",
+            conf_dir.to_str().unwrap(),
+            "--cni-bin-dir",
+            node.plugin_dir.to_str().unwrap(),
+        ],
+    );
+    let mut own = installed.clone();
+    own["plugins"].as_array_mut().unwrap().truncate(1);
+    let start = Instant::now();
+    let mut writes = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        rewrite_whole(&file, &own);
+        writes += 1;
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let metrics = agent.checked_metrics();
+    let rechained: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("capture_cni_rechained_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the re-chaining counter");
+    // At 0, 1 and 3 s; the next would be at 7 s.
+    assert!(
+        (1..=3).contains(&rechained),
+        "{rechained} re-chainings against {writes} rewrites in 4 s"
+    );
+    assert!(
+        metrics.contains("\ncapture_cni_chain_fight 1\n"),
+        "{metrics}"
+    );
+    assert_eq!(agent.get("/healthz").map(|(code, _)| code), Some(200));
 }
 
 /// With the agent down, DEL of a pod capture never captured succeeds at once, so the runtime can

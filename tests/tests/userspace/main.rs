@@ -7,6 +7,7 @@ mod agent_socket;
 mod alerts;
 mod bad_input;
 mod cni_defaults;
+mod cni_fight;
 mod containerd;
 mod daemonset;
 mod deploy;

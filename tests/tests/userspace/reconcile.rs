@@ -18,10 +18,10 @@ use capture_user::{netns::Netns, sockdiag::open_connections};
 use k8s_cri::v1::{NamespaceMode, PodSandboxConfig};
 use serde_json::Value;
 
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(super) const PATIENCE: Duration = Duration::from_secs(30);
 const BAD_ANNOTATION: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
 
-fn spec<'a>(name: &'a str, annotations: &'a [(&'a str, &'a str)]) -> PodSpec<'a> {
+pub(super) fn spec<'a>(name: &'a str, annotations: &'a [(&'a str, &'a str)]) -> PodSpec<'a> {
     PodSpec {
         name,
         namespace: "default",
@@ -58,7 +58,11 @@ fn uncaptured_start() -> Option<(Node, Containerd, CriPod, CriPod)> {
     Some((node, runtime, early, other))
 }
 
-fn agent_args<'a>(runtime: &'a Containerd, node_conf: &'a str, repair: &'a str) -> Vec<&'a str> {
+pub(super) fn agent_args<'a>(
+    runtime: &'a Containerd,
+    node_conf: &'a str,
+    repair: &'a str,
+) -> Vec<&'a str> {
     vec![
         "--cri-socket",
         runtime.socket().to_str().unwrap(),
@@ -71,7 +75,7 @@ fn agent_args<'a>(runtime: &'a Containerd, node_conf: &'a str, repair: &'a str) 
     ]
 }
 
-fn captured(node: &Node, pod: &CriPod) -> bool {
+pub(super) fn captured(node: &Node, pod: &CriPod) -> bool {
     node.status()["pods"].as_array().is_some_and(|pods| {
         pods.iter()
             .any(|p| p["pod"]["container_id"] == pod.id.as_str())
@@ -90,7 +94,7 @@ fn reconcile_after(node: &Node, after: u64) -> Value {
     })
 }
 
-fn wait_for_metric(agent: &Agent, line: &str) {
+pub(super) fn wait_for_metric(agent: &Agent, line: &str) {
     wait_until(PATIENCE, line, || {
         let metrics = agent.checked_metrics();
         if metrics.contains(line) {
@@ -155,7 +159,7 @@ fn hang_forever(path: &std::path::Path) -> mpsc::Receiver<()> {
 
 /// The runtime's loaded CNI configuration has capture-cni chained, or not: containerd reloads
 /// the directory a little after a change, and a pod made before that runs the old chain.
-fn wait_chain_loaded(runtime: &Containerd, chained: bool) {
+pub(super) fn wait_chain_loaded(runtime: &Containerd, chained: bool) {
     wait_until(
         PATIENCE,
         "the runtime to load the CNI configuration",
