@@ -4,7 +4,8 @@
 //! `install-cni` refuses to chain beside it unless told to replace it: then it takes istio-cni's
 //! entry out and keeps it, with its place in the chain, in a file of the configuration directory
 //! that runtimes do not read (their loaders take `.conf`, `.conflist` and `.json` only), and
-//! `uninstall-cni` puts it back where it was.
+//! `uninstall-cni` puts it back where it was. An entry with ambient on is never replaced: it
+//! serves ambient pods, which capture does not.
 //!
 //! While that file exists the node has chosen capture over istio-cni: chaining again (the
 //! agent's watcher, a later install-cni) replaces an istio-cni entry that Istio's own DaemonSet
@@ -36,6 +37,13 @@ pub struct Replaced {
 
 pub fn is_istio_cni(plugin: &Value) -> bool {
     plugin.get("type").and_then(Value::as_str) == Some(ISTIO_CNI_TYPE)
+}
+
+/// An istio-cni entry of a mesh with ambient on (`ambient_enabled`, `cni/pkg/plugin/plugin.go`'s
+/// `Config`, written by Istio's install-cni when `ambient.enabled`): it enrols ambient pods in
+/// ztunnel at ADD, which nothing else on the node does, so it cannot be replaced.
+pub fn serves_ambient(plugin: &Value) -> bool {
+    is_istio_cni(plugin) && plugin.get("ambient_enabled") == Some(&Value::Bool(true))
 }
 
 #[must_use]

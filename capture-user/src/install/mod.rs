@@ -27,6 +27,8 @@ pub enum InstallError {
     Io { path: PathBuf, source: io::Error },
     #[error("{path} chains istio-cni, which writes Istio's own rules into the pods capture would capture: remove Istio's CNI from this node, or run install-cni with --replace-istio-cni to take its place (uninstall-cni puts it back)")]
     IstioCniChained { path: PathBuf },
+    #[error("{path} chains istio-cni with ambient_enabled: it enrols ambient pods in ztunnel, which capture does not do, and it captures sidecar pods too; capture cannot replace it on this node: keep capture to nodes without ambient workloads and take istio-cni off them (docs/istio-migration.md, \"Ambient\")")]
+    IstioCniServesAmbient { path: PathBuf },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> InstallError + '_ {
@@ -140,6 +142,9 @@ pub fn chain_text(
     }
     let mut replaced = None;
     if let Some(at) = plugins.iter().position(istio::is_istio_cni) {
+        if plugins.iter().any(istio::serves_ambient) {
+            return Err(InstallError::IstioCniServesAmbient { path: path.into() });
+        }
         if !replace_istio_cni {
             return Err(InstallError::IstioCniChained { path: path.into() });
         }

@@ -416,3 +416,40 @@ fn a_kept_entry_that_does_not_parse_is_named_and_nothing_is_lost() {
         "{ half"
     );
 }
+
+#[test]
+fn an_istio_cni_that_serves_ambient_pods_is_never_replaced() {
+    let ambient = WITH_ISTIO_CNI.replace("\"ambient_enabled\": false", "\"ambient_enabled\": true");
+    let dir = ConfDir::new("ambient-istio-cni", &ambient);
+    for replace in [false, true] {
+        let e = install(&dir.opts(replace)).unwrap_err();
+        assert!(
+            matches!(e, InstallError::IstioCniServesAmbient { .. }),
+            "replace {replace}: {e}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("10-calico.conflist") && text.contains("ambient"),
+            "{text}"
+        );
+        assert_eq!(dir.config(), ambient, "nothing written");
+        assert!(!istio::saved_path(&dir.0.join("net.d")).exists());
+    }
+    // A node that replaced a sidecar-only istio-cni, whose Istio DaemonSet then writes back an
+    // entry with ambient on (ambient turned on in the mesh): chaining again refuses rather than
+    // take ambient's enrolment away from the node's pods.
+    let dir = ConfDir::new("ambient-later", WITH_ISTIO_CNI);
+    install(&dir.opts(true)).unwrap();
+    let mut rewritten = json(&dir.config());
+    rewritten["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(json(r#"{"type": "istio-cni", "ambient_enabled": true}"#));
+    let text = serde_json::to_string_pretty(&rewritten).unwrap();
+    fs::write(dir.0.join("net.d/10-calico.conflist"), &text).unwrap();
+    assert!(matches!(
+        chain(&dir.opts(false)),
+        Err(InstallError::IstioCniServesAmbient { .. })
+    ));
+    assert_eq!(dir.config(), text);
+}

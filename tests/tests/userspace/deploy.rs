@@ -102,3 +102,84 @@ fn the_daemonset_mounts_what_the_agent_needs() {
         assert!(yaml.contains(needle), "capture.yaml lacks {needle:?}");
     }
 }
+
+/// Istio's untaint controller (istio/istio `pilot/pkg/controllers/untaint/nodeuntainter.go`)
+/// removes `cni.istio.io/not-ready` from a node once a pod of its CNI namespace (`taint.namespace`,
+/// by default istiod's, istio-system) whose labels include `k8s-app: istio-cni-node` has its Ready
+/// condition true there. The agent's pod is that pod: in istio-system, labelled so, tolerating
+/// the taint, and Ready by a probe of `/readyz`, which says ready only once the agent serves ADD
+/// and capture-cni is chained (`node/live_node.rs`, `userspace/cni_fight.rs`). Its DaemonSet's
+/// selector must not match istio-cni's own pods (labelled `k8s-app: istio-cni-node`,
+/// `app.kubernetes.io/name: istio-cni` by Istio's chart).
+#[test]
+fn the_node_agent_counts_as_istio_cni_for_istios_untaint_controller() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let ds = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("the DaemonSet");
+    // nodeuntainter.go: `ns := cniNs; if ns == "" { ns = sysNs }`, `istioCniLabels`.
+    assert_eq!(ds["metadata"]["namespace"], "istio-system");
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(labels["k8s-app"], "istio-cni-node", "{labels}");
+
+    let selector = ds["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels");
+    let istio_cni_pod = serde_json::json!({
+        "k8s-app": "istio-cni-node",
+        "app.kubernetes.io/name": "istio-cni",
+    });
+    assert!(
+        selector.iter().any(|(k, v)| istio_cni_pod[k] != *v),
+        "the selector {selector:?} would adopt istio-cni's pods"
+    );
+    for (k, v) in selector {
+        assert_eq!(&labels[k], v, "the template carries the selector's labels");
+    }
+
+    let spec = &ds["spec"]["template"]["spec"];
+    let tolerates_not_ready = spec["tolerations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| {
+            let key = t["key"].as_str();
+            t["operator"] == "Exists"
+                && (key.is_none() || key == Some("cni.istio.io/not-ready"))
+                && t["effect"].as_str().is_none_or(|e| e == "NoSchedule")
+        });
+    assert!(tolerates_not_ready, "{}", spec["tolerations"]);
+
+    let agent = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "agent")
+        .expect("the agent container");
+    let probe = &agent["readinessProbe"]["httpGet"];
+    assert_eq!(probe["path"], "/readyz", "{agent}");
+    let http = agent["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix("--http="))
+        .expect("--http");
+    assert_eq!(
+        http,
+        format!("{}:{}", probe["host"].as_str().unwrap(), probe["port"]),
+        "the probe asks the agent's own /readyz"
+    );
+    assert!(
+        agent["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--watch-cni-config"),
+        "readiness follows capture-cni's chain only with --watch-cni-config"
+    );
+}
