@@ -26,6 +26,7 @@ pub mod nftables;
 pub mod ops;
 pub mod paths;
 pub mod probe;
+pub mod proxy_settings;
 pub mod record;
 pub mod runtime;
 pub mod sockdiag;

@@ -185,6 +185,8 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
         release_failed: None,
         iptables: None,
         settings,
+        proxy_container: None,
+        proxy_settings_refused: None,
     };
     let adopt = crate::istio_rules::decide(
         &req.netns,
@@ -514,8 +516,11 @@ pub struct NodeStatus {
     pub pending_handoffs: usize,
     /// Pods Istio injected that capture leaves alone (an istio-init pod, a gateway, ...).
     pub left_alone: Vec<crate::left_alone::LeftAlone>,
-    /// The mesh configuration the agent reads, if it reads one.
+    /// The mesh configuration the agent reads, if it reads one (the default revision's).
     pub mesh_config: Option<crate::config::mesh_config::MeshConfigReport>,
+    /// Every revision's, where `--mesh-config` is a directory.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mesh_configs: Vec<crate::config::mesh_config::MeshConfigReport>,
     /// capture-cni in the node's CNI configuration, where the agent keeps it chained.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cni_chain: Option<crate::install::chain_report::ChainReport>,
@@ -565,6 +570,10 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         mesh_config: std::fs::read(paths.mesh_config_report_path())
             .ok()
             .and_then(|data| serde_json::from_slice(&data).ok()),
+        mesh_configs: std::fs::read(paths.mesh_configs_report_path())
+            .ok()
+            .and_then(|data| serde_json::from_slice(&data).ok())
+            .unwrap_or_default(),
         cni_chain: crate::install::chain_report::load(paths),
         trace: crate::trace::node_trace(paths),
         runtime: None,

@@ -93,6 +93,12 @@ impl Paths {
         self.state_dir.join("mesh-config.json")
     }
 
+    /// Every revision's mesh configuration, where `--mesh-config` is a directory.
+    #[must_use]
+    pub fn mesh_configs_report_path(&self) -> PathBuf {
+        self.state_dir.join("mesh-configs.json")
+    }
+
     /// capture-cni's place in the node's CNI configuration as the agent's watcher last saw it
     /// (see `agent::cni_fight`).
     #[must_use]

@@ -78,6 +78,14 @@ pub struct PodRecord {
     /// from; empty in records from builds before they were kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub settings: Vec<crate::config::Setting>,
+    /// The pod's proxy container as the runtime created it, once the agent learned it; the
+    /// pod's settings were brought to it (`proxy_settings`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_container: Option<crate::config::ProxyContainerConfig>,
+    /// Why the proxy container's settings were not applied (a variable that is no boolean): the
+    /// pod keeps what ADD set up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_settings_refused: Option<String>,
 }
 
 impl PodRecord {

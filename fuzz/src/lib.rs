@@ -176,6 +176,10 @@ pub fn check_error(spec: &PodSpec, error: &ConfigError) {
             spec.mesh_config.is_some() && !reason.is_empty(),
             "a mesh configuration's error for a pod without one: {shown}"
         ),
+        ConfigError::ProxyContainer(reason) => assert!(
+            spec.proxy_container.is_some() && !reason.is_empty(),
+            "a proxy container's error for a pod without one: {shown}"
+        ),
     }
 }
 

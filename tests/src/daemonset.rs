@@ -92,11 +92,13 @@ pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAge
         .into_iter()
         .flatten()
         .filter_map(|v| {
-            let source = match v["configMap"]["name"].as_str() {
-                Some(config_map) => config_maps.join(config_map).display().to_string(),
-                None => v["hostPath"]["path"].as_str()?.to_string(),
+            let name = v["name"].as_str()?;
+            let source = match (v["configMap"]["name"].as_str(), &v["projected"]) {
+                (Some(config_map), _) => config_maps.join(config_map).display().to_string(),
+                (None, Value::Object(_)) => project(name, &v["projected"], config_maps),
+                (None, _) => v["hostPath"]["path"].as_str()?.to_string(),
             };
-            Some((v["name"].as_str()?.to_string(), source))
+            Some((name.to_string(), source))
         })
         .collect();
     let containers = |key: &str| -> Vec<ContainerSpec> {
@@ -113,6 +115,41 @@ pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAge
         init_containers: containers("initContainers"),
         containers: containers("containers"),
     }
+}
+
+/// A projected volume as kubelet makes it: each ConfigMap source's items (or every key) copied
+/// from `config_maps/NAME` under their paths, optional sources that are absent left out; the
+/// directory made.
+fn project(volume: &str, projected: &Value, config_maps: &Path) -> String {
+    let dir = config_maps.join(format!("{volume}.projected"));
+    std::fs::create_dir_all(&dir).expect("the projected volume's directory");
+    for source in projected["sources"].as_array().into_iter().flatten() {
+        let Some(config_map) = source["configMap"]["name"].as_str() else {
+            continue;
+        };
+        let from = config_maps.join(config_map);
+        let items: Vec<(String, String)> = match source["configMap"]["items"].as_array() {
+            Some(items) => items
+                .iter()
+                .filter_map(|i| Some((i["key"].as_str()?.into(), i["path"].as_str()?.into())))
+                .collect(),
+            None => std::fs::read_dir(&from)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| {
+                    let key = e.file_name().to_string_lossy().into_owned();
+                    (key.clone(), key)
+                })
+                .collect(),
+        };
+        for (key, path) in items {
+            if let Ok(data) = std::fs::read(from.join(&key)) {
+                std::fs::write(dir.join(path), data).expect("a projected key");
+            }
+        }
+    }
+    dir.display().to_string()
 }
 
 fn strings(v: &Value) -> Vec<String> {

@@ -61,6 +61,12 @@ pub struct Metrics {
     runtime_reachable: Gauge,
     repairs: Family<RepairLabels, Counter>,
     left_open: Counter,
+    proxy_settings: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 impl Metrics {
@@ -138,6 +144,12 @@ impl Metrics {
             left_open.clone(),
         );
         registry.register_collector(Box::new(NodeCollector::new(read_node)));
+        let proxy_settings = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "capture_proxy_settings",
+            "Proxy containers learned from the runtime and what their settings did to the pod's capture: unchanged, applied, refused (a setting that cannot be read) or failed",
+            proxy_settings.clone(),
+        );
         Self {
             registry,
             ready,
@@ -148,6 +160,7 @@ impl Metrics {
             runtime_reachable,
             repairs,
             left_open,
+            proxy_settings,
         }
     }
 
@@ -173,6 +186,12 @@ impl Metrics {
             result: if ok { "ok" } else { "failed" },
         };
         self.repairs.get_or_create(&labels).inc();
+    }
+
+    pub fn count_proxy_settings(&self, result: &'static str) {
+        self.proxy_settings
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     pub fn count_left_open(&self, connections: usize) {

@@ -5,6 +5,7 @@
 //! Stopping the agent (or killing it) never releases a pod: capture lives in pinned kernel objects
 //! and netns rules, not in this process.
 
+mod background;
 mod cni_fight;
 mod cni_watch;
 mod http;
@@ -16,6 +17,7 @@ mod node_metrics;
 mod options;
 mod policy_watch;
 mod prepare;
+mod proxy_learned;
 mod proxy_watch;
 mod reconcile;
 mod socket;
@@ -45,7 +47,6 @@ use crate::{
     cni::selection::{sidecar_status, Status},
     config::PodSpec,
     ops::{self, AttachRequest, PodSelector},
-    paths::Paths,
     probe,
     record::Mode,
 };
@@ -123,11 +124,10 @@ impl Agent {
         self.metrics.set_ready(self.is_ready());
     }
 
-    /// Reads the mesh configuration again if it changed (and the readiness that follows).
-    fn refresh_mesh(&self) -> Option<crate::config::MeshConfig> {
-        let mesh = self.files.refresh_mesh();
+    /// Reads the mesh configurations again where they changed (and the readiness that follows).
+    fn refresh_mesh(&self) {
+        self.files.refresh_mesh();
         self.metrics.set_ready(self.is_ready());
-        mesh
     }
 
     /// Reads the annotation policy again if it changed (and the readiness that follows).
@@ -177,11 +177,22 @@ impl Agent {
     /// CNI ADD, or (`in_place`) the reconcile's capture of a pod that already runs.
     fn add(&self, pod: PodRequest, in_place: bool) -> Response {
         // Before the readiness check: a file fixed since the last poll serves this pod already.
-        let mesh_config = self.refresh_mesh();
+        let revision = crate::config::Revision::of_pod(&pod.annotations);
+        let mesh = self.files.mesh_for(&revision);
+        self.metrics.set_ready(self.is_ready());
         let policy = self.refresh_policy();
         if let Err(why) = self.readiness() {
             return Response::failed(FailureKind::NotReady, format!("{why}; retry"));
         }
+        let (mesh_config, mesh_source) = match mesh {
+            Ok(Some((mesh, source))) => (Some(mesh), Some(source)),
+            Ok(None) => (None, None),
+            // This revision's pods wait for their mesh configuration; the others are served.
+            Err(why) => {
+                warn!(namespace = %pod.pod.namespace, pod = %pod.pod.name, %revision, %why, "refused");
+                return Response::failed(FailureKind::NotReady, format!("{why}; retry"));
+            }
+        };
         let start = Instant::now();
         let container_id = pod.pod.container_id.clone();
         if let Status::Unreadable(why) = sidecar_status(&pod.annotations) {
@@ -210,6 +221,8 @@ impl Agent {
                 proxy_gids: self.cfg.proxy_gids.clone(),
                 mesh: self.cfg.mesh.clone(),
                 mesh_config,
+                mesh_source,
+                proxy_container: None,
                 // Only capture-cni asks the agent to attach.
                 defaults: crate::config::Defaults::IstioCni,
             },
@@ -353,71 +366,6 @@ impl Agent {
     }
 }
 
-/// How often the agent tries again the releases that failed (a link pin that could not be
-/// removed, say) and releases what attaches that died half-way left (and the scratch cgroups of
-/// probes whose process died): the runtime retries its DEL too, but a pod deleted by hand, or
-/// whose netns is gone, has no one else.
-const RELEASE_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-
-async fn retry_failed_releases(paths: Paths) {
-    let mut tick = tokio::time::interval(RELEASE_RETRY);
-    loop {
-        tick.tick().await;
-        let p = paths.clone();
-        let Ok(tried) = tokio::task::spawn_blocking(move || ops::retry_failed_releases(&p)).await
-        else {
-            continue;
-        };
-        let p = paths.clone();
-        let abandoned = tokio::task::spawn_blocking(move || {
-            crate::cgroup::remove_stale_scratch();
-            // Reports of pods whose DEL never came (the agent was down and the runtime sends no
-            // GC): their sandbox, and with it their netns, is gone.
-            crate::left_alone::retain(&p, crate::left_alone::netns_exists);
-            // A `capture trace` killed outright leaves its lease (expired within seconds).
-            crate::trace::sweep(&p);
-            ops::release_abandoned_attaches(&p)
-        });
-        match abandoned.await {
-            Ok(Ok(cookies)) if !cookies.is_empty() => {
-                warn!(netns_cookies = ?cookies, "released what attaches that died half-way left");
-            }
-            Ok(Err(e)) => warn!(error = %e, "releasing abandoned attaches"),
-            _ => {}
-        }
-        match tried {
-            Ok(tried) => {
-                for (record, result) in tried {
-                    match result {
-                        Ok(()) => {
-                            info!(netns = %record.netns.display(), "released after an earlier failure");
-                        }
-                        Err(e) => {
-                            warn!(netns = %record.netns.display(), error = %e, "release failed again");
-                        }
-                    }
-                }
-            }
-            Err(e) => warn!(error = %e, "retrying failed releases"),
-        }
-    }
-}
-
-/// Reads the mesh configuration and the annotation policy again every [`mesh_watch::POLL`], so
-/// that readiness follows a fixed file without waiting for an ADD.
-async fn poll_node_files(agent: Arc<Agent>) {
-    let mut tick = tokio::time::interval(mesh_watch::POLL);
-    loop {
-        tick.tick().await;
-        let a = Arc::clone(&agent);
-        let _ = tokio::task::spawn_blocking(move || {
-            a.refresh_mesh();
-            a.refresh_policy();
-        })
-        .await;
-    }
-}
-
 async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, AgentError> {
     TcpListener::bind(addr)
         .await
@@ -474,10 +422,16 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     });
     // Small files: read before anything else, so that readiness tells a bad one from the start.
     let files = node_files::NodeFiles::open(&cfg);
-    let proxies = match proxy_watch::ProxyWatch::start(cfg.paths.clone(), &cfg.cri_socket) {
+    let (learned, learned_rx) = std::sync::mpsc::channel();
+    let proxies = match proxy_watch::ProxyWatch::start(
+        cfg.paths.clone(),
+        &cfg.cri_socket,
+        cfg.mesh.proxy_identity.container.clone(),
+        learned,
+    ) {
         Ok(watch) => Some(watch),
         Err(e) => {
-            error!(error = %e, "cannot watch pod cgroups for proxy containers: pods under proxy identity by container keep their proxy's connections refused");
+            error!(error = %e, "cannot watch pod cgroups for proxy containers: pods keep the settings ADD gave them, and those under proxy identity by container keep their proxy's connections refused");
             None
         }
     };
@@ -500,6 +454,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         phase: Mutex::new(Phase::Starting),
         metrics,
     });
+    proxy_learned::spawn(Arc::clone(&agent), learned_rx).map_err(AgentError::Runtime)?;
     // Served from now on, so that /healthz answers and /readyz says "not ready" while the
     // programs load.
     tokio::spawn(http::serve(Arc::clone(&agent), http, http::Endpoints::All));
@@ -538,7 +493,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         });
     }
     if serving {
-        tokio::spawn(retry_failed_releases(agent.cfg.paths.clone()));
+        tokio::spawn(background::retry_failed_releases(agent.cfg.paths.clone()));
         if let Some(proxies) = agent.proxies.clone() {
             let paths = agent.cfg.paths.clone();
             tokio::task::spawn_blocking(move || {
@@ -548,7 +503,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             });
         }
         if agent.files.any() {
-            tokio::spawn(poll_node_files(Arc::clone(&agent)));
+            tokio::spawn(background::poll_node_files(Arc::clone(&agent)));
         }
         match agent.cfg.reconcile.clone() {
             Some(cfg) => {

@@ -3,7 +3,7 @@
 //! content; one that has none (unusable since the agent started) keeps the agent unready.
 
 use super::{mesh_watch::MeshWatch, policy_watch::PolicyWatch, AgentConfig};
-use crate::config::{policy::Policy, MeshConfig};
+use crate::config::{policy::Policy, MeshConfig, Revision};
 
 pub struct NodeFiles {
     mesh: Option<MeshWatch>,
@@ -14,10 +14,11 @@ impl NodeFiles {
     /// The files `cfg` names, each read once.
     pub fn open(cfg: &AgentConfig) -> Self {
         let mesh = if let Some(path) = &cfg.mesh_config {
-            Some(MeshWatch::new(path.clone(), &cfg.paths))
+            Some(MeshWatch::new(path, &cfg.paths))
         } else {
             // A report of an earlier agent's file would say a configuration is in use.
             let _ = std::fs::remove_file(cfg.paths.mesh_config_report_path());
+            let _ = std::fs::remove_file(cfg.paths.mesh_configs_report_path());
             None
         };
         let policy = cfg.annotation_policy.clone().map(PolicyWatch::new);
@@ -32,9 +33,23 @@ impl NodeFiles {
         self.mesh.is_some() || self.policy.is_some()
     }
 
-    /// Reads the mesh configuration again if it changed; the one new pods get.
-    pub fn refresh_mesh(&self) -> Option<MeshConfig> {
-        self.mesh.as_ref()?.refresh()
+    /// Reads every mesh configuration again where it changed.
+    pub fn refresh_mesh(&self) {
+        if let Some(mesh) = &self.mesh {
+            mesh.refresh_all();
+        }
+    }
+
+    /// The mesh configuration new pods of `revision` get (read again if it changed) and its
+    /// ConfigMap's name; none without `--mesh-config`.
+    ///
+    /// # Errors
+    /// The revision has none, or none that could ever be used.
+    pub fn mesh_for(&self, revision: &Revision) -> Result<Option<(MeshConfig, String)>, String> {
+        self.mesh
+            .as_ref()
+            .map(|mesh| mesh.for_revision(revision))
+            .transpose()
     }
 
     /// Reads the annotation policy again if it changed; the one new pods are held to.

@@ -1,9 +1,11 @@
-//! Learns each pod's proxy container, under proxy identity by container. The runtime makes a
-//! container's cgroup below the pod's when it creates the container's task (runc create), before
-//! the container's process runs; the agent watches the pod's cgroup directory (inotify), asks
-//! the runtime over CRI which container a new directory belongs to, and when it is the proxy,
-//! writes its cgroup to the pod's kernel config. A restarted proxy is a new container with a new
-//! cgroup: it is learned the same way, and the old cgroup exempts nothing any more.
+//! Learns each injected pod's proxy container. The runtime makes a container's cgroup below the
+//! pod's when it creates the container's task (runc create), before the container's process
+//! runs; the agent watches the pod's cgroup directory (inotify), asks the runtime over CRI which
+//! container a new directory belongs to and what it was created with, and when it is the proxy:
+//! under proxy identity by container, writes its cgroup to the pod's kernel config; for every
+//! injected pod, hands its environment and ids to the agent, which brings the pod's capture to
+//! them (`proxy_settings`). A restarted proxy is a new container with a new cgroup: it is
+//! learned the same way, and the old cgroup exempts nothing any more.
 //!
 //! Works alike for every CRI runtime (containerd, CRI-O) and cgroup driver (cgroupfs, systemd):
 //! the directory's name carries the container id. Should the proxy's process run before the
@@ -15,7 +17,7 @@ use std::{
     ffi::OsStr,
     io,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{mpsc::Sender, Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -26,7 +28,8 @@ use nix::{
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    config::ProxyContainer,
+    cni::selection::{sidecar_status, Status},
+    config::{ProxyContainer, ProxyContainerConfig},
     identity::Naming,
     paths::Paths,
     record::{PodRecord, PodSelector},
@@ -39,6 +42,20 @@ pub struct ProxyWatch {
     runtime: tokio::runtime::Handle,
     inotify: Inotify,
     watched: Mutex<HashMap<WatchDescriptor, Watched>>,
+    /// The proxy container's name in pods not under proxy identity by container.
+    proxy_container: String,
+    /// Where each proxy container learned goes (the agent, which applies its settings).
+    learned: Mutex<Sender<Learned>>,
+}
+
+/// A pod's proxy container, as the runtime created it.
+#[derive(Clone, Debug)]
+pub struct Learned {
+    /// The sandbox id its pod's record is found by.
+    pub sandbox: String,
+    pub config: ProxyContainerConfig,
+    /// When its cgroup appeared (or was found), for the time it took to apply.
+    pub seen: Instant,
 }
 
 /// A pod whose proxy container is looked for.
@@ -50,6 +67,8 @@ struct Watched {
     cgroup: PathBuf,
     /// The proxy container's name in the pod spec.
     container: String,
+    /// Under proxy identity by container: its cgroup is written to the pod's kernel config.
+    by_container: bool,
 }
 
 /// The container id a cgroup directory's name carries: `<id>` (cgroupfs), `cri-containerd-<id>.scope`,
@@ -69,7 +88,12 @@ impl ProxyWatch {
     ///
     /// # Errors
     /// No inotify instance, or no thread.
-    pub fn start(paths: Paths, cri_socket: &Path) -> io::Result<Arc<Self>> {
+    pub fn start(
+        paths: Paths,
+        cri_socket: &Path,
+        proxy_container: String,
+        learned: Sender<Learned>,
+    ) -> io::Result<Arc<Self>> {
         let cri = Cri::new(cri_socket, CALL_TIMEOUT).map_err(io::Error::other)?;
         let watch = Arc::new(Self {
             paths,
@@ -77,6 +101,8 @@ impl ProxyWatch {
             runtime: tokio::runtime::Handle::current(),
             inotify: Inotify::init(InitFlags::IN_CLOEXEC)?,
             watched: Mutex::new(HashMap::new()),
+            proxy_container,
+            learned: Mutex::new(learned),
         });
         let reader = Arc::clone(&watch);
         std::thread::Builder::new()
@@ -86,19 +112,27 @@ impl ProxyWatch {
     }
 
     /// Watches a captured pod's cgroup for its containers, and looks at those it has already (a
-    /// pod captured in place, an agent restarted).
+    /// pod captured in place, an agent restarted): a pod the runtime set up through capture-cni
+    /// whose sidecar the injector added, or one under proxy identity by container.
     pub fn watch(&self, record: &PodRecord) {
-        let (Some(identity), Some(pod)) = (&record.config.proxy_identity, &record.pod) else {
+        let Some(pod) = &record.pod else {
             return;
         };
-        if identity.proxy == ProxyContainer::None {
+        let identity = record
+            .config
+            .proxy_identity
+            .as_ref()
+            .filter(|i| i.proxy != ProxyContainer::None);
+        if identity.is_none() && sidecar_status(&record.annotations) == Status::Absent {
             return;
         }
         let watched = Watched {
             sandbox: pod.container_id.clone(),
             pod_uid: pod.uid.clone(),
             cgroup: record.cgroup.clone(),
-            container: identity.container.clone(),
+            container: identity
+                .map_or_else(|| self.proxy_container.clone(), |i| i.container.clone()),
+            by_container: identity.is_some(),
         };
         let flags = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_ONLYDIR;
         match self.inotify.add_watch(&record.cgroup, flags) {
@@ -166,7 +200,7 @@ impl ProxyWatch {
         let Some(id) = dir.to_str().and_then(container_id_of) else {
             return;
         };
-        let container = match self.runtime.block_on(self.cri.container(id)) {
+        let container = match self.runtime.block_on(self.cri.container(id, true)) {
             Ok(Some(c)) => c,
             Ok(None) => {
                 debug!(
@@ -189,6 +223,24 @@ impl ProxyWatch {
         {
             return;
         }
+        if watched.by_container {
+            self.name_proxy_cgroup(watched, dir, id, start);
+        }
+        if let Some(config) = container.config {
+            let learned = Learned {
+                sandbox: watched.sandbox.clone(),
+                config,
+                seen: start,
+            };
+            let _ = self
+                .learned
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .send(learned);
+        }
+    }
+
+    fn name_proxy_cgroup(&self, watched: &Watched, dir: &OsStr, id: &str, start: Instant) {
         let which = PodSelector::ContainerId(watched.sandbox.clone());
         let naming = Naming::Cgroup {
             path: watched.cgroup.join(dir),

@@ -364,11 +364,13 @@ fn parse_duration(arg: &str) -> Result<std::time::Duration, String> {
 /// annotations (a pod's `proxy.istio.io/config` still turns DNS capture on or off).
 #[derive(Debug, Default, clap::Args)]
 pub struct MeshArgs {
-    /// Istio's mesh configuration (the `istio` ConfigMap's `mesh` key, mounted as a file): its
-    /// defaultConfig's interception mode, `ISTIO_META_DNS_CAPTURE` and `INVALID_DROP` apply to pods
-    /// that do not set their own, over the flags below. The agent reads it again when it
-    /// changes, for the pods created afterwards.
-    #[arg(long, value_name = "FILE")]
+    /// Istio's mesh configurations: a directory with one file per control-plane revision, named
+    /// as its ConfigMap (`istio`, `istio-<revision>`; the `mesh` key, or the whole ConfigMap),
+    /// each pod reading its revision's; or one file for every pod. The defaultConfig's
+    /// interception mode, `ISTIO_META_DNS_CAPTURE` and `INVALID_DROP` apply to pods that do not
+    /// set their own, over the flags below, until the pod's proxy container says. The agent
+    /// reads them again when they change, for the pods created afterwards.
+    #[arg(long, value_name = "FILE|DIR")]
     pub mesh_config: Option<PathBuf>,
     /// Capture DNS (`ISTIO_META_DNS_CAPTURE`) for pods that do not say otherwise.
     #[arg(long)]

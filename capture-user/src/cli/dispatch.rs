@@ -60,22 +60,31 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 }
             };
             let (mesh, mesh_config) = mesh.into_parts();
-            let mesh_config = match mesh_config {
+            let annotations: std::collections::BTreeMap<String, String> =
+                annotations.into_iter().collect();
+            let (mesh_config, mesh_source) = match mesh_config {
                 Some(path) => {
-                    Some(crate::config::mesh_config::read(&path).map_err(anyhow::Error::msg)?)
+                    let (mesh, source) = crate::config::mesh_config::read_for(
+                        &crate::config::mesh_config::MeshLayout::of(&path),
+                        &crate::config::Revision::of_pod(&annotations),
+                    )
+                    .map_err(anyhow::Error::msg)?;
+                    (Some(mesh), Some(source))
                 }
-                None => None,
+                None => (None, None),
             };
             let req = AttachRequest {
                 netns,
                 cgroup,
                 spec: PodSpec {
                     pod_ips,
-                    annotations: annotations.into_iter().collect(),
+                    annotations,
                     proxy_uids: proxy_uid.unwrap_or_default().0,
                     proxy_gids: proxy_gid.unwrap_or_default().0,
                     mesh,
                     mesh_config,
+                    mesh_source,
+                    proxy_container: None,
                     defaults: defaults.into(),
                 },
                 mode: node_mode,

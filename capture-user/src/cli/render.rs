@@ -209,7 +209,12 @@ pub fn render_status(status: &NodeStatus) -> String {
         status.pods.len(),
         status.node_errors
     );
-    if let Some(mesh) = &status.mesh_config {
+    if status.mesh_configs.is_empty() {
+        if let Some(mesh) = &status.mesh_config {
+            out.push_str(&render_mesh_config(mesh));
+        }
+    }
+    for mesh in &status.mesh_configs {
         out.push_str(&render_mesh_config(mesh));
     }
     if let Some(chain) = &status.cni_chain {
@@ -289,6 +294,18 @@ pub fn render_status(status: &NodeStatus) -> String {
         if !r.settings.is_empty() {
             let settings: Vec<String> = r.settings.iter().map(render_setting).collect();
             let _ = writeln!(out, "  settings: {}", settings.join("; "));
+        }
+        if let Some(proxy) = &r.proxy_container {
+            let refused = r
+                .proxy_settings_refused
+                .as_ref()
+                .map(|why| format!("; its settings REFUSED, ADD's kept: {why}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  proxy container {} ({}){refused}",
+                proxy.name, proxy.container_id
+            );
         }
         if let Some(c) = &pod.counters {
             let _ = writeln!(
@@ -429,14 +446,19 @@ fn render_setting(s: &crate::config::Setting) -> String {
 }
 
 fn render_mesh_config(mesh: &crate::config::mesh_config::MeshConfigReport) -> String {
-    let mut out = format!("mesh configuration {}: ", mesh.path.display());
+    let revision = mesh
+        .revision
+        .as_ref()
+        .map(|r| format!(" (revision {r})"))
+        .unwrap_or_default();
+    let mut out = format!("mesh configuration {}{revision}: ", mesh.path.display());
     match (&mesh.in_use, mesh.loaded_at_unix) {
         (Some(m), Some(at)) => out.push_str(&format!(
             "in use for new pods since {at} (unix): interceptionMode {}, proxyMetadata {:?}\n",
             m.interception_mode.as_deref().unwrap_or("unset"),
             m.proxy_metadata
         )),
-        _ => out.push_str("NONE IN USE: the agent is not ready\n"),
+        _ => out.push_str("NONE IN USE: its pods are refused\n"),
     }
     if let Some(m) = &mesh.in_use {
         for w in &m.warnings {

@@ -12,9 +12,14 @@
 //! (`mesh.MergeProxyConfig` in `pkg/config/mesh/mesh.go`: its fields replace the mesh's, and
 //! proxyMetadata is merged key by key).
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
+
+use super::Revision;
 
 /// The proxy metadata keys capture reads (the proxy's environment).
 pub const DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
@@ -151,7 +156,7 @@ fn kind(value: &serde_yaml_ng::Value) -> &'static str {
 }
 
 /// Reads and parses a mesh configuration file; the error names the file.
-pub fn read(path: &std::path::Path) -> Result<MeshConfig, String> {
+pub fn read(path: &Path) -> Result<MeshConfig, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "mesh configuration {}: {e} (mount the istio ConfigMap's mesh key there, or drop --mesh-config)",
@@ -161,11 +166,118 @@ pub fn read(path: &std::path::Path) -> Result<MeshConfig, String> {
     MeshConfig::parse(&text).map_err(|e| format!("mesh configuration {}: {e}", path.display()))
 }
 
-/// The agent's mesh configuration as `capture status` shows it (`<state_dir>/mesh-config.json`).
+/// How `--mesh-config` names the mesh configurations: one file for every pod, or a directory of
+/// one file per control-plane revision, each named as its ConfigMap (`istio`, `istio-<rev>`;
+/// the `mesh` key of each, or the whole ConfigMap).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MeshLayout {
+    /// One file, whatever the pod's revision (the layout before revisions were told apart).
+    File(PathBuf),
+    Dir(PathBuf),
+}
+
+/// A directory's file for the default revision besides `istio`: the `istio` ConfigMap mounted
+/// whole names its key `mesh`.
+pub const MESH_KEY: &str = "mesh";
+
+impl MeshLayout {
+    #[must_use]
+    pub fn of(path: &Path) -> Self {
+        if path.is_dir() {
+            Self::Dir(path.to_path_buf())
+        } else {
+            Self::File(path.to_path_buf())
+        }
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::File(p) | Self::Dir(p) => p,
+        }
+    }
+
+    /// The file that holds `revision`'s mesh configuration, and the name `capture status` gives
+    /// it (its ConfigMap's); the error says which ConfigMap is missing and where.
+    ///
+    /// # Errors
+    /// A directory without the revision's file.
+    pub fn file_for(&self, revision: &Revision) -> Result<(PathBuf, String), String> {
+        match self {
+            Self::File(path) => Ok((path.clone(), path.display().to_string())),
+            Self::Dir(dir) => {
+                let config_map = revision.config_map();
+                let mut names = vec![config_map.clone()];
+                if revision.is_default() {
+                    names.push(MESH_KEY.to_string());
+                }
+                names
+                    .iter()
+                    .map(|n| dir.join(n))
+                    .find(|p| p.is_file())
+                    .map(|p| (p, config_map.clone()))
+                    .ok_or_else(|| missing_revision(revision, dir))
+            }
+        }
+    }
+
+    /// Every revision's file of a directory (the one file, as the default revision's).
+    #[must_use]
+    pub fn files(&self) -> Vec<(Revision, PathBuf)> {
+        match self {
+            Self::File(path) => vec![(Revision::default_revision(), path.clone())],
+            Self::Dir(dir) => {
+                let mut files: Vec<(Revision, PathBuf)> = std::fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.path().is_file())
+                    .filter_map(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        let revision = Revision::of_config_map(&name)?;
+                        Some((revision, e.path()))
+                    })
+                    .collect();
+                if !files.iter().any(|(r, _)| r.is_default()) && dir.join(MESH_KEY).is_file() {
+                    files.push((Revision::default_revision(), dir.join(MESH_KEY)));
+                }
+                files.sort();
+                files
+            }
+        }
+    }
+}
+
+/// Why a pod of `revision` cannot be set up: its ConfigMap is not mounted in `dir`.
+#[must_use]
+pub fn missing_revision(revision: &Revision, dir: &Path) -> String {
+    format!(
+        "no mesh configuration for Istio revision {revision}: the ConfigMap {} (istio-system) is not in {}; add it to the istio-mesh volume's sources (docs/mesh-configuration.md)",
+        revision.config_map(),
+        dir.display()
+    )
+}
+
+/// Reads the mesh configuration of `revision` under `--mesh-config` (the CLI's single read; the
+/// agent keeps each file's last good content, `agent::mesh_watch`); the error names the file or
+/// the missing ConfigMap.
+///
+/// # Errors
+/// The file is missing, unreadable or refused.
+pub fn read_for(layout: &MeshLayout, revision: &Revision) -> Result<(MeshConfig, String), String> {
+    let (path, name) = layout.file_for(revision)?;
+    read(&path).map(|mesh| (mesh, name))
+}
+
+/// The agent's mesh configuration as `capture status` shows it (`<state_dir>/mesh-config.json`,
+/// and one per revision in `mesh-configs.json`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeshConfigReport {
-    /// The file the agent reads (`--mesh-config`).
-    pub path: std::path::PathBuf,
+    /// The file the agent reads (`--mesh-config`, or its revision's file in the directory).
+    pub path: PathBuf,
+    /// The revision it is for (`default`), where `--mesh-config` is a directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
     /// What new pods are set up with, and when it was read.
     pub in_use: Option<MeshConfig>,
     pub loaded_at_unix: Option<u64>,

@@ -12,21 +12,25 @@ pub mod mesh_config;
 mod owner_groups;
 pub mod policy;
 mod proxy_config;
+pub mod proxy_container;
 pub mod proxy_identity;
+pub mod revision;
 pub mod settings;
 pub(crate) mod values;
 
 pub use self::{
     mesh_config::MeshConfig,
+    proxy_container::ProxyContainerConfig,
     proxy_identity::{ContainerIdentity, IdentityDefaults, ProxyContainer, ProxyIdentityMode},
+    revision::Revision,
     settings::Setting,
 };
 
 use self::{
     owner_groups::owner_groups,
     values::{
-        bad, host_loopback_cidr, parse_cidr_selection, parse_cidrs, parse_ids, parse_interfaces,
-        parse_port, parse_port_selection, parse_ports,
+        bad, host_loopback_cidr, parse_cidr_selection, parse_cidrs, parse_interfaces, parse_port,
+        parse_port_selection, parse_ports,
     },
 };
 
@@ -86,6 +90,9 @@ pub enum ConfigError {
     OwnerGroups { value: String, reason: String },
     #[error("the mesh configuration's {0}")]
     Mesh(String),
+    /// A setting of the pod's proxy container (its environment, its security context).
+    #[error("the pod's proxy container: {0}")]
+    ProxyContainer(String),
 }
 
 /// `*` or an explicit list.
@@ -261,6 +268,11 @@ pub struct PodSpec {
     pub mesh: MeshDefaults,
     /// Istio's mesh configuration, where the agent reads one (`--mesh-config`).
     pub mesh_config: Option<MeshConfig>,
+    /// Where it came from (the ConfigMap of the pod's revision), for `capture status`.
+    pub mesh_source: Option<String>,
+    /// The pod's proxy container as the runtime created it, once it exists: istio-cni's source
+    /// of the pod's settings.
+    pub proxy_container: Option<ProxyContainerConfig>,
     pub defaults: Defaults,
 }
 
@@ -292,6 +304,7 @@ impl CaptureConfig {
             interception_mode,
             dns,
             drop_invalid,
+            ids,
             settings,
         } = settings::resolve_pod(spec)?;
 
@@ -328,23 +341,7 @@ impl CaptureConfig {
             return Err(ConfigError::Pod("no pod IP given; pass --pod-ip".into()));
         }
 
-        // The pod's own proxy ids (where the annotation policy allowed them) over the node's.
-        let pod_uids = ann(policy::ANN_PROXY_UID)
-            .map(|v| parse_ids(policy::ANN_PROXY_UID, v))
-            .transpose()?;
-        let pod_gids = ann(policy::ANN_PROXY_GID)
-            .map(|v| parse_ids(policy::ANN_PROXY_GID, v))
-            .transpose()?;
-        let proxy_uids = match &pod_uids {
-            Some(ids) => ids.clone(),
-            None if spec.proxy_uids.is_empty() => vec![DEFAULT_PROXY_ID],
-            None => spec.proxy_uids.clone(),
-        };
-        let proxy_gids = match pod_gids {
-            Some(ids) => ids,
-            None if pod_uids.is_some() || spec.proxy_gids.is_empty() => proxy_uids.clone(),
-            None => spec.proxy_gids.clone(),
-        };
+        let (proxy_uids, proxy_gids) = (ids.uids, ids.gids);
         for (what, ids) in [("uids", &proxy_uids), ("gids", &proxy_gids)] {
             if ids.len() > MAX_PROXY_IDS {
                 return Err(ConfigError::Pod(format!(

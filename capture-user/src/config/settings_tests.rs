@@ -168,3 +168,162 @@ fn bad_annotations_are_refused_whatever_the_mesh_says() {
         );
     }
 }
+
+fn with_proxy(
+    mut spec: PodSpec,
+    env: &[(&str, &str)],
+    run_as: (Option<i64>, Option<i64>),
+) -> PodSpec {
+    spec.proxy_container = Some(super::ProxyContainerConfig {
+        name: "istio-proxy".into(),
+        container_id: "c0ffee".into(),
+        env: env
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect(),
+        run_as_user: run_as.0,
+        run_as_group: run_as.1,
+    });
+    spec
+}
+
+#[test]
+fn the_proxy_containers_environment_is_istio_cnis_word_on_dns_and_drops() {
+    // The mesh of the pod's revision says DNS capture on; its proxy's environment says off, as
+    // a ProxyConfig resource may have made it: the environment wins.
+    let mut base = spec(&[], Some(MESH_DNS_ON), capture_all_flags(false));
+    base.mesh_source = Some("istio-canary".into());
+    let (at_add, settings) = CaptureConfig::from_pod_with_settings(&base).unwrap();
+    assert!(at_add.dns.is_some());
+    assert_eq!(
+        setting(&settings, "dns_capture").from,
+        "istio-canary defaultConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE"
+    );
+    let off = with_proxy(
+        base.clone(),
+        &[("ISTIO_META_DNS_CAPTURE", "false")],
+        (None, None),
+    );
+    let (cfg, settings) = CaptureConfig::from_pod_with_settings(&off).unwrap();
+    assert_eq!(cfg.dns, None);
+    let dns = setting(&settings, "dns_capture");
+    assert_eq!(
+        (dns.source, dns.from.as_str()),
+        (Source::ProxyEnv, "istio-proxy ISTIO_META_DNS_CAPTURE")
+    );
+    assert_eq!(dns.overrides[0].source, Source::Mesh);
+    // Unset in the environment is off, as istio-cni reads it, whatever the mesh and flags say.
+    let unset = with_proxy(
+        spec(&[], Some(MESH_DNS_ON), capture_all_flags(true)),
+        &[],
+        (None, None),
+    );
+    assert_eq!(CaptureConfig::from_pod(&unset).unwrap().dns, None);
+    // And on where the environment says so, over a mesh that says nothing.
+    let on = with_proxy(
+        spec(&[], None, capture_all_flags(false)),
+        &[("ISTIO_META_DNS_CAPTURE", "true"), ("INVALID_DROP", "1")],
+        (None, None),
+    );
+    let cfg = CaptureConfig::from_pod(&on).unwrap();
+    assert!(cfg.dns.is_some() && cfg.drop_invalid);
+}
+
+#[test]
+fn a_proxy_variable_that_is_no_boolean_is_refused_by_name() {
+    let bad = with_proxy(
+        spec(&[], None, capture_all_flags(false)),
+        &[("ISTIO_META_DNS_CAPTURE", "yes")],
+        (None, None),
+    );
+    let e = CaptureConfig::from_pod(&bad).unwrap_err();
+    assert!(matches!(e, ConfigError::ProxyContainer(_)), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("istio-proxy ISTIO_META_DNS_CAPTURE=\"yes\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_proxy_runs_as_its_security_context_says() {
+    let flags = MeshDefaults::default();
+    // OpenShift's range: the proxy's uid, and istio-cni's 1337 for the unset group.
+    let openshift = with_proxy(
+        spec(&[], None, flags.clone()),
+        &[],
+        (Some(1_000_680_000), None),
+    );
+    let (cfg, settings) = CaptureConfig::from_pod_with_settings(&openshift).unwrap();
+    assert_eq!(
+        (cfg.proxy_uids.as_slice(), cfg.proxy_gids.as_slice()),
+        (&[1_000_680_000][..], &[1337][..])
+    );
+    let uid = setting(&settings, "proxy_uids");
+    assert_eq!(
+        (uid.source, uid.from.as_str()),
+        (Source::ProxySecurityContext, "istio-proxy runAsUser")
+    );
+    // Both given (istio-cni's custom-uid case).
+    let both = with_proxy(
+        spec(&[], None, flags.clone()),
+        &[],
+        (Some(1_000_670_000), Some(1_000_670_001)),
+    );
+    let cfg = CaptureConfig::from_pod(&both).unwrap();
+    assert_eq!(
+        (cfg.proxy_uids, cfg.proxy_gids),
+        (vec![1_000_670_000], vec![1_000_670_001])
+    );
+    // runAsUser 0 is no proxy uid to istio-cni (custom-uid-zero): the default.
+    let zero = with_proxy(spec(&[], None, flags.clone()), &[], (Some(0), None));
+    let cfg = CaptureConfig::from_pod(&zero).unwrap();
+    assert_eq!((cfg.proxy_uids, cfg.proxy_gids), (vec![1337], vec![1337]));
+    // The pod's own annotation (where the policy allows it) names it over the container.
+    let annotated = with_proxy(
+        spec(&[(super::policy::ANN_PROXY_UID, "2000")], None, flags),
+        &[],
+        (Some(1_000_680_000), None),
+    );
+    let cfg = CaptureConfig::from_pod(&annotated).unwrap();
+    assert_eq!((cfg.proxy_uids, cfg.proxy_gids), (vec![2000], vec![2000]));
+    // The node's flag counts only where the container says nothing.
+    let flagged = MeshDefaults::default();
+    let mut node = spec(&[], None, flagged);
+    node.proxy_uids = vec![1337, 1338];
+    assert_eq!(
+        CaptureConfig::from_pod(&node).unwrap().proxy_uids,
+        vec![1337, 1338]
+    );
+    let over = with_proxy(node, &[], (Some(1_000_680_000), None));
+    assert_eq!(
+        CaptureConfig::from_pod(&over).unwrap().proxy_uids,
+        vec![1_000_680_000]
+    );
+}
+
+#[test]
+fn the_interception_mode_annotation_stays_first_then_the_proxys_environment() {
+    let annotated = with_proxy(
+        spec(
+            &[(ANN_INTERCEPTION_MODE, "REDIRECT")],
+            None,
+            capture_all_flags(false),
+        ),
+        &[("ISTIO_META_INTERCEPTION_MODE", "TPROXY")],
+        (None, None),
+    );
+    let cfg = CaptureConfig::from_pod(&annotated).unwrap();
+    assert_eq!(cfg.interception_mode, InterceptionMode::Redirect);
+    let env_only = with_proxy(
+        spec(&[], None, capture_all_flags(false)),
+        &[("ISTIO_META_INTERCEPTION_MODE", "TPROXY")],
+        (None, None),
+    );
+    let (cfg, settings) = CaptureConfig::from_pod_with_settings(&env_only).unwrap();
+    assert_eq!(cfg.interception_mode, InterceptionMode::Tproxy);
+    assert_eq!(
+        setting(&settings, "interception_mode").source,
+        Source::ProxyEnv
+    );
+}

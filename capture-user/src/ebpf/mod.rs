@@ -208,6 +208,19 @@ impl EbpfBackend {
         Ok(pod_maps::install(&mut self.node.maps, netns_cookie, cfg)?)
     }
 
+    /// Rewrites an attached pod's entries from `old`'s to `new`'s: the config and lists `new`
+    /// names, then what only `old` named goes.
+    pub fn reconfigure_from(
+        &mut self,
+        netns_cookie: u64,
+        old: &CaptureConfig,
+        new: &CaptureConfig,
+    ) -> Result<(), EbpfError> {
+        pod_maps::install(&mut self.node.maps, netns_cookie, new)?;
+        pod_maps::remove_stale(&mut self.node.maps, netns_cookie, old, new);
+        Ok(())
+    }
+
     /// The pod's acceleration counters summed over CPUs.
     #[must_use]
     pub fn accel_counters(

@@ -290,6 +290,21 @@ pub fn remove_exact(maps: &mut Maps, netns_cookie: u64, cfg: &CaptureConfig) {
     remove_loopback_dests(maps, netns_cookie);
 }
 
+/// Removes the list entries `old` has and `new` lacks: a pod reconfigured in place (its proxy
+/// container's settings) after `install` wrote `new`'s.
+pub fn remove_stale(maps: &mut Maps, netns_cookie: u64, old: &CaptureConfig, new: &CaptureConfig) {
+    let ports = port_entries(new);
+    for (list, port) in port_entries(old).into_iter().filter(|e| !ports.contains(e)) {
+        let _ = maps
+            .port_lists
+            .remove(&PortKey::new(netns_cookie, list, port));
+    }
+    let cidrs = cidr_entries(new);
+    for (list, net) in cidr_entries(old).into_iter().filter(|e| !cidrs.contains(e)) {
+        let _ = maps.cidr_lists.remove(&cidr_key(netns_cookie, list, &net));
+    }
+}
+
 /// Every listener slot of the pod, both families.
 fn listener_keys(netns_cookie: u64) -> impl Iterator<Item = ListenerKey> {
     [AF_INET, AF_INET6].into_iter().flat_map(move |family| {

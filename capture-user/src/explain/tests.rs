@@ -27,6 +27,8 @@ fn pod(annotations: &[(&str, &str)], ips: &[&str], mesh: MeshDefaults) -> Captur
         defaults: Defaults::IstioInit,
         mesh,
         mesh_config: None,
+        mesh_source: None,
+        proxy_container: None,
     })
     .unwrap()
 }

@@ -26,6 +26,8 @@ fn pod_config(
         defaults: crate::config::Defaults::IstioInit,
         mesh,
         mesh_config: None,
+        mesh_source: None,
+        proxy_container: None,
     })
     .unwrap()
 }

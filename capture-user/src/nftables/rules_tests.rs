@@ -23,6 +23,8 @@ fn pod(ips: &[&str], annotations: &[(&str, &str)], mesh: MeshDefaults) -> Captur
         defaults: crate::config::Defaults::IstioInit,
         mesh,
         mesh_config: None,
+        mesh_source: None,
+        proxy_container: None,
     })
     .unwrap()
 }

@@ -218,30 +218,39 @@ pub struct Container {
     pub pod_uid: Option<String>,
     /// Created or running, not exited.
     pub running: bool,
+    /// What it was created with, where asked for.
+    pub config: Option<crate::config::ProxyContainerConfig>,
 }
 
 impl Cri {
-    /// The container `id`: `None` when the runtime does not know it.
+    /// The container `id`, with the configuration it was created with (`verbose` asks the
+    /// runtime for it: see `container_config`): `None` when the runtime does not know it.
     ///
     /// # Errors
     /// The runtime does not answer.
-    pub async fn container(&self, id: &str) -> Result<Option<Container>, CriError> {
+    pub async fn container(&self, id: &str, verbose: bool) -> Result<Option<Container>, CriError> {
         let mut client = self.runtime.clone();
         let request = ContainerStatusRequest {
             container_id: id.to_owned(),
-            verbose: false,
+            verbose,
         };
         match self
             .call("ContainerStatus", client.container_status(request))
             .await
         {
-            Ok(response) => Ok(response.status.map(|status| Container {
-                running: matches!(
-                    ContainerState::try_from(status.state),
-                    Ok(ContainerState::ContainerCreated | ContainerState::ContainerRunning)
-                ),
-                pod_uid: status.labels.get("io.kubernetes.pod.uid").cloned(),
-                name: status.metadata.map(|m| m.name).unwrap_or_default(),
+            Ok(response) => Ok(response.status.map(|status| {
+                let name = status.metadata.map(|m| m.name).unwrap_or_default();
+                Container {
+                    running: matches!(
+                        ContainerState::try_from(status.state),
+                        Ok(ContainerState::ContainerCreated | ContainerState::ContainerRunning)
+                    ),
+                    pod_uid: status.labels.get("io.kubernetes.pod.uid").cloned(),
+                    config: verbose.then(|| {
+                        super::container_config::from_verbose_info(&name, id, &response.info)
+                    }),
+                    name,
+                }
             })),
             Err(CriError::Call { status, .. }) if status.starts_with("NotFound") => Ok(None),
             Err(e) => Err(e),

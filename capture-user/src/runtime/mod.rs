@@ -2,6 +2,7 @@
 //! capture recorded (`view`), so that a meshed pod capture never saw and a record whose pod is
 //! gone are both told.
 
+pub mod container_config;
 pub mod cri;
 pub mod report;
 pub mod sandbox;

@@ -59,6 +59,8 @@ fn record(name: &str, container_id: Option<&str>) -> PodRecord {
         release_failed: None,
         iptables: None,
         settings: Vec::new(),
+        proxy_container: None,
+        proxy_settings_refused: None,
     }
 }
 

@@ -24,6 +24,8 @@ fn cfg(annotations: &[(&str, &str)]) -> CaptureConfig {
         defaults: Defaults::IstioInit,
         mesh: MeshDefaults::default(),
         mesh_config: None,
+        mesh_source: None,
+        proxy_container: None,
     })
     .unwrap()
 }

@@ -90,6 +90,8 @@ fn synthetic_node(n: usize, dir: &Path) -> (Vec<u8>, Paths, PathBuf) {
                 release_failed: None,
                 iptables: None,
                 settings: Vec::new(),
+                proxy_container: None,
+                proxy_settings_refused: None,
             };
             record::save(&paths, &record).expect("a record");
         }

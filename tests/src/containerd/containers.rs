@@ -17,6 +17,8 @@ pub struct Extra<'a> {
     pub command: Option<Vec<String>>,
     /// The container's restart count, as the kubelet names a restarted container.
     pub attempt: u32,
+    /// Its environment, as the pod spec (and Istio's injector) gives it.
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 impl Containerd {
@@ -33,6 +35,14 @@ impl Containerd {
         config.metadata.as_mut().expect("metadata").attempt = extra.attempt;
         config.log_path = format!("{}-{}.log", extra.name, extra.attempt);
         config.command = extra.command.clone().unwrap_or_default();
+        config.envs = extra
+            .env
+            .iter()
+            .map(|(key, value)| k8s_cri::v1::KeyValue {
+                key: (*key).to_string(),
+                value: (*value).to_string(),
+            })
+            .collect();
         let id = self.cri().start_container(&pod.id, &config, &pod.config)?;
         pod.containers.insert(extra.name.to_string(), id.clone());
         if ready {

@@ -14,4 +14,5 @@ mod deploy;
 mod istio_goldens;
 mod prometheus;
 mod proxy_identity;
+mod proxy_settings;
 mod reconcile;

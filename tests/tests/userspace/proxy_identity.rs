@@ -51,6 +51,7 @@ fn proxy(uid: i64, to: &str, attempt: u32) -> Extra<'static> {
         groups: &[],
         command: Some(command.iter().map(ToString::to_string).collect()),
         attempt,
+        env: &[],
     }
 }
 
@@ -63,6 +64,7 @@ fn idle(name: &'static str, uid: i64, gid: i64, groups: &'static [i64]) -> Extra
         groups,
         command: None,
         attempt: 0,
+        env: &[],
     }
 }
 
