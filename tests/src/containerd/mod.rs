@@ -246,6 +246,28 @@ impl Containerd {
         self.start_pod(spec, &config)
     }
 
+    /// [`Self::run_pod`], or `None` (a recorded skip) where runc cannot start containers here;
+    /// any other failure panics with the runtime's log.
+    #[must_use]
+    pub fn run_pod_or_skip(&self, spec: &PodSpec<'_>) -> Option<CriPod> {
+        match self.run_pod(spec) {
+            Ok(pod) => Some(pod),
+            Err(e)
+                if self
+                    .log_tail()
+                    .contains("could not ensure we are a cloned binary") =>
+            {
+                crate::kernel::record_skip(
+                    crate::kernel::Feature::RuncClonedBinary,
+                    "runc cannot re-execute itself here",
+                );
+                drop(e);
+                None
+            }
+            Err(e) => panic!("RunPodSandbox {}: {e}\n{}", spec.name, self.log_tail()),
+        }
+    }
+
     /// What kubelet does before it asks the runtime for a sandbox: a UID, the pod cgroup, and the
     /// sandbox config it sends (the same again on each retry).
     #[must_use]

@@ -92,6 +92,21 @@ fn within(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
     None
 }
 
+/// The node's agent, keeping capture-cni chained in the node's configuration directory.
+fn agent_keeping_the_chain(node: &Node) -> capture_tests::cni::Agent {
+    let conf_dir = node.conf_dir();
+    node.start_agent_with(
+        "ebpf",
+        &[
+            "--watch-cni-config",
+            "--cni-conf-dir",
+            conf_dir.to_str().unwrap(),
+            "--cni-bin-dir",
+            node.plugin_dir.to_str().unwrap(),
+        ],
+    )
+}
+
 /// Calico and AWS VPC CNI rewrite their CNI configuration whole at each start and drop what they
 /// do not know; the agent puts capture-cni back at once, without calling it a fight, and only
 /// uninstall-cni takes it out (the node is then not ready, as istio-cni's is not unchained).
@@ -103,16 +118,7 @@ fn the_agent_keeps_capture_cni_chained_when_the_network_plugin_rewrites_its_conf
     let installed = node.install_cni();
     let conf_dir = node.conf_dir();
     let file = conf_dir.join("10-bridge.conflist");
-    let agent = node.start_agent_with(
-        "ebpf",
-        &[
-            "--watch-cni-config",
-            "--cni-conf-dir",
-            conf_dir.to_str().unwrap(),
-            "--cni-bin-dir",
-            node.plugin_dir.to_str().unwrap(),
-        ],
-    );
+    let agent = agent_keeping_the_chain(&node);
     let mut own = installed.clone();
     own["plugins"].as_array_mut().unwrap().truncate(1);
 
@@ -177,16 +183,7 @@ fn a_configuration_rewritten_hundreds_of_times_a_second_is_not_fought() {
     let installed = node.install_cni();
     let conf_dir = node.conf_dir();
     let file = conf_dir.join("10-bridge.conflist");
-    let agent = node.start_agent_with(
-        "ebpf",
-        &[
-            "--watch-cni-config",
-            "--cni-conf-dir",
-            conf_dir.to_str().unwrap(),
-            "--cni-bin-dir",
-            node.plugin_dir.to_str().unwrap(),
-        ],
-    );
+    let agent = agent_keeping_the_chain(&node);
     let mut own = installed.clone();
     own["plugins"].as_array_mut().unwrap().truncate(1);
     let start = Instant::now();

@@ -9,7 +9,6 @@ use capture_tests::{
     cni::{Node, MESHED},
     cni_neighbours::CiliumExclusive,
     containerd::Containerd,
-    kernel::{record_skip, Feature},
     wait::wait_until,
 };
 
@@ -84,21 +83,8 @@ fn a_neighbour_that_rewrites_on_every_change_is_named_not_fought_and_its_gap_rep
 
     // A meshed pod created in the gap starts uncaptured; the reconcile captures it in place.
     wait_chain_loaded(&runtime, false);
-    let gap = match runtime.run_pod(&spec("gap", MESHED)) {
-        Ok(pod) => pod,
-        Err(e)
-            if runtime
-                .log_tail()
-                .contains("could not ensure we are a cloned binary") =>
-        {
-            record_skip(
-                Feature::RuncClonedBinary,
-                "runc cannot re-execute itself here",
-            );
-            drop(e);
-            return;
-        }
-        Err(e) => panic!("RunPodSandbox gap: {e}\n{}", runtime.log_tail()),
+    let Some(gap) = runtime.run_pod_or_skip(&spec("gap", MESHED)) else {
+        return;
     };
     wait_until(PATIENCE, "the gap's pod captured by the reconcile", || {
         if captured(&node, &gap) {

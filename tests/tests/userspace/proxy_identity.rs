@@ -14,7 +14,6 @@ use capture_tests::{
         Containerd, CriPod, PodSpec,
     },
     guards::TempFile,
-    kernel::record_skip,
     wait::wait_until,
 };
 
@@ -96,22 +95,7 @@ fn pod(
         annotations,
         proxy: false,
     };
-    match runtime.run_pod(&spec) {
-        Ok(pod) => Some(pod),
-        Err(e)
-            if runtime
-                .log_tail()
-                .contains("could not ensure we are a cloned binary") =>
-        {
-            record_skip(
-                capture_tests::kernel::Feature::RuncClonedBinary,
-                "runc cannot re-execute itself here",
-            );
-            drop(e);
-            None
-        }
-        Err(e) => panic!("RunPodSandbox {name}: {e}\n{}", runtime.log_tail()),
-    }
+    runtime.run_pod_or_skip(&spec)
 }
 
 fn proxy_state(node: &Node, pod: &CriPod) -> serde_json::Value {

@@ -12,7 +12,6 @@ use capture_tests::{
         image::{PAUSE_IMAGE, PROBE, PROXY_IMAGE},
         Containerd, CriPod, PodSpec,
     },
-    kernel::{record_skip, Feature},
     wait::wait_until,
 };
 use serde_json::Value;
@@ -38,22 +37,7 @@ fn run(runtime: &Containerd, name: &str, status: &str, proxy: bool) -> Option<Cr
         annotations: if status.is_empty() { &[] } else { &annotations },
         proxy,
     };
-    match runtime.run_pod(&spec) {
-        Ok(pod) => Some(pod),
-        Err(e)
-            if runtime
-                .log_tail()
-                .contains("could not ensure we are a cloned binary") =>
-        {
-            record_skip(
-                Feature::RuncClonedBinary,
-                "runc cannot re-execute itself here",
-            );
-            drop(e);
-            None
-        }
-        Err(e) => panic!("RunPodSandbox {name}: {e}\n{}", runtime.log_tail()),
-    }
+    runtime.run_pod_or_skip(&spec)
 }
 
 /// The pod's record in `capture status --json`.

@@ -10,7 +10,6 @@ use capture_tests::{
     agent::Agent,
     cni::{CgroupDriver, Node, MESHED},
     containerd::{cri::Cri, image::PROBE, Containerd, CriPod, PodSpec},
-    kernel::{record_skip, Feature},
     topology::{pinned_map_len, POD_MAPS},
     wait::wait_until,
 };
@@ -36,22 +35,7 @@ fn uncaptured_start() -> Option<(Node, Containerd, CriPod, CriPod)> {
     let node = Node::new();
     node.write_network_conflist();
     let runtime = Containerd::start(&node);
-    let early = match runtime.run_pod(&spec("early", MESHED)) {
-        Ok(pod) => pod,
-        Err(e)
-            if runtime
-                .log_tail()
-                .contains("could not ensure we are a cloned binary") =>
-        {
-            record_skip(
-                Feature::RuncClonedBinary,
-                "runc cannot re-execute itself here",
-            );
-            drop(e);
-            return None;
-        }
-        Err(e) => panic!("RunPodSandbox early: {e}\n{}", runtime.log_tail()),
-    };
+    let early = runtime.run_pod_or_skip(&spec("early", MESHED))?;
     let other = runtime
         .run_pod(&spec("other", &[]))
         .unwrap_or_else(|e| panic!("RunPodSandbox other: {e}"));
