@@ -143,7 +143,12 @@ impl ProxyWatch {
                     .insert(wd, watched.clone());
             }
             Err(e) => {
-                warn!(cgroup = %record.cgroup.display(), error = %e, "cannot watch the pod's cgroup for its proxy container; its proxy's connections stay refused");
+                let consequence = if watched.by_container {
+                    "its proxy's connections stay refused"
+                } else {
+                    "the pod keeps the settings ADD gave it"
+                };
+                warn!(cgroup = %record.cgroup.display(), error = %e, consequence, "cannot watch the pod's cgroup for its proxy container");
                 return;
             }
         }
