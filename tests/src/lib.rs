@@ -9,6 +9,7 @@ pub mod flood;
 pub mod guards;
 pub mod haproxy;
 pub mod injected;
+pub mod istio_goldens;
 pub mod istio_validation;
 pub mod kernel;
 pub mod pause;

@@ -9,24 +9,20 @@
 //! the case names the difference and docs/semantics.md or docs/nftables.md says why.
 
 use std::{
-    collections::BTreeMap,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::Command,
 };
 
 use capture_tests::{
-    guards::{in_netns, output_text, run, CaptureDirs, CgroupGuard, NetnsGuard, TempFile},
+    guards::{output_text, run, CaptureDirs, CgroupGuard, NetnsGuard, TempFile},
+    istio_goldens::{
+        apply, iptables_inputs, listed_iptables, listed_nft, with_groups, DATA, GROUPS,
+    },
     topology::capture_bin,
 };
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/istio");
 const POD_IP4: &str = "10.1.0.10";
 const POD_IP6: &str = "fd00:1::10";
-
-/// Group names Istio's owner-group cases use, resolved (in a private mount namespace) by both
-/// capture and Istio's tools.
-const GROUPS: &str = "java:x:4242:\nftp:x:4343:\n";
 
 /// One of Istio's configurations.
 struct Case {
@@ -305,39 +301,6 @@ fn cni_cases() -> Vec<(Case, &'static str)> {
     ]
 }
 
-/// A command that sees `GROUPS` as the group database: a mount namespace of its own with a file
-/// bound over /etc/group, so that group names resolve alike for capture and Istio's tools
-/// without touching the host's.
-fn with_groups(mut cmd: Command, groups: &Path) -> Command {
-    use nix::{
-        mount::{mount, MsFlags},
-        sched::{unshare, CloneFlags},
-    };
-    let groups = groups.to_path_buf();
-    // SAFETY: between fork and exec the child makes system calls only.
-    unsafe {
-        cmd.pre_exec(move || {
-            unshare(CloneFlags::CLONE_NEWNS)?;
-            mount(
-                None::<&str>,
-                "/",
-                None::<&str>,
-                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&str>,
-            )?;
-            mount(
-                Some(&groups),
-                "/etc/group",
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            )?;
-            Ok(())
-        });
-    }
-    cmd
-}
-
 /// What one backend wrote for one case, and what Istio's input gives, both as listed.
 struct Listing {
     capture: String,
@@ -354,36 +317,12 @@ fn list_both(
 ) -> Listing {
     let list = |netns: &Path| -> String {
         match mode {
-            "nftables" => {
-                let mut nft = with_groups(in_netns(netns, "nft"), groups);
-                normalize_nft(&run(nft.args(["list", "ruleset"])))
-            }
-            _ => ["iptables-save", "ip6tables-save"]
-                .iter()
-                .map(|tool| {
-                    let out = run(&mut with_groups(in_netns(netns, tool), groups));
-                    format!("# {tool}\n{}", normalize_iptables(&out))
-                })
-                .collect(),
+            "nftables" => listed_nft(netns, groups),
+            _ => listed_iptables(netns, groups),
         }
     };
-
     let istio_ns = NetnsGuard::new("istio-golden");
-    for (tool, input) in istio_inputs {
-        let mut cmd = with_groups(in_netns(&istio_ns.path(), tool), groups);
-        match *tool {
-            "nft" => cmd.arg("-f").arg(input),
-            _ => cmd.arg(input),
-        };
-        let out = cmd.output().expect("Istio's rules applied");
-        assert!(
-            out.status.success(),
-            "{}: Istio's input {} does not apply: {}",
-            case.name,
-            input.display(),
-            output_text(&out)
-        );
-    }
+    apply(&istio_ns.path(), istio_inputs, groups);
 
     let pod_ns = NetnsGuard::new("capture-golden");
     run(Command::new("ip").args(["-n", &pod_ns.name, "link", "set", "lo", "up"]));
@@ -431,104 +370,6 @@ fn list_both(
     listing
 }
 
-/// `iptables-save`'s output as what it means: per table, the user chains (sorted) and each
-/// chain's rules in order. Tables with neither are left out (the save tools list a table's
-/// built-in chains once anything touched it).
-fn normalize_iptables(saved: &str) -> String {
-    let mut tables: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
-    let mut table = String::new();
-    for line in saved.lines() {
-        if let Some(name) = line.strip_prefix('*') {
-            table = name.to_string();
-        } else if let Some(chain) = line.strip_prefix(':') {
-            let mut words = chain.split_whitespace();
-            let (name, policy) = (words.next().unwrap_or_default(), words.next());
-            if policy == Some("-") {
-                tables
-                    .entry(table.clone())
-                    .or_default()
-                    .entry(name.to_string())
-                    .or_default();
-            }
-        } else if let Some(rule) = line.strip_prefix("-A ") {
-            let chain = rule.split_whitespace().next().unwrap_or_default();
-            tables
-                .entry(table.clone())
-                .or_default()
-                .entry(chain.to_string())
-                .or_default()
-                .push(line.to_string());
-        }
-    }
-    let mut out = String::new();
-    for (table, chains) in tables {
-        out.push_str(&format!("*{table}\n"));
-        for (chain, rules) in chains {
-            out.push_str(&format!(":{chain}\n"));
-            for rule in rules {
-                out.push_str(&rule);
-                out.push('\n');
-            }
-        }
-    }
-    out
-}
-
-/// `nft list ruleset` as what it means: per table, each chain (sorted) with its hook line and
-/// its rules in order, counters without their numbers.
-fn normalize_nft(listed: &str) -> String {
-    let mut tables: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
-    let (mut table, mut chain) = (String::new(), String::new());
-    for line in listed.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("table ") {
-            table = rest.trim_end_matches(" {").to_string();
-            tables.entry(table.clone()).or_default();
-        } else if let Some(rest) = line.strip_prefix("chain ") {
-            chain = rest.trim_end_matches(" {").to_string();
-            tables
-                .entry(table.clone())
-                .or_default()
-                .entry(chain.clone())
-                .or_default();
-        } else if line == "}" || line.is_empty() {
-        } else {
-            let rule = strip_counter_values(line);
-            tables
-                .entry(table.clone())
-                .or_default()
-                .entry(chain.clone())
-                .or_default()
-                .push(rule);
-        }
-    }
-    let mut out = String::new();
-    for (table, chains) in tables {
-        out.push_str(&format!("table {table}\n"));
-        for (chain, rules) in chains {
-            out.push_str(&format!("  chain {chain}\n"));
-            for rule in rules {
-                out.push_str(&format!("    {rule}\n"));
-            }
-        }
-    }
-    out
-}
-
-fn strip_counter_values(rule: &str) -> String {
-    let words: Vec<&str> = rule.split(' ').collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < words.len() {
-        out.push(words[i]);
-        if words[i] == "counter" && words.get(i + 1) == Some(&"packets") {
-            i += 5;
-        } else {
-            i += 1;
-        }
-    }
-    out.join(" ")
-}
-
 /// Runs every case and reports every one whose listings differ, with both listings.
 fn compare_all(
     mode: &str,
@@ -550,30 +391,6 @@ fn compare_all(
         }
     }
     differing
-}
-
-fn iptables_inputs(dir: &str, golden: &str) -> Vec<(&'static str, PathBuf)> {
-    let mut inputs = Vec::new();
-    for (tool, family) in [("iptables-restore", "v4"), ("ip6tables-restore", "v6")] {
-        let path = Path::new(DATA).join(dir).join(format!("{golden}.{family}"));
-        if path.exists() {
-            inputs.push((tool, path));
-        }
-    }
-    inputs
-}
-
-#[test]
-fn istio_iptables_goldens() {
-    let cases: Vec<_> = tool_cases()
-        .into_iter()
-        .map(|c| {
-            let inputs = iptables_inputs("iptables", c.name);
-            (c, inputs)
-        })
-        .collect();
-    let differing = compare_all("iptables", "istio-iptables", &cases);
-    assert!(differing.is_empty(), "{}", differing.join("\n"));
 }
 
 /// What capture's nftables backend writes beyond Istio's, on purpose (docs/nftables.md): each
@@ -613,6 +430,19 @@ fn with_nftables_additions(istio: &str, ipv6: bool) -> String {
     }
     kept.append(&mut drops);
     kept.iter().map(|l| format!("{l}\n")).collect()
+}
+
+#[test]
+fn istio_iptables_goldens() {
+    let cases: Vec<_> = tool_cases()
+        .into_iter()
+        .map(|c| {
+            let inputs = iptables_inputs("iptables", c.name);
+            (c, inputs)
+        })
+        .collect();
+    let differing = compare_all("iptables", "istio-iptables", &cases);
+    assert!(differing.is_empty(), "{}", differing.join("\n"));
 }
 
 #[test]

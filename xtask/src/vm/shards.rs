@@ -19,7 +19,7 @@ const EXPECTED_SECONDS: &[(&str, u32)] = &[
     ("bad_input", 8),
     ("cgroup_v1", 28),
     ("chaos", 139),
-    ("cni", 153),
+    ("cni", 170),
     ("cni_defaults", 16),
     ("cni_fight", 25),
     ("coexistence", 17),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+mod goldens;
 mod istio;
 mod mesh;
 
