@@ -1,6 +1,6 @@
 //! istio-cni's rule tests (`TestIPTablesRuleGeneration`, istio/istio
-//! `cni/pkg/plugin/plugin_dryrun_test.go`) through capture's CNI path: each pod ADDed by the
-//! runtime-shaped caller through the real conflist, capture-cni asking the agent (`--mode
+//! `cni/pkg/plugin/plugin_dryrun_test.go`) through capture's CNI path: each pod added (CNI ADD)
+//! by the runtime-shaped caller through the real conflist, capture-cni asking the agent (`--mode
 //! iptables`) with the pod's annotations, the proxy's ids from the agent's flags where istio-cni
 //! takes them from the proxy container (`userspace/proxy_settings.rs` shows that source). The
 //! rules in the pod's netns are compared with istio-cni's golden ones, both as `iptables-save`
