@@ -79,13 +79,25 @@ pub fn apply(
         return refuse(paths, record, proxy, why);
     }
     let changed = differences(&old, &config);
+    if changed.is_empty() {
+        // An agent's restart learns every proxy again: a pod that says the same is not written.
+        let learned = (Some(proxy), None, &settings);
+        let recorded = (
+            record.proxy_container.as_ref(),
+            record.proxy_settings_refused.as_ref(),
+            &record.settings,
+        );
+        if learned != recorded {
+            record.settings = settings;
+            record.proxy_container = Some(proxy.clone());
+            record.proxy_settings_refused = None;
+            record::save(paths, &record)?;
+        }
+        return Ok(Applied::Unchanged);
+    }
     record.settings = settings;
     record.proxy_container = Some(proxy.clone());
     record.proxy_settings_refused = None;
-    if changed.is_empty() {
-        record::save(paths, &record)?;
-        return Ok(Applied::Unchanged);
-    }
     rewrite(paths, &record, &old, &config)?;
     record.config = config;
     record::save(paths, &record)?;

@@ -281,7 +281,9 @@ mod tests {
         let mesh = dir.join("config");
         std::fs::create_dir_all(&mesh).unwrap();
         std::fs::write(mesh.join("istio"), "defaultConfig: {}\n").unwrap();
-        std::fs::write(mesh.join("istio-canary"), DNS_ON).unwrap();
+        // A ConfigMap mounted whole: a directory of its keys.
+        std::fs::create_dir_all(mesh.join("istio-canary")).unwrap();
+        std::fs::write(mesh.join("istio-canary").join("mesh"), DNS_ON).unwrap();
         let watch = MeshWatch::new(&mesh, &paths);
         watch.refresh_all();
         assert_eq!(watch.unusable(), None);

@@ -168,7 +168,8 @@ pub fn read(path: &Path) -> Result<MeshConfig, String> {
 
 /// How `--mesh-config` names the mesh configurations: one file for every pod, or a directory of
 /// one file per control-plane revision, each named as its ConfigMap (`istio`, `istio-<rev>`;
-/// the `mesh` key of each, or the whole ConfigMap).
+/// the `mesh` key of each, or the whole ConfigMap), or of one directory per ConfigMap mounted
+/// whole (`istio-<rev>/mesh`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MeshLayout {
     /// One file, whatever the pod's revision (the layout before revisions were told apart).
@@ -207,13 +208,15 @@ impl MeshLayout {
             Self::File(path) => Ok((path.clone(), path.display().to_string())),
             Self::Dir(dir) => {
                 let config_map = revision.config_map();
-                let mut names = vec![config_map.clone()];
+                // A file named as the ConfigMap (a projected volume), or the ConfigMap mounted
+                // whole as a directory of its keys.
+                let mut candidates =
+                    vec![dir.join(&config_map), dir.join(&config_map).join(MESH_KEY)];
                 if revision.is_default() {
-                    names.push(MESH_KEY.to_string());
+                    candidates.push(dir.join(MESH_KEY));
                 }
-                names
-                    .iter()
-                    .map(|n| dir.join(n))
+                candidates
+                    .into_iter()
                     .find(|p| p.is_file())
                     .map(|p| (p, config_map.clone()))
                     .ok_or_else(|| missing_revision(revision, dir))
@@ -231,11 +234,16 @@ impl MeshLayout {
                     .into_iter()
                     .flatten()
                     .flatten()
-                    .filter(|e| e.path().is_file())
                     .filter_map(|e| {
                         let name = e.file_name().to_string_lossy().into_owned();
                         let revision = Revision::of_config_map(&name)?;
-                        Some((revision, e.path()))
+                        let path = e.path();
+                        let file = if path.is_dir() {
+                            path.join(MESH_KEY)
+                        } else {
+                            path
+                        };
+                        file.is_file().then_some((revision, file))
                     })
                     .collect();
                 if !files.iter().any(|(r, _)| r.is_default()) && dir.join(MESH_KEY).is_file() {

@@ -261,6 +261,17 @@ fn the_proxy_containers_environment_and_uid_are_the_pods_settings() {
         .expect("the proxy as its own uid");
     let r = wait_applied(&node, &shift);
     assert_eq!(r["config"]["proxy_uids"], serde_json::json!([own]), "{r:#}");
+    // How soon after its start the proxy's first connection went out, and how many it had refused
+    // before (each a connection captured back to itself while its uid was not known yet).
+    let log = Containerd::container_log(&shift, "istio-proxy-0");
+    let first = log
+        .iter()
+        .find(|l| l.starts_with("first connection after "))
+        .unwrap_or_else(|| panic!("the proxy's log: {log:?}"));
+    println!(
+        "openshift pod: the proxy's {}",
+        first.split(':').next().unwrap_or(first)
+    );
     runtime
         .connect_from(&shift, "istio-proxy", &to)
         .assert_served_by("app", "the proxy's own connection goes where it asked");
