@@ -91,7 +91,13 @@ pub fn check_config(spec: &PodSpec, cfg: &CaptureConfig) {
         assert!(!list.contains(&0), "include_inbound_ports holds port 0");
         distinct("include_inbound_ports", list);
     }
-    for port in [15021, 15090] {
+    // istio-iptables' own defaults exclude only what the pod names; the injector and istio-cni
+    // always exclude the health and telemetry ports.
+    let always_excluded: &[u16] = match spec.defaults {
+        Defaults::IstioIptables => &[],
+        Defaults::IstioInit | Defaults::IstioCni => &[15021, 15090],
+    };
+    for &port in always_excluded {
         assert!(
             cfg.exclude_inbound_ports.contains(&port),
             "inbound port {port} is always excluded, yet missing from {:?}",
