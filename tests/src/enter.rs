@@ -45,7 +45,8 @@ fn check(rc: libc::c_int, what: &str) -> io::Result<()> {
     }
 }
 
-/// setresgid/setresuid keeping the saved ids root, so a later switch is still possible.
+/// setresgid/setresuid keeping the saved ids root, so a later switch is still possible; also
+/// leaves the working directory for `/`, as a container's process starts outside the checkout.
 pub fn become_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     become_split_ids((uid, gid), (uid, gid), groups)
 }
@@ -53,6 +54,10 @@ pub fn become_ids(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
 /// As `become_ids`, with effective (and so file-system) ids other than the real ones: what
 /// seteuid, setfsuid or a setuid binary leaves a process with.
 pub fn become_split_ids(real: (u32, u32), effective: (u32, u32), groups: &[u32]) -> io::Result<()> {
+    // A process as another uid must not depend on the checkout's permissions: under /root
+    // (0700) HAProxy refuses to start when it cannot return to its initial directory.
+    std::env::set_current_dir("/")
+        .map_err(|e| io::Error::new(e.kind(), format!("chdir /: {e}")))?;
     // SAFETY: plain credential syscalls.
     unsafe {
         check(libc::setresuid(0, 0, 0), "setresuid(0)")?;

@@ -109,6 +109,7 @@ impl Haproxy {
             who,
             &config(OUTBOUND_PORT, INBOUND_PORT),
             &[OUTBOUND_PORT, INBOUND_PORT],
+            None,
         )
     }
 
@@ -122,6 +123,21 @@ impl Haproxy {
             who,
             &default_sidecar_config(),
             &[OUTBOUND_PORT],
+            None,
+        )
+    }
+
+    /// As [`Self::start_in_pod`], started from `dir` (a checkout's directory that the proxy's
+    /// uid may not enter, as one under /root).
+    #[must_use]
+    pub fn start_in_pod_from(netns: &Path, cgroup: &Path, who: &Who, dir: &Path) -> Self {
+        Self::start_in_pod_with(
+            netns,
+            cgroup,
+            who,
+            &config(OUTBOUND_PORT, INBOUND_PORT),
+            &[OUTBOUND_PORT, INBOUND_PORT],
+            Some(dir),
         )
     }
 
@@ -131,6 +147,7 @@ impl Haproxy {
         who: &Who,
         config: &str,
         ports: &[u16],
+        started_from: Option<&Path>,
     ) -> Self {
         let dir = std::env::temp_dir().join(crate::unique("capture-haproxy"));
         std::fs::create_dir_all(&dir).expect("the HAProxy directory");
@@ -139,6 +156,9 @@ impl Haproxy {
         let errors = dir.join("stderr");
         let stderr = std::fs::File::create(&errors).expect("HAProxy's stderr file");
         let mut cmd = probe_in(netns, Some(cgroup), Some(who));
+        if let Some(dir) = started_from {
+            cmd.current_dir(dir);
+        }
         cmd.arg("exec")
             .arg("--")
             .args(["haproxy", "-db", "-f"])

@@ -123,3 +123,29 @@ fn haproxy_forwards_inbound_connections_and_sees_the_client_and_the_pod_port() {
         inbound_through_haproxy(backend);
     }
 }
+
+/// A newcomer's checkout as root on Debian is under /root (0700): the proxy's uid cannot enter
+/// it. HAProxy started from such a directory still starts and forwards (it refuses to start when
+/// it cannot return to its initial directory, unless the pod's processes leave the checkout).
+#[test]
+fn haproxy_started_from_a_checkout_under_a_private_directory_forwards() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // A directory of its own, removed on drop: the private home, the checkout inside it.
+    let home = capture_tests::guards::TempFile::new("README", "a home");
+    let home_dir = home.path.parent().expect("the home");
+    let checkout = home_dir.join("checkout");
+    std::fs::create_dir(&checkout).expect("the checkout");
+    std::fs::set_permissions(home_dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let mut topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    topo.start_remote();
+    let proxy = Haproxy::start_in_pod_from(
+        &topo.pod.netns.path(),
+        &topo.pod.cgroup.path,
+        &Who::proxy(),
+        &checkout,
+    );
+    topo.tcp(&Who::app(), "10.0.0.5:80")
+        .assert_served_by("remote", "the app's connection through HAProxy");
+    assert_eq!(logged(&proxy, "ebpf").frontend, "outbound");
+}
