@@ -47,7 +47,8 @@ pub fn set_proxy_container(
     naming: Naming,
 ) -> Result<Learned, Error> {
     let _lock = ops::lock(paths)?;
-    let Some(mut record) = record::find(paths, which)? else {
+    let Some(mut record) = record::find(paths, which, crate::ebpf::netns_cookie::netns_cookie)?
+    else {
         return Err(Error::Identity(format!(
             "{which:?} is not captured (no record in the state directory)"
         )));

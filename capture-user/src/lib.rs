@@ -1,38 +1,31 @@
-//! capture's user space: pod configuration, the ebpf backend, and the operations the `capture`
-//! CLI (and later the node agent and CNI plugin) run.
+//! capture's node layer: the backends that put a pod's capture in place (ebpf, iptables,
+//! nftables), Istio-rule detection, the operations the `capture` CLI and the node agent run
+//! (attach, detach, repair, explain, trace, sockets), the runtime client and the CNI install.
+//! Built on `capture-model` and `capture-sys` (docs/development.md, "Layers").
 
 pub mod accel;
 pub mod agent;
 pub mod any_backend;
-pub mod api;
-pub mod backend;
-pub mod cgroup;
-pub mod claims;
 pub mod cli;
-pub mod cni;
-pub mod config;
 pub mod ebpf;
 pub mod explain;
 pub mod fallback;
-pub mod fsutil;
 pub mod identity;
 pub mod install;
 pub mod iptables;
 pub mod istio_rules;
-pub mod left_alone;
-pub mod lock;
-pub mod netns;
 pub mod nftables;
 pub mod ops;
-pub mod paths;
 pub mod probe;
 pub mod proxy_settings;
-pub mod record;
 pub mod runtime;
-pub mod sockdiag;
-pub mod socket_fds;
 pub mod sockets;
 pub mod test_hooks;
 pub mod trace;
-pub mod userns;
 pub mod validate;
+
+// The layers below, under the names this crate's code and its users know them by.
+pub use capture_model::{api, backend, claims, cni, config, family, flavour, left_alone, record};
+pub use capture_sys::{
+    cgroup, fsutil, lock, netns, paths, pod_cgroup, sockdiag, socket_fds, userns,
+};

@@ -139,12 +139,12 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
     )?;
     let netns = Netns::open(&req.netns)?;
     // Before the comparison with an existing record, which holds them too.
-    config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
+    config.host_ids = crate::userns::host_ids(netns.file(), &config.pod_ids())?;
     config.accelerate &= mode == Mode::Ebpf && crate::accel::why_not(paths).is_none();
     config.spare_open_connections = req.in_place && matches!(mode, Mode::Iptables | Mode::Nftables);
     paths.prepare()?;
     let _lock = lock(paths)?;
-    let netns_cookie = netns.cookie()?;
+    let netns_cookie = netns.cookie(crate::ebpf::netns_cookie::netns_cookie)?;
     // One record read, not all of them: attach must not slow down as the node fills up.
     if let Some(existing) = record::load(paths, netns_cookie)? {
         // A pod that fell back stays where it fell: asking again is the same request.
@@ -317,7 +317,7 @@ pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecor
         return Ok(None);
     }
     let _lock = lock(paths)?;
-    let Some(record) = record::find(paths, which)? else {
+    let Some(record) = record::find(paths, which, crate::ebpf::netns_cookie::netns_cookie)? else {
         if let PodSelector::Netns(netns) = which {
             release_unrecorded(paths, netns)?;
         }
@@ -333,7 +333,10 @@ pub fn release_pod(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecor
 /// record. An iptables pod's rules cannot be named without its record; they stay in its netns,
 /// which the runtime deletes with the pod.
 fn release_unrecorded(paths: &Paths, netns: &Path) -> Result<(), Error> {
-    let Some(cookie) = Netns::open(netns).ok().and_then(|n| n.cookie().ok()) else {
+    let Some(cookie) = Netns::open(netns)
+        .ok()
+        .and_then(|n| n.cookie(crate::ebpf::netns_cookie::netns_cookie).ok())
+    else {
         return Ok(());
     };
     let record_path = paths.record_path(cookie);
@@ -422,7 +425,7 @@ pub fn collect_garbage(paths: &Paths, valid: &[String]) -> Result<Vec<PodRecord>
 
 /// The status of one captured pod, `None` if it is not captured.
 pub fn pod_status(paths: &Paths, which: &PodSelector) -> Result<Option<PodStatus>, Error> {
-    let Some(record) = record::find(paths, which)? else {
+    let Some(record) = record::find(paths, which, crate::ebpf::netns_cookie::netns_cookie)? else {
         return Ok(None);
     };
     let mut backends = ExistingBackends::new(paths);

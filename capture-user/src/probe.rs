@@ -114,7 +114,10 @@ pub fn probe() -> Probe {
                 Err("/sys/kernel/btf/vmlinux is missing".into())
             },
         ),
-        check("netns cookie", crate::netns::describe_cookie_source()),
+        check(
+            "netns cookie",
+            crate::netns::describe_cookie_source(crate::ebpf::netns_cookie::netns_cookie),
+        ),
     ];
     let (programs, features) = hook_probe::probe_programs();
     ebpf.extend(programs.into_iter().map(|(hook, result)| Check {

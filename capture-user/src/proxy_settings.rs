@@ -46,7 +46,8 @@ pub fn apply(
     spec_of: SpecOf<'_>,
 ) -> Result<Applied, Error> {
     let _lock = ops::lock(paths)?;
-    let Some(mut record) = record::find(paths, which)? else {
+    let Some(mut record) = record::find(paths, which, crate::ebpf::netns_cookie::netns_cookie)?
+    else {
         return Err(Error::Identity(format!(
             "{which:?} is not captured (no record in the state directory)"
         )));
@@ -68,7 +69,7 @@ pub fn apply(
     config.accelerate = old.accelerate;
     config.spare_open_connections = old.spare_open_connections;
     let netns = Netns::open(&record.netns)?;
-    config.host_ids = crate::userns::host_ids(netns.file(), &config)?;
+    config.host_ids = crate::userns::host_ids(netns.file(), &config.pod_ids())?;
     if let Some(gap) = config
         .ebpf_unsupported()
         .filter(|_| record.mode == Mode::Ebpf)

@@ -2,7 +2,7 @@
 
 #![no_main]
 
-use capture_user::cni::{parse_cni_args, K8sArgs};
+use capture_model::cni::{parse_cni_args, K8sArgs};
 use libfuzzer_sys::fuzz_target;
 
 fn render(a: &K8sArgs) -> String {

@@ -4,7 +4,7 @@
 
 #![no_main]
 
-use capture_user::cni::plugin::{
+use capture_cni::plugin::{
     add_input, check_input, gc_valid_container_ids, plugin_config, AddInput,
 };
 use libfuzzer_sys::fuzz_target;

@@ -2,7 +2,7 @@
 
 #![no_main]
 
-use capture_user::config::{CaptureConfig, ConfigError, ANN_PROXY_CONFIG};
+use capture_model::config::{CaptureConfig, ConfigError, ANN_PROXY_CONFIG};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

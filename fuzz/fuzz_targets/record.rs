@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use capture_user::record;
+use capture_model::record;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

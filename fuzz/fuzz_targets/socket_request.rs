@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use capture_user::api::{parse_request, parse_response, request_line, FailureKind};
+use capture_model::api::{parse_request, parse_response, request_line, FailureKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use capture_user::config::{
+use capture_model::config::{
     CaptureConfig, ConfigError, Defaults, OwnerGroups, PodSpec, Selection, MAX_OWNER_GROUPS,
     MAX_PROXY_IDS,
 };
@@ -71,7 +71,7 @@ pub fn check_config(spec: &PodSpec, cfg: &CaptureConfig) {
     // Asked for, spelled exactly: anything else than true or false is an error, never a yes.
     let asked = spec
         .annotations
-        .get(capture_user::config::ANN_ACCELERATE)
+        .get(capture_model::config::ANN_ACCELERATE)
         .is_some_and(|v| v.trim() == "true");
     assert_eq!(
         cfg.accelerate, asked,

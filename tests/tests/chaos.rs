@@ -403,7 +403,7 @@ fn a_damaged_record_costs_only_its_own_pod() {
         })
         .collect();
     let cookie = capture_user::netns::Netns::open(&pods[1].netns.path())
-        .and_then(|n| n.cookie())
+        .and_then(|n| n.cookie(capture_user::ebpf::netns_cookie::netns_cookie))
         .expect("the pod's netns cookie");
     let record = node.dirs.state.join("pods").join(format!("{cookie}.json"));
     agent.kill_hard();

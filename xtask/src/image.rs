@@ -74,7 +74,13 @@ pub fn check_reproducible() -> Result<()> {
         "clean",
         "--release",
         "-p",
+        "capture-sys",
+        "-p",
+        "capture-model",
+        "-p",
         "capture-user",
+        "-p",
+        "capture-cni",
         "--target",
         STATIC_TARGET,
     ]))?;
@@ -267,7 +273,15 @@ fn static_binaries(kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
             "-C target-feature=+crt-static",
         )
         .env("CARGO_TARGET_DIR", &dir)
-        .args(["build", "--release", "--locked", "-p", "capture-user"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "capture-user",
+            "-p",
+            "capture-cni",
+        ])
         .args([
             "--bin",
             "capture",

@@ -12,6 +12,7 @@ pub fn lint() -> Result<()> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     crate::cycles::check(&crate::workspace())?;
     crate::doclinks::check(&crate::workspace())?;
+    crate::layers::check(&crate::workspace())?;
     run(cargo()
         .args(["clippy", "--all-targets", "--locked"])
         .args(TEST_FEATURES)

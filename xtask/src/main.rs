@@ -11,6 +11,7 @@ mod cycles;
 mod doclinks;
 mod fuzz;
 mod image;
+mod layers;
 mod lint;
 mod setup;
 mod testing;

@@ -217,7 +217,7 @@ pub fn run(paths: &Paths) -> Result<Report, CheckError> {
     let netns = scratch_netns().map_err(io_err("creating a scratch netns"))?;
     let netns_path = format!("/proc/self/fd/{}", netns.as_raw_fd());
     let netns_cookie = crate::netns::Netns::open(Path::new(&netns_path))
-        .and_then(|n| n.cookie())
+        .and_then(|n| n.cookie(crate::ebpf::netns_cookie::netns_cookie))
         .map_err(|e| CheckError::Io {
             what: "the scratch netns's cookie",
             source: io::Error::other(e.to_string()),

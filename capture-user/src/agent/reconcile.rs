@@ -29,9 +29,9 @@ use tracing::{info, warn};
 use super::Agent;
 use crate::{
     api::PodRequest,
-    cni::cgroup::find_pod_cgroup,
     netns::{Netns, NetnsError},
     ops,
+    pod_cgroup::find_pod_cgroup,
     record::{self, PodRef, PodSelector},
     runtime::{
         cri::{Cri, Events, CALL_TIMEOUT},
@@ -313,7 +313,9 @@ async fn release_orphans(
 /// or names another netns. Anything else (a netns that cannot be read) counts as present.
 fn netns_gone(path: &std::path::Path, cookie: u64) -> bool {
     match Netns::open(path) {
-        Ok(netns) => netns.cookie().is_ok_and(|now| now != cookie),
+        Ok(netns) => netns
+            .cookie(crate::ebpf::netns_cookie::netns_cookie)
+            .is_ok_and(|now| now != cookie),
         Err(NetnsError::NotNetns { .. }) => true,
         Err(NetnsError::Open { source, .. }) => source.kind() == std::io::ErrorKind::NotFound,
         Err(_) => false,

@@ -179,7 +179,8 @@ impl PodLists for RecordedLists {
 /// # Errors
 /// No such pod, or the records cannot be read.
 pub(crate) fn find_pod(paths: &Paths, which: &PodSelector) -> Result<PodRecord, ExplainError> {
-    record::find(paths, which)?.ok_or_else(|| ExplainError::UnknownPod(which.to_string()))
+    record::find(paths, which, crate::ebpf::netns_cookie::netns_cookie)?
+        .ok_or_else(|| ExplainError::UnknownPod(which.to_string()))
 }
 
 /// The position of `id` among the first `count` of `ids` (the owner rule that matched), or 0

@@ -3,36 +3,9 @@
 //! `testdata/*.golden` are `tests/tests/userspace/istio_goldens.rs`'s expectations), REDIRECT and
 //! TPROXY modes, with its DNS and owner-group variants.
 
-use std::net::IpAddr;
-
-use ipnet::IpNet;
-
 use crate::config::{CaptureConfig, DnsCapture, InterceptionMode, OwnerGroups, Selection};
 
-/// Which of the two rule sets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn owns(self, net: &IpNet) -> bool {
-        matches!(
-            (self, net),
-            (Self::V4, IpNet::V4(_)) | (Self::V6, IpNet::V6(_))
-        )
-    }
-
-    /// The family's nameservers, as host prefixes.
-    fn nameservers(self, dns: &DnsCapture) -> Vec<IpNet> {
-        dns.nameservers
-            .iter()
-            .map(|a: &IpAddr| IpNet::from(*a))
-            .filter(|n| self.owns(n))
-            .collect()
-    }
-}
+pub use capture_model::family::Family;
 
 /// Does DNS capture redirect this family's queries (`captureAll`, or a nameserver of the
 /// family)? Istio jumps to the DNS chain, and marks replies' conntrack zone, only then

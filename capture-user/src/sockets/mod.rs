@@ -152,8 +152,8 @@ pub struct Report {
 /// # Errors
 /// An unknown pod, a netns that is gone, or a kernel that refuses `sock_diag`.
 pub fn sockets(paths: &Paths, which: &PodSelector) -> Result<Report, SocketsError> {
-    let record =
-        record::find(paths, which)?.ok_or_else(|| SocketsError::UnknownPod(which.to_string()))?;
+    let record = record::find(paths, which, crate::ebpf::netns_cookie::netns_cookie)?
+        .ok_or_else(|| SocketsError::UnknownPod(which.to_string()))?;
     let pod = record.display_name();
     let netns = Netns::open(&record.netns)?;
     let netns_ino = netns

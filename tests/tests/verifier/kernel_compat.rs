@@ -48,7 +48,7 @@ fn the_bpf_netns_cookie_reporter_agrees_with_the_kernel() {
         "a netns keeps its cookie"
     );
     // What capture keys pods by: SO_NETNS_COOKIE where the kernel has it, else the reporter.
-    assert_eq!(na.cookie().expect("Netns::cookie"), reported_a);
+    assert_eq!(na.cookie(netns_cookie).expect("Netns::cookie"), reported_a);
     let own = Netns::open(Path::new("/proc/self/ns/net")).expect("own netns");
     assert_ne!(netns_cookie(own.file()).expect("own netns"), reported_a);
     let left = scratch_cgroups_left("netns-cookie");
@@ -110,7 +110,7 @@ fn the_reporter_answers_from_a_cgroup_namespace_of_its_own() {
     capture_tests::require_root();
     let pod = NetnsGuard::new("capture-cookie");
     let expected = Netns::open(&pod.path())
-        .and_then(|n| n.cookie())
+        .and_then(|n| n.cookie(netns_cookie))
         .expect("the netns's cookie");
     let _nsdelegate = NsdelegateInGuest::enable();
     eprintln!("cgroup2 mounted with nsdelegate: {}", nsdelegate());

@@ -19,7 +19,18 @@ use std::{
     process::Command,
 };
 
-use crate::config::{CaptureConfig, HostIds, OwnerGroups};
+use serde::{Deserialize, Serialize};
+
+/// A pod's configured ids as the host (and so the ebpf programs) sees them, for a pod with a
+/// user namespace of its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostIds {
+    pub proxy_uids: Vec<u32>,
+    pub proxy_gids: Vec<u32>,
+    /// The owner-group list's gids, in its order.
+    #[serde(default)]
+    pub owner_groups: Vec<u32>,
+}
 
 /// `NS_GET_USERNS` and `NS_GET_PARENT` (linux/nsfs.h): `_IO(0xb7, 1)` and `_IO(0xb7, 2)`.
 const NS_GET_USERNS: libc::c_ulong = 0xb701;
@@ -164,22 +175,18 @@ fn translate(
         .collect()
 }
 
-/// The config's ids on the host, for a pod whose netns has a user namespace of its own; `None`
-/// for every other pod (its ids are the host's already).
-pub fn host_ids(netns: &File, cfg: &CaptureConfig) -> Result<Option<HostIds>, UsernsError> {
+/// A pod's ids (the pod's view) on the host, for a pod whose netns has a user namespace of its
+/// own; `None` for every other pod (its ids are the host's already).
+pub fn host_ids(netns: &File, pod_ids: &HostIds) -> Result<Option<HostIds>, UsernsError> {
     let Some(userns) = owner_of(netns)? else {
         return Ok(None);
     };
     let uid_map = read_map(&userns, "uid_map")?;
     let gid_map = read_map(&userns, "gid_map")?;
-    let groups: &[u32] = match &cfg.owner_groups {
-        OwnerGroups::All => &[],
-        OwnerGroups::Only(g) | OwnerGroups::AllBut(g) => g,
-    };
     Ok(Some(HostIds {
-        proxy_uids: translate(&uid_map, &cfg.proxy_uids, "uid", "uid_map")?,
-        proxy_gids: translate(&gid_map, &cfg.proxy_gids, "gid", "gid_map")?,
-        owner_groups: translate(&gid_map, groups, "owner group", "gid_map")?,
+        proxy_uids: translate(&uid_map, &pod_ids.proxy_uids, "uid", "uid_map")?,
+        proxy_gids: translate(&gid_map, &pod_ids.proxy_gids, "gid", "gid_map")?,
+        owner_groups: translate(&gid_map, &pod_ids.owner_groups, "owner group", "gid_map")?,
     }))
 }
 

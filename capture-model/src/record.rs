@@ -13,12 +13,13 @@ use serde::{Deserialize, Serialize};
 use crate::{
     config::{CaptureConfig, FallbackCause},
     fsutil::write_atomic,
-    netns::Netns,
+    netns::{CookieFallback, Netns},
     paths::Paths,
 };
 
 /// How a pod is captured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Kernel programs on the pod's cgroup.
@@ -73,7 +74,7 @@ pub struct PodRecord {
     /// The iptables variant the pod's rules were written with (iptables pods); `None` in records
     /// from builds before the choice, which wrote with the unsuffixed names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iptables: Option<crate::iptables::flavour::Flavour>,
+    pub iptables: Option<crate::flavour::Flavour>,
     /// The settings more than one place decides (annotation, mesh, flag), and where each came
     /// from; empty in records from builds before they were kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -100,7 +101,7 @@ impl PodRecord {
 
     /// The iptables variant to remove or check the pod's rules with.
     #[must_use]
-    pub fn iptables_flavour(&self) -> crate::iptables::flavour::Flavour {
+    pub fn iptables_flavour(&self) -> crate::flavour::Flavour {
         self.iptables.unwrap_or_default()
     }
 }
@@ -242,11 +243,17 @@ impl std::fmt::Display for PodSelector {
 ///
 /// # Errors
 /// The records cannot be read.
-pub fn find(paths: &Paths, which: &PodSelector) -> Result<Option<PodRecord>, RecordError> {
+pub fn find(
+    paths: &Paths,
+    which: &PodSelector,
+    cookie_fallback: CookieFallback,
+) -> Result<Option<PodRecord>, RecordError> {
     let records = load_all(paths)?;
     Ok(match which {
         PodSelector::Netns(path) => {
-            let cookie = Netns::open(path).ok().and_then(|n| n.cookie().ok());
+            let cookie = Netns::open(path)
+                .ok()
+                .and_then(|n| n.cookie(cookie_fallback).ok());
             records
                 .into_iter()
                 .find(|r| cookie.map_or(r.netns == *path, |c| r.netns_cookie == c))

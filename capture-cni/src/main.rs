@@ -4,7 +4,7 @@ use rscni_plugin::cni::Plugin;
 
 fn main() -> std::process::ExitCode {
     let plugin = Plugin::default().msg(concat!("capture-cni ", env!("CARGO_PKG_VERSION")));
-    match plugin.run(&capture_user::cni::plugin::CapturePlugin) {
+    match plugin.run(&capture_cni::plugin::CapturePlugin) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // rscni has already written the CNI error JSON to stdout.
         Err(_) => std::process::ExitCode::FAILURE,

@@ -10,15 +10,16 @@ use rscni_plugin::{
     types::{Args, CNIResult},
 };
 
-use super::{
-    cgroup::{find_on_node, find_pod_cgroup},
-    parse_cni_args, skip_reason, K8sArgs, PluginConfig, Skip, POD_ANNOTATIONS_CAPABILITY,
-};
-use crate::{
+use capture_model::{
     api::{self, CallError, FailureKind, PodRequest, Request, Response},
-    claims, left_alone,
-    paths::{Paths, DEFAULT_BPFFS_DIR},
+    claims,
+    cni::{parse_cni_args, skip_reason, K8sArgs, PluginConfig, Skip, POD_ANNOTATIONS_CAPABILITY},
+    left_alone,
     record::PodRef,
+};
+use capture_sys::{
+    paths::{Paths, DEFAULT_BPFFS_DIR},
+    pod_cgroup::{find_on_node, find_pod_cgroup},
 };
 
 /// Plugin-defined CNI error codes (the spec reserves 100+ for plugins).

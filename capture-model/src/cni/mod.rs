@@ -2,8 +2,6 @@
 //! the `capture-cni` binary): which pods to capture (spec section F), who they are, where their
 //! cgroup is, and how to ask the agent.
 
-pub mod cgroup;
-pub mod plugin;
 pub mod selection;
 
 pub use selection::{skip_reason, Skip};

@@ -16,7 +16,7 @@ pub(super) fn bad(key: &str, value: &str, reason: impl Into<String>) -> ConfigEr
 }
 
 /// Comma-separated items, empty ones dropped (Istio's list parsing).
-pub(crate) fn items(value: &str) -> impl Iterator<Item = &str> {
+pub fn items(value: &str) -> impl Iterator<Item = &str> {
     value.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 

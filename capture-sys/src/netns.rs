@@ -10,6 +10,11 @@ use std::{
 
 use nix::sched::{setns, CloneFlags};
 
+/// How to learn a netns's cookie where `SO_NETNS_COOKIE` is missing (before Linux 5.14): only a
+/// BPF program can tell it there, so the ebpf backend provides this
+/// (`capture-user/src/ebpf/netns_cookie.rs`).
+pub type CookieFallback = fn(&File) -> io::Result<u64>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
     #[error(
@@ -81,12 +86,10 @@ impl Netns {
     }
 
     /// The kernel's cookie for this netns: what the kernel programs key the pod by. Asked with
-    /// `SO_NETNS_COOKIE`, or, on kernels without it (before Linux 5.14), of a BPF program.
-    pub fn cookie(&self) -> Result<u64, NetnsError> {
+    /// `SO_NETNS_COOKIE`, or, on kernels without it (before Linux 5.14), of `fallback`.
+    pub fn cookie(&self, fallback: CookieFallback) -> Result<u64, NetnsError> {
         let cookie = match self.run_in(netns_cookie_here)? {
-            Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {
-                crate::ebpf::netns_cookie::netns_cookie(&self.file)
-            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => fallback(&self.file),
             asked => asked,
         };
         cookie.map_err(|source| NetnsError::Cookie {
@@ -166,12 +169,12 @@ fn ip_on_lo(netns: &Path, args: &[&str], what: &str) -> Result<String, NetnsErro
 }
 
 /// How this process learns netns cookies here, for `capture doctor`.
-pub fn describe_cookie_source() -> Result<String, String> {
+pub fn describe_cookie_source(fallback: CookieFallback) -> Result<String, String> {
     if netns_cookie_here().is_ok() {
         return Ok("SO_NETNS_COOKIE".into());
     }
     let own = Netns::open(Path::new("/proc/self/ns/net")).map_err(|e| e.to_string())?;
-    crate::ebpf::netns_cookie::netns_cookie(own.file())
+    fallback(own.file())
         .map(|_| {
             "through a cgroup/sock_create program (no SO_NETNS_COOKIE before Linux 5.14)".into()
         })

@@ -16,7 +16,7 @@ pub mod proxy_container;
 pub mod proxy_identity;
 pub mod revision;
 pub mod settings;
-pub(crate) mod values;
+pub mod values;
 
 pub use self::{
     mesh_config::MeshConfig,
@@ -195,16 +195,7 @@ pub struct CaptureConfig {
     pub proxy_identity: Option<ContainerIdentity>,
 }
 
-/// The configured ids as the host (and so the ebpf programs) sees them, for a pod with a user
-/// namespace of its own (`userns` maps them).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostIds {
-    pub proxy_uids: Vec<u32>,
-    pub proxy_gids: Vec<u32>,
-    /// The owner-group list's gids, in its order.
-    #[serde(default)]
-    pub owner_groups: Vec<u32>,
-}
+pub use capture_sys::userns::HostIds;
 
 fn all_owner_groups() -> OwnerGroups {
     OwnerGroups::All
@@ -439,6 +430,21 @@ impl CaptureConfig {
             proxy_identity,
         };
         Ok((config, settings))
+    }
+
+    /// The proxy's ids and the owner-group list's gids as the pod sees them: what a pod with a
+    /// user namespace of its own has translated to the host's (`capture_sys::userns::host_ids`).
+    #[must_use]
+    pub fn pod_ids(&self) -> HostIds {
+        let owner_groups = match &self.owner_groups {
+            OwnerGroups::All => Vec::new(),
+            OwnerGroups::Only(g) | OwnerGroups::AllBut(g) => g.clone(),
+        };
+        HostIds {
+            proxy_uids: self.proxy_uids.clone(),
+            proxy_gids: self.proxy_gids.clone(),
+            owner_groups,
+        }
     }
 
     /// Why the ebpf backend cannot capture this pod (the agent's `auto` mode then falls back to

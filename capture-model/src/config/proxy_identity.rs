@@ -22,7 +22,8 @@ pub const ANN_SIDECAR_STATUS: &str = "sidecar.istio.io/status";
 pub const DEFAULT_PROXY_CONTAINER: &str = "istio-proxy";
 
 /// How the proxy's own connections are told from the app's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyIdentityMode {
     /// Istio's: the socket's owner uid or gid.

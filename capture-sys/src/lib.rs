@@ -1,0 +1,13 @@
+//! capture's system layer: what the kernel and the node offer any part of capture, with no
+//! knowledge of pods' capture settings, backends or the agent. Every crate above may use it;
+//! it uses none of them (docs/development.md, "Layers").
+
+pub mod cgroup;
+pub mod fsutil;
+pub mod lock;
+pub mod netns;
+pub mod paths;
+pub mod pod_cgroup;
+pub mod sockdiag;
+pub mod socket_fds;
+pub mod userns;
