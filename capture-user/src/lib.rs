@@ -4,9 +4,7 @@
 //! Built on `capture-model` and `capture-sys` (docs/development.md, "Layers").
 
 pub mod accel;
-pub mod agent;
 pub mod any_backend;
-pub mod cli;
 pub mod ebpf;
 pub mod explain;
 pub mod fallback;

@@ -26,7 +26,10 @@ pub const PREVIOUS_RELEASE: &str = "e293887832a27a4329a7b1687c88fb9a080f08bf";
 const PROFILE: &str = "debug";
 
 /// `cargo` arguments that build the `capture` binary alone.
-const BUILD_CAPTURE: [&str; 6] = [
+const BUILD_CAPTURE: [&str; 6] = ["build", "--locked", "-p", "capture", "--bin", "capture"];
+
+/// The same in `PREVIOUS_RELEASE`'s tree, where the binary was capture-user's.
+const BUILD_PREVIOUS_CAPTURE: [&str; 6] = [
     "build",
     "--locked",
     "-p",
@@ -101,7 +104,7 @@ fn build_previous_release() -> Result<()> {
     run(cargo()
         .current_dir(&src)
         .env("CARGO_TARGET_DIR", std::path::absolute(target_dir())?)
-        .args(BUILD_CAPTURE)
+        .args(BUILD_PREVIOUS_CAPTURE)
         .args(TEST_FEATURES))?;
     set_aside("previous")
 }

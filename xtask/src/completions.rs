@@ -1,7 +1,7 @@
 //! `cargo xtask completions [--out DIR]`: shell completions and man pages for `capture`.
 //!
 //! The `capture` binary writes them itself (its hidden `generate-docs`, from its own clap
-//! definition): this binary cannot link capture-user, whose build needs the kernel programs'
+//! definition): this binary cannot link the `capture` crate, whose build (capture-user's) needs the kernel programs'
 //! toolchain that `cargo xtask setup` installs after this binary is built.
 
 use std::{path::Path, process::Command};

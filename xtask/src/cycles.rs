@@ -25,6 +25,7 @@ fn crate_roots(workspace: &Path) -> Vec<PathBuf> {
         "capture-sys",
         "capture-model",
         "capture-user",
+        "capture",
         "capture-cni",
         "tests",
         "xtask",

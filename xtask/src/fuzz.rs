@@ -172,7 +172,7 @@ pub fn run_fuzz(opts: &Options) -> Result<()> {
     if !failed.is_empty() {
         bail!(
             "fuzz targets failed: {} (reproduce with the saved input: `cargo fuzz run TARGET INPUT` in fuzz/, \
-             then make it a test in capture-user and keep the input under fuzz/regressions/TARGET/)",
+             then make it a test in capture-model or capture-cni and keep the input under fuzz/regressions/TARGET/)",
             failed.join(", ")
         );
     }

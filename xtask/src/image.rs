@@ -80,6 +80,8 @@ pub fn check_reproducible() -> Result<()> {
         "-p",
         "capture-user",
         "-p",
+        "capture",
+        "-p",
         "capture-cni",
         "--target",
         STATIC_TARGET,
@@ -278,7 +280,7 @@ fn static_binaries(kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
             "--release",
             "--locked",
             "-p",
-            "capture-user",
+            "capture",
             "-p",
             "capture-cni",
         ])

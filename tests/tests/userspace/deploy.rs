@@ -59,7 +59,7 @@ fn manifest_commands_parse() {
         );
         for c in containers {
             assert!(c.argv[0].ends_with("/capture"), "{}: {:?}", c.name, c.argv);
-            if let Err(e) = capture_user::cli::Cli::try_parse_from(&c.argv) {
+            if let Err(e) = capture::cli::Cli::try_parse_from(&c.argv) {
                 panic!(
                     "{}: {:?} is not a valid capture command line: {e}",
                     c.name, c.argv

@@ -503,7 +503,7 @@ fn silent_http_clients_are_dropped_while_others_are_served() {
 
     // Then the agent closes every stalled connection, without an answer, once the header read
     // timeout has passed (with slack for a slow machine).
-    let timeout = capture_user::agent::HEADER_READ_TIMEOUT;
+    let timeout = capture::agent::HEADER_READ_TIMEOUT;
     let limit = timeout + Duration::from_secs(5);
     for (i, stream) in stalled.iter_mut().enumerate() {
         stream

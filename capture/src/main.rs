@@ -3,9 +3,9 @@
 use clap::Parser as _;
 
 fn main() -> std::process::ExitCode {
-    let cli = capture_user::cli::Cli::parse();
+    let cli = capture::cli::Cli::parse();
     // The agent logs its work; one-shot commands only their warnings. RUST_LOG overrides both.
-    let default = if matches!(cli.command, capture_user::cli::Command::Agent { .. }) {
+    let default = if matches!(cli.command, capture::cli::Command::Agent { .. }) {
         "info"
     } else {
         "warn"
@@ -17,13 +17,13 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .init();
-    match capture_user::cli::run(cli) {
-        Ok(capture_user::cli::Outcome::Success) => std::process::ExitCode::SUCCESS,
-        Ok(capture_user::cli::Outcome::NotCaptured(reason)) => {
+    match capture::cli::run(cli) {
+        Ok(capture::cli::Outcome::Success) => std::process::ExitCode::SUCCESS,
+        Ok(capture::cli::Outcome::NotCaptured(reason)) => {
             eprintln!("capture: validate: {reason}");
             std::process::ExitCode::from(capture_user::validate::NOT_CAPTURED_EXIT)
         }
-        Ok(capture_user::cli::Outcome::Refused(reason)) => {
+        Ok(capture::cli::Outcome::Refused(reason)) => {
             eprintln!("capture: {reason}");
             std::process::ExitCode::FAILURE
         }
