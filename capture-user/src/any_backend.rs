@@ -7,8 +7,10 @@ use crate::{
     backend::{Backend, PodTarget},
     config::CaptureConfig,
     ebpf::{EbpfBackend, EbpfError},
+    iptables::flavour::Flavour,
     iptables::{apply::IptablesError, IptablesBackend},
     nftables::{NftablesBackend, NftablesBackendError},
+    node::NodeChoices,
     paths::Paths,
     record::{Mode, PodRecord},
 };
@@ -30,12 +32,15 @@ pub enum AnyBackend {
 }
 
 impl AnyBackend {
-    /// The backend for `mode`, ready to attach: the ebpf one loads the node's programs if this
-    /// node has none yet.
-    pub fn for_attach(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
+    /// The backend for `mode`, ready to attach: the ebpf one loads the node's programs, with
+    /// maps of the node's sizing, if this node has none yet; the iptables one writes with the
+    /// node's variant.
+    pub fn for_attach(paths: &Paths, mode: Mode, node: &NodeChoices) -> Result<Self, BackendError> {
         Ok(match mode {
-            Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::open(paths)?)),
-            Mode::Iptables => Self::Iptables(IptablesBackend),
+            Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::open(paths, node.sizing)?)),
+            Mode::Iptables => Self::Iptables(IptablesBackend {
+                flavour: node.iptables.choice().flavour,
+            }),
             Mode::Nftables => Self::Nftables(NftablesBackend),
         })
     }
@@ -44,7 +49,10 @@ impl AnyBackend {
     pub fn existing(paths: &Paths, mode: Mode) -> Result<Self, BackendError> {
         Ok(match mode {
             Mode::Ebpf => Self::Ebpf(Box::new(EbpfBackend::adopt(paths)?)),
-            Mode::Iptables => Self::Iptables(IptablesBackend),
+            // Removal and checks take each record's own variant.
+            Mode::Iptables => Self::Iptables(IptablesBackend {
+                flavour: Flavour::default(),
+            }),
             Mode::Nftables => Self::Nftables(NftablesBackend),
         })
     }
@@ -67,10 +75,10 @@ impl AnyBackend {
 
     /// The iptables variant new pods' rules are written with (the iptables backend only).
     #[must_use]
-    pub fn iptables_flavour(&self) -> Option<crate::iptables::flavour::Flavour> {
+    pub fn iptables_flavour(&self) -> Option<Flavour> {
         match self {
             Self::Ebpf(_) | Self::Nftables(_) => None,
-            Self::Iptables(_) => Some(crate::iptables::flavour::node().flavour),
+            Self::Iptables(b) => Some(b.flavour),
         }
     }
 

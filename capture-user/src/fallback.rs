@@ -42,8 +42,8 @@ const XTABLES_NAMES: [&str; 6] = ["filter", "nat", "mangle", "raw", "security", 
 impl NodeRules {
     /// Looks at this process's netns (the agent runs in the node's).
     #[must_use]
-    pub fn of_this_netns(nft_usable: bool) -> Self {
-        let choice = flavour::node();
+    pub fn of_this_netns(nft_usable: bool, variant: &flavour::NodeVariant) -> Self {
+        let choice = variant.choice();
         let iptables = (choice.flavour != Flavour::Plain).then(|| choice.reason.clone());
         let nftables = if nft_usable {
             native_tables().unwrap_or_default()

@@ -13,6 +13,7 @@ pub mod install;
 pub mod iptables;
 pub mod istio_rules;
 pub mod nftables;
+pub mod node;
 pub mod ops;
 pub mod probe;
 pub mod proxy_settings;

@@ -22,6 +22,7 @@ use crate::{
     ebpf::{EbpfBackend, EbpfError},
     lock::NodeLock,
     netns::{Netns, NetnsError},
+    node::NodeChoices,
     paths::{Paths, PathsError},
     record::{self, Mode, PodRecord, PodRef, RecordError},
 };
@@ -99,7 +100,7 @@ pub(crate) fn lock(paths: &Paths) -> Result<NodeLock, Error> {
 }
 
 /// Captures a pod. Attaching the same pod again with the same request is a no-op.
-pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
+pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<PodRecord, Error> {
     let subject = Subject {
         namespace: req.pod.as_ref().map(|p| p.namespace.as_str()),
         labels: req.labels.as_ref(),
@@ -210,7 +211,7 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
             record.iptables = adopted.iptables;
             record::save(paths, &record).map_err(Error::from)
         }
-        None => attach_backend(paths, &target, &mut record, req.fallback),
+        None => attach_backend(paths, node, &target, &mut record, req.fallback),
     };
     if attached.is_err() && added_v6 {
         // A failed attach leaves the pod as it found it.
@@ -225,11 +226,12 @@ pub fn attach(paths: &Paths, req: &AttachRequest) -> Result<PodRecord, Error> {
 /// given) and saves its record; on failure nothing of either is left.
 fn attach_backend(
     paths: &Paths,
+    node: &NodeChoices,
     target: &PodTarget<'_>,
     record: &mut PodRecord,
     fallback: Option<Mode>,
 ) -> Result<(), Error> {
-    let mut backend = AnyBackend::for_attach(paths, record.mode)?;
+    let mut backend = AnyBackend::for_attach(paths, record.mode, node)?;
     // Proxy identity has no rule form: such a pod is refused rather than weakened.
     let fallback = fallback.filter(|_| record.config.proxy_identity.is_none());
     let may_fall_back = fallback.is_some();
@@ -251,7 +253,7 @@ fn attach_backend(
         record.fallback_cause = Some(cause);
         record.fallback_reason = Some(reason);
         record.config.accelerate = false;
-        backend = AnyBackend::for_attach(paths, to)?;
+        backend = AnyBackend::for_attach(paths, to, node)?;
         backend.attach(target, &record.config)?;
     }
     record.iptables = backend.iptables_flavour();
@@ -344,7 +346,8 @@ fn release_unrecorded(paths: &Paths, netns: &Path) -> Result<(), Error> {
     if !damaged && !paths.pod_links_dir(cookie).exists() {
         return Ok(());
     }
-    if let Ok(mut ebpf) = EbpfBackend::open(paths) {
+    // Adopted, never loaded: programs that are not there hold nothing to release.
+    if let Ok(mut ebpf) = EbpfBackend::adopt(paths) {
         ebpf.release_unrecorded(cookie)
             .map_err(BackendError::from)?;
     }
@@ -367,7 +370,7 @@ pub fn release_abandoned_attaches(paths: &Paths) -> Result<Vec<u64>, Error> {
     }
     let _lock = lock(paths)?;
     let abandoned = abandoned_attaches(paths);
-    let Ok(mut ebpf) = EbpfBackend::open(paths) else {
+    let Ok(mut ebpf) = EbpfBackend::adopt(paths) else {
         return Ok(Vec::new());
     };
     for cookie in &abandoned {
@@ -392,9 +395,13 @@ fn abandoned_attaches(paths: &Paths) -> Vec<u64> {
 }
 
 /// Runs the acceleration's correctness checks and records the verdict.
-pub fn accel_check(paths: &Paths) -> Result<crate::accel::check::Report, Error> {
+pub fn accel_check(
+    paths: &Paths,
+    node: &NodeChoices,
+) -> Result<crate::accel::check::Report, Error> {
     paths.prepare()?;
-    let report = crate::accel::check::run(paths).map_err(|e| Error::Accel(e.to_string()))?;
+    let report =
+        crate::accel::check::run(paths, node.sizing).map_err(|e| Error::Accel(e.to_string()))?;
     let mut node = crate::accel::load(paths);
     node.check = Some(report.verdict());
     crate::accel::save(paths, &node)

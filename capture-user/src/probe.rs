@@ -94,7 +94,7 @@ fn on_path(tool: &str) -> Result<String, String> {
 
 /// Probes the running kernel and the node's tools.
 #[must_use]
-pub fn probe() -> Probe {
+pub fn probe(iptables: &crate::iptables::flavour::NodeVariant) -> Probe {
     let kernel = nix::sys::utsname::uname().map_or_else(
         |_| "unknown".into(),
         |u| u.release().to_string_lossy().into_owned(),
@@ -142,7 +142,7 @@ pub fn probe() -> Probe {
         ebpf_usable,
         iptables_usable,
         nftables_usable,
-        node_rules: crate::fallback::NodeRules::of_this_netns(nftables_usable),
+        node_rules: crate::fallback::NodeRules::of_this_netns(nftables_usable, iptables),
     }
 }
 

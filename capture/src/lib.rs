@@ -8,6 +8,6 @@ pub mod cli;
 use capture_model::{api, claims, cni, config, left_alone, record};
 use capture_sys::{cgroup, fsutil, netns, paths, pod_cgroup, sockdiag};
 use capture_user::{
-    accel, ebpf, explain, identity, install, iptables, ops, probe, proxy_settings, runtime,
-    sockets, trace, validate,
+    accel, ebpf, explain, identity, install, ops, probe, proxy_settings, runtime, sockets, trace,
+    validate,
 };

@@ -213,7 +213,7 @@ fn lock(paths: &Paths) -> Result<crate::lock::NodeLock, CheckError> {
 
 /// Runs the checks in a scratch pod. The node lock is held only while the scratch pod is attached,
 /// switched and detached, so CNI ADDs go on meanwhile.
-pub fn run(paths: &Paths) -> Result<Report, CheckError> {
+pub fn run(paths: &Paths, sizing: crate::ebpf::sizing::NodeSizing) -> Result<Report, CheckError> {
     let netns = scratch_netns().map_err(io_err("creating a scratch netns"))?;
     let netns_path = format!("/proc/self/fd/{}", netns.as_raw_fd());
     let netns_cookie = crate::netns::Netns::open(Path::new(&netns_path))
@@ -243,7 +243,7 @@ pub fn run(paths: &Paths) -> Result<Report, CheckError> {
         serde_json::json!({ "pid": std::process::id(), "netns_cookie": netns_cookie });
     let mut ebpf = {
         let _lock = lock(paths)?;
-        let mut ebpf = EbpfBackend::open(paths)?;
+        let mut ebpf = EbpfBackend::open(paths, sizing)?;
         crate::fsutil::write_atomic(&marker(paths), marker_json.to_string().as_bytes(), None)
             .map_err(io_err("writing the check's marker"))?;
         ebpf.attach(&target, &plain)?;

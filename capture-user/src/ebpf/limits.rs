@@ -105,12 +105,12 @@ pub struct NodeLimit {
 }
 
 /// The node's limits, with the entries in use where the node is loaded. A pinned map's capacity
-/// is its own; without pins, what this process would load (`--max-pods`).
+/// is its own; without pins, what `wanted` (`--max-pods`) would load.
 #[must_use]
-pub fn node_limits(paths: &Paths) -> Vec<NodeLimit> {
+pub fn node_limits(paths: &Paths, wanted: NodeSizing) -> Vec<NodeLimit> {
     let record = node::read_node_record(paths);
     let maps_dir = record.as_ref().map(|r| r.maps_dir(paths));
-    let sizing = record.map_or_else(NodeSizing::requested, |r| r.sizing());
+    let sizing = record.map_or(wanted, |r| r.sizing());
     let open = |map: &str| sys::obj_get(&maps_dir.as_ref()?.join(map)).ok();
     let row = |map: MapId, holds, per_pod| {
         let fd = open(map.name());

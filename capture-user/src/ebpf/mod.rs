@@ -82,9 +82,10 @@ pub struct EbpfBackend {
 }
 
 impl EbpfBackend {
-    /// Opens (or first loads) the node's programs. The caller holds the node lock.
-    pub fn open(paths: &Paths) -> Result<Self, EbpfError> {
-        let node = node::open_or_load(paths)?;
+    /// Opens (or first loads, with maps for `sizing`) the node's programs. The caller holds the
+    /// node lock.
+    pub fn open(paths: &Paths, sizing: NodeSizing) -> Result<Self, EbpfError> {
+        let node = node::open_or_load(paths, sizing)?;
         Ok(Self {
             paths: paths.clone(),
             node,
@@ -369,8 +370,7 @@ impl EbpfBackend {
 
 /// The sizing the agent's start gives the node: its `--max-pods`, but never fewer pods than the
 /// node captures already (they would not fit the new maps): that keeps them all and says so.
-fn sizing_at_start(paths: &Paths, record: &node::NodeRecord) -> NodeSizing {
-    let wanted = NodeSizing::requested();
+fn sizing_at_start(paths: &Paths, record: &node::NodeRecord, wanted: NodeSizing) -> NodeSizing {
     let captured = u32::try_from(node::pods_use_programs(paths)).unwrap_or(u32::MAX);
     if captured <= wanted.max_pods {
         return wanted;
@@ -395,14 +395,17 @@ fn sizing_at_start(paths: &Paths, record: &node::NodeRecord) -> NodeSizing {
 /// Makes the node's programs this build's, under the node lock (agent start-up): loads them on a
 /// node that has none, takes over in place from the build that pinned them, and moves any pod
 /// whose links still run another program. Then registers the listeners the maps do not hold.
-pub fn adopt_or_load(paths: &Paths) -> Result<Option<takeover::Takeover>, EbpfError> {
+pub fn adopt_or_load(
+    paths: &Paths,
+    wanted: NodeSizing,
+) -> Result<Option<takeover::Takeover>, EbpfError> {
     let _lock =
         crate::lock::NodeLock::acquire(&paths.lock_path()).map_err(|source| EbpfError::Lock {
             path: paths.lock_path(),
             source,
         })?;
-    let record = node::record_or_load(paths)?;
-    let sizing = sizing_at_start(paths, &record);
+    let record = node::record_or_load(paths, wanted)?;
+    let sizing = sizing_at_start(paths, &record, wanted);
     let report = if record.is_this_build() && record.sizing() == sizing {
         let moved = takeover::converge(paths, &record)?;
         if moved > 0 {
@@ -415,7 +418,7 @@ pub fn adopt_or_load(paths: &Paths) -> Result<Option<takeover::Takeover>, EbpfEr
     } else {
         Some(takeover::take_over(paths, &record, sizing)?)
     };
-    let mut backend = EbpfBackend::open(paths)?;
+    let mut backend = EbpfBackend::open(paths, sizing)?;
     let records = crate::record::load_all(paths).unwrap_or_else(|e| {
         tracing::warn!(error = %e, "reading the pod records to adopt listeners");
         Vec::new()

@@ -400,9 +400,8 @@ pub fn pods_use_programs(paths: &Paths) -> usize {
 
 /// Loads this build's programs afresh, pinned under its own directory, after removing every
 /// earlier pin (no pod uses them).
-fn load_fresh(paths: &Paths) -> Result<NodeRecord, LoadError> {
+fn load_fresh(paths: &Paths, sizing: NodeSizing) -> Result<NodeRecord, LoadError> {
     unpin_node(paths);
-    let sizing = NodeSizing::requested();
     let dir = paths.build_pin_dir(&sizing.pin_dir_name(&object_id()));
     let map_pins: Vec<(&'static str, PathBuf)> = map_names()
         .map(|name| (name, dir.join("maps").join(name)))
@@ -417,7 +416,7 @@ fn load_fresh(paths: &Paths) -> Result<NodeRecord, LoadError> {
 /// ones from another build that no pod uses). Programs of another build that pods use are taken
 /// over only by the agent at its start (`takeover`); here they are an error. The caller holds
 /// the node lock.
-pub fn open_or_load(paths: &Paths) -> Result<NodePrograms, LoadError> {
+pub fn open_or_load(paths: &Paths, sizing: NodeSizing) -> Result<NodePrograms, LoadError> {
     match read_node_record(paths) {
         Some(r) if r.is_this_build() && all_pinned(paths, &r) => {}
         Some(r) if all_pinned(paths, &r) && pods_use_programs(paths) > 0 => {
@@ -428,18 +427,18 @@ pub fn open_or_load(paths: &Paths) -> Result<NodePrograms, LoadError> {
             });
         }
         _ => {
-            load_fresh(paths)?;
+            load_fresh(paths, sizing)?;
         }
     }
     adopt(paths)
 }
 
 /// The node record, loading this build's programs first where no pod uses any (agent start).
-pub(super) fn record_or_load(paths: &Paths) -> Result<NodeRecord, LoadError> {
+pub(super) fn record_or_load(paths: &Paths, sizing: NodeSizing) -> Result<NodeRecord, LoadError> {
     match read_node_record(paths) {
         Some(r) if all_pinned(paths, &r) && (r.is_this_build() || pods_use_programs(paths) > 0) => {
             Ok(r)
         }
-        _ => load_fresh(paths),
+        _ => load_fresh(paths, sizing),
     }
 }

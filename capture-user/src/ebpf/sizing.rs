@@ -8,8 +8,6 @@
 //! connections, not pods (hand-offs, accelerated sockets), keep fixed capacities: see
 //! docs/limits.md for why neither lets one pod block another.
 
-use std::sync::OnceLock;
-
 use capture_common::layout::{MapId, MAX_PODS};
 
 /// Kubernetes' own default `maxPods` is 110, and managed platforms allow up to about 250.
@@ -27,9 +25,6 @@ pub struct SizingError {
     pub given: u32,
 }
 
-/// What this process asked for (`--max-pods`); unset, the default.
-static REQUESTED: OnceLock<NodeSizing> = OnceLock::new();
-
 impl NodeSizing {
     /// For loads that only probe the kernel: the smallest maps.
     pub const PROBE: Self = Self { max_pods: 1 };
@@ -40,19 +35,6 @@ impl NodeSizing {
         } else {
             Err(SizingError { given: max_pods })
         }
-    }
-
-    /// The sizing this process loads a node with: its `--max-pods`, else the default.
-    #[must_use]
-    pub fn requested() -> Self {
-        REQUESTED.get().copied().unwrap_or_default()
-    }
-
-    /// Sets this process's sizing, once, before anything loads the node's programs.
-    pub fn request(max_pods: u32) -> Result<Self, SizingError> {
-        let sizing = Self::new(max_pods)?;
-        let _ = REQUESTED.set(sizing);
-        Ok(sizing)
     }
 
     /// The capacity of `map` on a node of this sizing: the object's declared capacity scaled

@@ -408,11 +408,11 @@ pub struct Builds {
 
 /// Looks, changes nothing.
 #[must_use]
-pub fn preview(paths: &Paths) -> Builds {
+pub fn preview(paths: &Paths, sizing: NodeSizing) -> Builds {
     let record = node::read_node_record(paths);
     let takeover = record.as_ref().filter(|r| !r.is_this_build()).map(|r| {
         let pods = ebpf_pods(paths).unwrap_or_default();
-        plan(paths, r, maps_in_use(paths, &pods), NodeSizing::requested())
+        plan(paths, r, maps_in_use(paths, &pods), sizing)
             .map(|plans| plans.iter().map(|p| (p.layout.name, p.carried)).collect())
             .map_err(|e| e.to_string())
     });

@@ -7,14 +7,16 @@
 //! host).
 //!
 //! The agent decides once, at its start, in the node's netns (its own); `capture attach` decides
-//! per run. `CAPTURE_IPTABLES=nft|legacy|plain` decides instead. Each pod's record keeps the
-//! variant its rules were written with, and they are removed with the same one.
+//! per run. `--iptables-variant nft|legacy|plain` (or `CAPTURE_IPTABLES`) decides instead. Each
+//! pod's record keeps the variant its rules were written with, and they are removed with the same
+//! one.
 
 use std::{process::Command, sync::OnceLock};
 
 use super::rules::Family;
 
-/// The environment variable that overrides the detection.
+/// The environment variable the binary reads `--iptables-variant` from when the flag is not
+/// given.
 pub const OVERRIDE_ENV: &str = "CAPTURE_IPTABLES";
 
 pub use capture_model::flavour::Flavour;
@@ -26,13 +28,30 @@ pub struct Choice {
     pub reason: String,
 }
 
-/// This process's choice: made at the first call and kept (the agent makes it at its start).
-pub fn node() -> &'static Choice {
-    static CHOICE: OnceLock<Choice> = OnceLock::new();
-    CHOICE.get_or_init(|| {
-        let forced = std::env::var(OVERRIDE_ENV).ok();
-        choose(forced.as_deref(), &|flavour| rule_lines(flavour))
-    })
+/// The node's variant as the binary was told it (`--iptables-variant`), decided at the first
+/// use and kept: detection runs the variants' save tools in this process's netns, which a
+/// command that writes no rules never needs.
+#[derive(Debug, Default)]
+pub struct NodeVariant {
+    forced: Option<String>,
+    choice: OnceLock<Choice>,
+}
+
+impl NodeVariant {
+    /// `forced`: `nft`, `legacy` or `plain`; anything else (or nothing) is detected.
+    #[must_use]
+    pub fn new(forced: Option<String>) -> Self {
+        Self {
+            forced,
+            choice: OnceLock::new(),
+        }
+    }
+
+    /// The choice, made at the first call.
+    pub fn choice(&self) -> &Choice {
+        self.choice
+            .get_or_init(|| choose(self.forced.as_deref(), &|flavour| rule_lines(flavour)))
+    }
 }
 
 /// The choice, given an override and a way to count a variant's rules in the node's netns

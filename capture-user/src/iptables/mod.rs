@@ -14,16 +14,18 @@ use crate::{
     record::PodRecord,
 };
 
-/// Istio's rules, written into the pod's netns with the node's iptables variant
-/// (`flavour::node`, decided at the first attach); a captured pod's record says which variant
-/// wrote its rules, and they are removed and checked with that one.
-pub struct IptablesBackend;
+/// Istio's rules, written into the pod's netns with the node's iptables variant (`flavour`); a
+/// captured pod's record says which variant wrote its rules, and they are removed and checked
+/// with that one.
+pub struct IptablesBackend {
+    pub flavour: flavour::Flavour,
+}
 
 impl Backend for IptablesBackend {
     type Error = apply::IptablesError;
 
     fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), Self::Error> {
-        apply::apply(pod.netns_path, cfg, flavour::node().flavour)
+        apply::apply(pod.netns_path, cfg, self.flavour)
     }
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), Self::Error> {

@@ -10,15 +10,20 @@ use prometheus_client::{
 };
 
 use super::node_metrics::family;
-use crate::{ebpf::limits::node_limits, paths::Paths};
+use crate::{
+    ebpf::{limits::node_limits, sizing::NodeSizing},
+    paths::Paths,
+};
 
 pub struct MapsCollector {
     paths: Paths,
+    /// What the node would be loaded with, for the capacities of maps not loaded yet.
+    sizing: NodeSizing,
 }
 
 impl MapsCollector {
-    pub fn new(paths: Paths) -> Self {
-        Self { paths }
+    pub fn new(paths: Paths, sizing: NodeSizing) -> Self {
+        Self { paths, sizing }
     }
 }
 
@@ -31,7 +36,7 @@ impl fmt::Debug for MapsCollector {
 impl Collector for MapsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         // Only maps that could be read: a node without programs has no series.
-        let limits: Vec<_> = node_limits(&self.paths)
+        let limits: Vec<_> = node_limits(&self.paths, self.sizing)
             .into_iter()
             .filter_map(|l| Some((l.map, l.in_use?, l.capacity)))
             .collect();

@@ -166,9 +166,15 @@ impl Metrics {
 
     /// Adds the node-wide maps' fill levels (read from the pins under `paths` at each scrape).
     #[must_use]
-    pub fn with_map_fill(mut self, paths: crate::paths::Paths) -> Self {
+    pub fn with_map_fill(
+        mut self,
+        paths: crate::paths::Paths,
+        sizing: crate::ebpf::sizing::NodeSizing,
+    ) -> Self {
         self.registry
-            .register_collector(Box::new(super::map_metrics::MapsCollector::new(paths)));
+            .register_collector(Box::new(super::map_metrics::MapsCollector::new(
+                paths, sizing,
+            )));
         self
     }
 

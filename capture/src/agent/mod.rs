@@ -232,7 +232,7 @@ impl Agent {
             in_place,
             take_over_istio_rules: self.cfg.take_over_istio_rules,
         };
-        match ops::attach(&self.cfg.paths, &req) {
+        match ops::attach(&self.cfg.paths, &self.cfg.node, &req) {
             Ok(record) => {
                 self.metrics.observe_attach(start.elapsed());
                 if let Some(proxies) = &self.proxies {
@@ -377,7 +377,8 @@ async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, 
 }
 
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
-    let probe = tokio::task::spawn_blocking(probe::probe).await?;
+    let node = Arc::clone(&cfg.node);
+    let probe = tokio::task::spawn_blocking(move || probe::probe(&node.iptables)).await?;
     let (mode, why) = probe::choose(cfg.mode, cfg.fallback, &probe).map_err(AgentError::Mode)?;
     info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
     let fallback = match probe.pod_fallback(cfg.mode, mode, cfg.fallback) {
@@ -390,7 +391,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             None
         }
     };
-    let iptables = tokio::task::spawn_blocking(crate::iptables::flavour::node).await?;
+    let node = Arc::clone(&cfg.node);
+    let iptables = tokio::task::spawn_blocking(move || node.iptables.choice().clone()).await?;
     info!(
         variant = iptables.flavour.name(),
         reason = %iptables.reason,
@@ -435,8 +437,8 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
             None
         }
     };
-    let mut metrics =
-        metrics::Metrics::new(mode, &probe.checks, read_node).with_map_fill(cfg.paths.clone());
+    let mut metrics = metrics::Metrics::new(mode, &probe.checks, read_node)
+        .with_map_fill(cfg.paths.clone(), cfg.node.sizing);
     let chain = cfg.cni_watch.as_ref().map(|watch| {
         let state = ChainState::new(&watch.conf_dir, cfg.paths.cni_chain_report_path());
         (state, metrics.cni_chain())

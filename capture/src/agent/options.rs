@@ -7,6 +7,8 @@ use crate::{ops, paths::Paths, probe};
 
 pub struct AgentConfig {
     pub paths: Paths,
+    /// The node's sizing and iptables variant (`--max-pods`, `--iptables-variant`).
+    pub node: std::sync::Arc<capture_user::node::NodeChoices>,
     pub socket: PathBuf,
     pub http: SocketAddr,
     /// Where /metrics alone is also served (the node's address, for Prometheus).

@@ -1,6 +1,9 @@
 //! What the agent does before it serves: the node's directories, its kernel programs loaded or
 //! taken over, the pods that survived a restart reported, and the acceleration's checks started.
 
+use std::sync::Arc;
+
+use capture_user::node::NodeChoices;
 use tracing::{info, warn};
 
 use super::{Agent, AgentError};
@@ -11,7 +14,7 @@ pub(super) fn prepare(agent: &Agent) -> Result<(), AgentError> {
     paths.prepare()?;
     if agent.mode == Mode::Ebpf {
         use crate::ebpf::{loader::LoadError, EbpfError};
-        match crate::ebpf::adopt_or_load(paths) {
+        match crate::ebpf::adopt_or_load(paths, agent.cfg.node.sizing) {
             Ok(Some(report)) => {
                 info!(from = %report.from, to = %report.to, pods = report.pods, maps = ?report.maps, "took the node over (another build, or another --max-pods)");
                 for failed in &report.failed {
@@ -27,6 +30,7 @@ pub(super) fn prepare(agent: &Agent) -> Result<(), AgentError> {
     }
     prepare_acceleration(
         paths,
+        &agent.cfg.node,
         agent.cfg.accelerate && agent.mode == Mode::Ebpf,
         &agent.cfg.accelerate_accepting,
     );
@@ -46,7 +50,12 @@ pub(super) fn prepare(agent: &Agent) -> Result<(), AgentError> {
 /// does, makes sure this kernel and build get checked (in the background, if they have not
 /// been). A check that cannot run is a failed verdict: acceleration stays off, and status says
 /// why.
-fn prepare_acceleration(paths: &Paths, allowed: bool, accepted: &[String]) {
+fn prepare_acceleration(
+    paths: &Paths,
+    choices: &Arc<NodeChoices>,
+    allowed: bool,
+    accepted: &[String],
+) {
     let mut node = crate::accel::load(paths);
     node.allowed = allowed;
     node.accepted = accepted.to_vec();
@@ -64,17 +73,19 @@ fn prepare_acceleration(paths: &Paths, allowed: bool, accepted: &[String]) {
     // In the background: readiness does not wait for an optional feature. Pods captured before
     // the verdict are not accelerated (status says why).
     let paths = paths.clone();
+    let choices = Arc::clone(choices);
     let accepted = accepted.to_vec();
-    std::thread::spawn(move || run_acceleration_checks(&paths, &accepted, node));
+    std::thread::spawn(move || run_acceleration_checks(&paths, &choices, &accepted, node));
 }
 
 fn run_acceleration_checks(
     paths: &Paths,
+    choices: &NodeChoices,
     accepted: &[String],
     mut node: crate::accel::NodeAcceleration,
 ) {
     info!("running the acceleration's correctness checks on this kernel");
-    match ops::accel_check(paths) {
+    match ops::accel_check(paths, choices) {
         Ok(report) => {
             let unaccepted = report.verdict().unaccepted(accepted);
             if unaccepted.is_empty() {

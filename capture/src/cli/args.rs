@@ -29,6 +29,11 @@ pub struct Cli {
     /// which resizes a loaded node in place); a pod past it is refused (auto: iptables).
     #[arg(long, global = true, env = "CAPTURE_MAX_PODS")]
     pub max_pods: Option<u32>,
+    /// The iptables variant that writes the iptables backend's rules: nft, legacy or plain (the
+    /// unsuffixed names). Unset (or anything else), it is detected as Istio does: the variant
+    /// whose rules the node's netns holds.
+    #[arg(long, global = true, env = "CAPTURE_IPTABLES")]
+    pub iptables_variant: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -28,9 +28,7 @@ pub enum Outcome {
 /// Runs one command; the binary prints the error chain on one line.
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let paths = Paths::new(&cli.bpffs, &cli.state_dir);
-    if let Some(max_pods) = cli.max_pods {
-        crate::ebpf::sizing::NodeSizing::request(max_pods)?;
-    }
+    let node = capture_user::node::NodeChoices::new(cli.max_pods, cli.iptables_variant)?;
     match cli.command {
         Command::Attach {
             netns,
@@ -52,7 +50,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 ModeChoice::Iptables => (Mode::Iptables, None),
                 ModeChoice::Nftables => (Mode::Nftables, None),
                 ModeChoice::Auto => {
-                    let probe = crate::probe::probe();
+                    let probe = crate::probe::probe(&node.iptables);
                     let (m, _why) =
                         crate::probe::choose(mode, fallback, &probe).map_err(anyhow::Error::msg)?;
                     let to = probe.pod_fallback(mode, m, fallback).ok().flatten();
@@ -99,7 +97,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 },
                 labels: None,
             };
-            let record = ops::attach(&paths, &req)?;
+            let record = ops::attach(&paths, &node, &req)?;
             println!(
                 "captured netns {} (cookie {}) cgroup {} mode {}{}",
                 record.netns.display(),
@@ -206,6 +204,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             });
             crate::agent::run(crate::agent::AgentConfig {
                 paths,
+                node: std::sync::Arc::new(node),
                 socket,
                 http,
                 metrics,
@@ -286,17 +285,17 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             );
         }
         Command::Doctor { json } => {
-            let probe = crate::probe::probe();
-            let builds = crate::ebpf::takeover::preview(&paths);
+            let probe = crate::probe::probe(&node.iptables);
+            let builds = crate::ebpf::takeover::preview(&paths, node.sizing);
             let foreign = crate::cgroup::cgroup2_mount()
                 .map(|root| {
                     let pods = crate::record::load_all(&paths).unwrap_or_default();
                     crate::ebpf::foreign::above_pods(&root, &pods)
                 })
                 .unwrap_or_default();
-            let limits = crate::ebpf::limits::node_limits(&paths);
+            let limits = crate::ebpf::limits::node_limits(&paths, node.sizing);
             let acceleration = crate::accel::node_report(&paths);
-            let iptables = crate::iptables::flavour::node();
+            let iptables = node.iptables.choice();
             if json {
                 let report = serde_json::json!({
                     "probe": probe,
@@ -325,7 +324,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             allow,
             accepting,
         } => {
-            let report = ops::accel_check(&paths)?;
+            let report = ops::accel_check(&paths, &node)?;
             if allow {
                 let mut node = crate::accel::load(&paths);
                 node.allowed = true;

@@ -83,11 +83,14 @@ fn prometheus_scrapes_the_agent_and_reads_pod_counters_back() {
         s.len() == 1 && s[0].value == 2.0
     });
     let paths = capture_user::paths::Paths::new(&node.dirs.bpffs, &node.dirs.state);
-    let capacity = capture_user::ebpf::limits::node_limits(&paths)
-        .iter()
-        .find(|l| l.map == "POD_CONFIGS")
-        .map(|l| f64::from(l.capacity))
-        .expect("POD_CONFIGS in the node's limits");
+    let capacity = capture_user::ebpf::limits::node_limits(
+        &paths,
+        capture_user::ebpf::sizing::NodeSizing::default(),
+    )
+    .iter()
+    .find(|l| l.map == "POD_CONFIGS")
+    .map(|l| f64::from(l.capacity))
+    .expect("POD_CONFIGS in the node's limits");
     prometheus.wait_for("capture_map_capacity{map=\"POD_CONFIGS\"}", SCRAPED, |s| {
         s.len() == 1 && s[0].value == capacity
     });

@@ -225,7 +225,8 @@ fn a_pod_needing_a_hook_the_kernel_lacks_falls_back_and_says_which() {
 #[test]
 fn the_probe_loads_and_attaches_every_hook_and_leaves_nothing() {
     capture_tests::require_root();
-    let probe = capture_user::probe::probe();
+    let probe =
+        capture_user::probe::probe(&capture_user::iptables::flavour::NodeVariant::default());
     let programs: Vec<_> = probe
         .checks
         .iter()
