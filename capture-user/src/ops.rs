@@ -117,22 +117,7 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
         (layout == cgroup::Layout::V1)
             .then(|| crate::config::EbpfUnsupported::cgroup_v1(&req.cgroup))
     });
-    let (mode, fallback) = match (req.mode, gap, req.fallback) {
-        // A fallback would weaken proxy identity to the uid rules: refuse instead.
-        (Mode::Ebpf, Some(gap), _) if identity => {
-            return Err(Error::Identity(crate::config::proxy_identity::no_fallback(
-                &gap.reason,
-            )))
-        }
-        (Mode::Ebpf, Some(gap), Some(to)) => (to, Some(gap)),
-        (Mode::Ebpf, Some(gap), None) => return Err(Error::EbpfUnsupported(gap.reason)),
-        (Mode::Iptables | Mode::Nftables, _, _) if identity => {
-            return Err(Error::Identity(
-                crate::config::proxy_identity::IPTABLES_CANNOT.into(),
-            ))
-        }
-        (mode, _, _) => (mode, None),
-    };
+    let (mode, fallback) = choose_mode(req, gap, identity)?;
     crate::config::proxy_identity::resolve_proxy_cgroup(
         &mut config,
         &req.cgroup,
@@ -148,28 +133,7 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
     let netns_cookie = netns.cookie(crate::ebpf::netns_cookie::netns_cookie)?;
     // One record read, not all of them: attach must not slow down as the node fills up.
     if let Some(existing) = record::load(paths, netns_cookie)? {
-        // A pod that fell back stays where it fell: asking again is the same request.
-        let same_mode =
-            existing.mode == mode || (req.fallback.is_some() && existing.fallback_reason.is_some());
-        // Acceleration is decided once, at the first attach; the node may allow it since. The
-        // proxy container may have become known since too.
-        let same_config = existing.config
-            == CaptureConfig {
-                accelerate: existing.config.accelerate,
-                proxy_identity: crate::config::proxy_identity::as_learned(
-                    config.proxy_identity.clone(),
-                    existing.config.proxy_identity.as_ref(),
-                ),
-                ..config.clone()
-            };
-        if same_config && existing.cgroup == req.cgroup && same_mode {
-            return Ok(existing);
-        }
-        return Err(Error::AlreadyAttached {
-            netns: req.netns.clone(),
-            cgroup: existing.cgroup.clone(),
-            mode: existing.mode,
-        });
+        return existing_attach(existing, &config, req, mode);
     }
 
     let mut record = PodRecord {
@@ -220,6 +184,63 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
         }
     }
     attached.map(|()| record)
+}
+
+/// The backend a pod gets: the request's, or its fallback where the ebpf backend cannot serve
+/// the pod (`gap`); a pod under proxy identity is refused rather than weakened.
+fn choose_mode(
+    req: &AttachRequest,
+    gap: Option<crate::config::EbpfUnsupported>,
+    identity: bool,
+) -> Result<(Mode, Option<crate::config::EbpfUnsupported>), Error> {
+    Ok(match (req.mode, gap, req.fallback) {
+        // A fallback would weaken proxy identity to the uid rules: refuse instead.
+        (Mode::Ebpf, Some(gap), _) if identity => {
+            return Err(Error::Identity(crate::config::proxy_identity::no_fallback(
+                &gap.reason,
+            )))
+        }
+        (Mode::Ebpf, Some(gap), Some(to)) => (to, Some(gap)),
+        (Mode::Ebpf, Some(gap), None) => return Err(Error::EbpfUnsupported(gap.reason)),
+        (Mode::Iptables | Mode::Nftables, _, _) if identity => {
+            return Err(Error::Identity(
+                crate::config::proxy_identity::IPTABLES_CANNOT.into(),
+            ))
+        }
+        (mode, _, _) => (mode, None),
+    })
+}
+
+/// An attach of a pod that has a record already: the same request again is a no-op, another
+/// one is refused.
+fn existing_attach(
+    existing: PodRecord,
+    config: &CaptureConfig,
+    req: &AttachRequest,
+    mode: Mode,
+) -> Result<PodRecord, Error> {
+    // A pod that fell back stays where it fell: asking again is the same request.
+    let same_mode =
+        existing.mode == mode || (req.fallback.is_some() && existing.fallback_reason.is_some());
+    // Acceleration is decided once, at the first attach; the node may allow it since. The
+    // proxy container may have become known since too.
+    let same_config = existing.config
+        == CaptureConfig {
+            accelerate: existing.config.accelerate,
+            proxy_identity: crate::config::proxy_identity::as_learned(
+                config.proxy_identity.clone(),
+                existing.config.proxy_identity.as_ref(),
+            ),
+            ..config.clone()
+        };
+    if same_config && existing.cgroup == req.cgroup && same_mode {
+        return Ok(existing);
+    }
+    Err(Error::AlreadyAttached {
+        netns: req.netns.clone(),
+        cgroup: existing.cgroup.clone(),
+        mode: existing.mode,
+    })
 }
 
 /// Attaches the pod's backend (falling back to `fallback` for a hook the kernel refuses, when

@@ -5,7 +5,7 @@ use clap::Parser as _;
 fn main() -> std::process::ExitCode {
     let cli = capture::cli::Cli::parse();
     // The agent logs its work; one-shot commands only their warnings. RUST_LOG overrides both.
-    let default = if matches!(cli.command, capture::cli::Command::Agent { .. }) {
+    let default = if matches!(cli.command, capture::cli::Command::Agent(_)) {
         "info"
     } else {
         "warn"

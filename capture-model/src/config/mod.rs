@@ -267,6 +267,69 @@ pub struct PodSpec {
     pub defaults: Defaults,
 }
 
+/// A pod's first IPv4 and first IPv6 address, and the others, each once.
+#[expect(
+    clippy::type_complexity,
+    reason = "the three parts of one pod's addresses, named at the call"
+)]
+fn pod_addresses(
+    pod_ips: &[IpAddr],
+) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>, Vec<IpAddr>), ConfigError> {
+    let (mut pod_ip4, mut pod_ip6, mut other_pod_ips) = (None, None, Vec::new());
+    for ip in pod_ips {
+        match ip {
+            IpAddr::V4(a) if pod_ip4.is_none() => pod_ip4 = Some(*a),
+            IpAddr::V6(a) if pod_ip6.is_none() => pod_ip6 = Some(*a),
+            _ if other_pod_ips.contains(ip)
+                || [pod_ip4.map(IpAddr::V4), pod_ip6.map(IpAddr::V6)].contains(&Some(*ip)) => {}
+            _ => other_pod_ips.push(*ip),
+        }
+    }
+    if pod_ip4.is_none() && pod_ip6.is_none() {
+        return Err(ConfigError::Pod("no pod IP given; pass --pod-ip".into()));
+    }
+    Ok((pod_ip4, pod_ip6, other_pod_ips))
+}
+
+/// The inbound ports never captured, in the order of whose defaults fill them in, each once.
+fn exclude_inbound_ports(spec: &PodSpec) -> Result<Vec<u16>, ConfigError> {
+    let ann = |key: &str| spec.annotations.get(key).map(String::as_str);
+    let status_port = match ann(ANN_STATUS_PORT) {
+        None => DEFAULT_STATUS_PORT,
+        Some(v) => parse_port(ANN_STATUS_PORT, v, v.trim())?,
+    };
+    let annotated_inbound_excludes = ann(ANN_EXCLUDE_INBOUND_PORTS)
+        .map_or(Ok(Vec::new()), |v| {
+            parse_ports(ANN_EXCLUDE_INBOUND_PORTS, v)
+        })?;
+    let mut ports = match spec.defaults {
+        // The injector's order: 15090, 15021, the annotation's ports, then the status port.
+        Defaults::IstioInit => [
+            &ALWAYS_EXCLUDED_INBOUND_PORTS[..],
+            &annotated_inbound_excludes,
+            &[status_port],
+        ]
+        .concat(),
+        // Istio CNI's: the annotation's ports, then always 15020, 15021, 15090.
+        Defaults::IstioCni => [
+            &annotated_inbound_excludes[..],
+            &CNI_ALWAYS_EXCLUDED_INBOUND_PORTS,
+        ]
+        .concat(),
+        Defaults::IstioIptables => annotated_inbound_excludes,
+    };
+    let mut seen = Vec::new();
+    ports.retain(|p| {
+        if seen.contains(p) {
+            false
+        } else {
+            seen.push(*p);
+            true
+        }
+    });
+    Ok(ports)
+}
+
 impl CaptureConfig {
     /// Validates a pod's annotations and addresses into its capture configuration.
     pub fn from_pod(spec: &PodSpec) -> Result<Self, ConfigError> {
@@ -318,19 +381,7 @@ impl CaptureConfig {
             &spec.mesh.proxy_identity,
         )?;
 
-        let (mut pod_ip4, mut pod_ip6, mut other_pod_ips) = (None, None, Vec::new());
-        for ip in &spec.pod_ips {
-            match ip {
-                IpAddr::V4(a) if pod_ip4.is_none() => pod_ip4 = Some(*a),
-                IpAddr::V6(a) if pod_ip6.is_none() => pod_ip6 = Some(*a),
-                _ if other_pod_ips.contains(ip)
-                    || [pod_ip4.map(IpAddr::V4), pod_ip6.map(IpAddr::V6)].contains(&Some(*ip)) => {}
-                _ => other_pod_ips.push(*ip),
-            }
-        }
-        if pod_ip4.is_none() && pod_ip6.is_none() {
-            return Err(ConfigError::Pod("no pod IP given; pass --pod-ip".into()));
-        }
+        let (pod_ip4, pod_ip6, other_pod_ips) = pod_addresses(&spec.pod_ips)?;
 
         let (proxy_uids, proxy_gids) = (ids.uids, ids.gids);
         for (what, ids) in [("uids", &proxy_uids), ("gids", &proxy_gids)] {
@@ -365,39 +416,7 @@ impl CaptureConfig {
             (None, _) => Selection::All,
             (Some(v), _) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
         };
-        let status_port = match ann(ANN_STATUS_PORT) {
-            None => DEFAULT_STATUS_PORT,
-            Some(v) => parse_port(ANN_STATUS_PORT, v, v.trim())?,
-        };
-        let annotated_inbound_excludes = ann(ANN_EXCLUDE_INBOUND_PORTS)
-            .map_or(Ok(Vec::new()), |v| {
-                parse_ports(ANN_EXCLUDE_INBOUND_PORTS, v)
-            })?;
-        let mut exclude_inbound_ports = match spec.defaults {
-            // The injector's order: 15090, 15021, the annotation's ports, then the status port.
-            Defaults::IstioInit => [
-                &ALWAYS_EXCLUDED_INBOUND_PORTS[..],
-                &annotated_inbound_excludes,
-                &[status_port],
-            ]
-            .concat(),
-            // Istio CNI's: the annotation's ports, then always 15020, 15021, 15090.
-            Defaults::IstioCni => [
-                &annotated_inbound_excludes[..],
-                &CNI_ALWAYS_EXCLUDED_INBOUND_PORTS,
-            ]
-            .concat(),
-            Defaults::IstioIptables => annotated_inbound_excludes,
-        };
-        let mut seen = Vec::new();
-        exclude_inbound_ports.retain(|p| {
-            if seen.contains(p) {
-                false
-            } else {
-                seen.push(*p);
-                true
-            }
-        });
+        let exclude_inbound_ports = exclude_inbound_ports(spec)?;
 
         let owner_groups = owner_groups(&spec.mesh)?;
         let host_loopback_cidr = host_loopback_cidr(spec.mesh.ipv4_loopback_cidr.as_deref())?;

@@ -244,11 +244,12 @@ fn resolve_ids(spec: &PodSpec) -> Result<(ProxyIds, Vec<Setting>), ConfigError> 
     ))
 }
 
-pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
-    let proxy_config = match spec.annotations.get(ANN_PROXY_CONFIG) {
-        Some(text) => Some((text, ProxyConfigAnnotation::parse(text)?)),
-        None => None,
-    };
+/// The pod's interception mode, from the first of: its annotation, its proxy container's env,
+/// its proxy-config annotation, its revision's mesh configuration.
+fn resolve_interception_mode(
+    spec: &PodSpec,
+    proxy_config: Option<&(&String, ProxyConfigAnnotation)>,
+) -> Result<(InterceptionMode, Setting), ConfigError> {
     let from_proxy_config = |field: &str| format!("{ANN_PROXY_CONFIG} {field}");
     let mesh = spec.mesh_config.as_ref();
     let from_mesh = |field: &str| match &spec.mesh_source {
@@ -256,7 +257,6 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
         None => field.to_string(),
     };
     let container = spec.proxy_container.as_ref();
-
     let mut modes = Vec::new();
     if let Some(v) = spec.annotations.get(ANN_INTERCEPTION_MODE) {
         modes.push(Candidate::new(Source::Annotation, ANN_INTERCEPTION_MODE, v));
@@ -268,10 +268,7 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
             v,
         ));
     }
-    if let Some(v) = proxy_config
-        .as_ref()
-        .and_then(|(_, p)| p.interception_mode.as_ref())
-    {
+    if let Some(v) = proxy_config.and_then(|(_, p)| p.interception_mode.as_ref()) {
         modes.push(Candidate::new(
             Source::Annotation,
             from_proxy_config("interceptionMode"),
@@ -285,7 +282,7 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
             v,
         ));
     }
-    let (interception_mode, mode_setting) = resolve(
+    resolve(
         "interception_mode",
         modes,
         (InterceptionMode::Redirect, "REDIRECT"),
@@ -293,7 +290,7 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
             match c.raw.trim() {
             "REDIRECT" => Ok(InterceptionMode::Redirect),
             "TPROXY" => Ok(InterceptionMode::Tproxy),
-            _ => Err(match (c.source, proxy_config.as_ref()) {
+            _ => Err(match (c.source, proxy_config) {
                 (Source::Annotation, Some((text, _))) if c.from != ANN_INTERCEPTION_MODE => bad(
                     ANN_PROXY_CONFIG,
                     text,
@@ -313,7 +310,23 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
             }),
         }
         },
-    )?;
+    )
+}
+
+pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
+    let proxy_config = match spec.annotations.get(ANN_PROXY_CONFIG) {
+        Some(text) => Some((text, ProxyConfigAnnotation::parse(text)?)),
+        None => None,
+    };
+    let from_proxy_config = |field: &str| format!("{ANN_PROXY_CONFIG} {field}");
+    let mesh = spec.mesh_config.as_ref();
+    let from_mesh = |field: &str| match &spec.mesh_source {
+        Some(source) => format!("{source} {field}"),
+        None => field.to_string(),
+    };
+    let container = spec.proxy_container.as_ref();
+
+    let (interception_mode, mode_setting) = resolve_interception_mode(spec, proxy_config.as_ref())?;
 
     let switch = |key: &'static str, flag: (&str, bool)| {
         let mut candidates = Vec::new();

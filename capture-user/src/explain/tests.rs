@@ -71,6 +71,7 @@ fn case(cfg: CaptureConfig, q: Question, rule: &'static str, redirect_to: Option
     }
 }
 
+#[expect(clippy::too_many_lines, reason = "a table: one entry per case")]
 fn cases() -> Vec<Case> {
     let dns = MeshDefaults {
         redirect_dns: true,

@@ -61,7 +61,6 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         .iter()
         .map(|c| format!("-N {c}"))
         .collect();
-    let dns = cfg.dns.as_ref();
     for nic in &cfg.exclude_interfaces {
         r.push(format!("-A PREROUTING -i {nic} -j RETURN"));
         r.push(format!("-A OUTPUT -o {nic} -j RETURN"));
@@ -84,6 +83,38 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
         cfg.inbound_port
     ));
 
+    nat_inbound(cfg, &mut r);
+
+    r.push("-A OUTPUT -j ISTIO_OUTPUT".into());
+    for p in &cfg.exclude_outbound_ports {
+        r.push(format!("-A ISTIO_OUTPUT -p tcp --dport {p} -j RETURN"));
+        r.push(format!("-A ISTIO_OUTPUT -p udp --dport {p} -j RETURN"));
+    }
+    r.push(format!(
+        "-A ISTIO_OUTPUT -o lo -s {passthrough_src} -j RETURN"
+    ));
+    nat_owners(cfg, &host_loopback, &mut r);
+    nat_dns(cfg, family, &mut r);
+    r.push(format!("-A ISTIO_OUTPUT -d {host_loopback} -j RETURN"));
+    for net in cfg.exclude_outbound_cidrs.iter().filter(|n| family.owns(n)) {
+        r.push(format!("-A ISTIO_OUTPUT -d {net} -j RETURN"));
+    }
+    nat_destinations(cfg, family, &mut r);
+    if cfg.spare_open_connections {
+        // conntrack first sees a connection opened before the rules mid-stream, and takes that
+        // packet for the first of a new connection, which NAT would redirect; a new connection's
+        // first packet is always a SYN.
+        for builtin in ["PREROUTING", "OUTPUT"] {
+            r.push(format!(
+                "-I {builtin} 1 -p tcp ! --syn -m comment --comment \"{SPARE_COMMENT}\" -j RETURN"
+            ));
+        }
+    }
+    r
+}
+
+/// Inbound capture in nat (REDIRECT mode; under TPROXY it is mangle's).
+fn nat_inbound(cfg: &CaptureConfig, r: &mut Vec<String>) {
     // Under TPROXY, inbound capture lives in the mangle table; the nat chain stays unused.
     let tproxy = cfg.interception_mode == InterceptionMode::Tproxy;
     match &cfg.include_inbound_ports {
@@ -104,15 +135,11 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             );
         }
     }
+}
 
-    r.push("-A OUTPUT -j ISTIO_OUTPUT".into());
-    for p in &cfg.exclude_outbound_ports {
-        r.push(format!("-A ISTIO_OUTPUT -p tcp --dport {p} -j RETURN"));
-        r.push(format!("-A ISTIO_OUTPUT -p udp --dport {p} -j RETURN"));
-    }
-    r.push(format!(
-        "-A ISTIO_OUTPUT -o lo -s {passthrough_src} -j RETURN"
-    ));
+/// The proxy's own connections (its uids and gids) and the owner-group lists.
+fn nat_owners(cfg: &CaptureConfig, host_loopback: &str, r: &mut Vec<String>) {
+    let dns = cfg.dns.as_ref();
     let no_lo_return = cfg.include_covers_loopback();
     for (flag, ids) in [
         ("--uid-owner", &cfg.proxy_uids),
@@ -159,7 +186,11 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             );
         }
     }
-    if let Some(dns) = dns.filter(|dns| dns_in(family, dns)) {
+}
+
+/// DNS capture's chain, for a family whose queries it redirects.
+fn nat_dns(cfg: &CaptureConfig, family: Family, r: &mut Vec<String>) {
+    if let Some(dns) = cfg.dns.as_ref().filter(|dns| dns_in(family, dns)) {
         r.push(format!("-A ISTIO_OUTPUT -j {DNS_CHAIN}"));
         let targets: Vec<String> = if dns.capture_all {
             vec![String::new()]
@@ -183,10 +214,11 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             ));
         }
     }
-    r.push(format!("-A ISTIO_OUTPUT -d {host_loopback} -j RETURN"));
-    for net in cfg.exclude_outbound_cidrs.iter().filter(|n| family.owns(n)) {
-        r.push(format!("-A ISTIO_OUTPUT -d {net} -j RETURN"));
-    }
+}
+
+/// The outbound destinations sent to the proxy: included ports and CIDRs, and what enters
+/// through virtual interfaces.
+fn nat_destinations(cfg: &CaptureConfig, family: Family, r: &mut Vec<String>) {
     for p in &cfg.include_outbound_ports {
         r.push(format!(
             "-A ISTIO_OUTPUT -p tcp --dport {p} -j ISTIO_REDIRECT"
@@ -217,17 +249,6 @@ pub fn nat_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
             }
         }
     }
-    if cfg.spare_open_connections {
-        // conntrack first sees a connection opened before the rules mid-stream, and takes that
-        // packet for the first of a new connection, which NAT would redirect; a new connection's
-        // first packet is always a SYN.
-        for builtin in ["PREROUTING", "OUTPUT"] {
-            r.push(format!(
-                "-I {builtin} 1 -p tcp ! --syn -m comment --comment \"{SPARE_COMMENT}\" -j RETURN"
-            ));
-        }
-    }
-    r
 }
 
 /// Names the rules that spare a repaired pod's open connections, for an operator reading

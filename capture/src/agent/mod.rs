@@ -377,27 +377,7 @@ async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, 
 }
 
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
-    let node = Arc::clone(&cfg.node);
-    let probe = tokio::task::spawn_blocking(move || probe::probe(&node.iptables)).await?;
-    let (mode, why) = probe::choose(cfg.mode, cfg.fallback, &probe).map_err(AgentError::Mode)?;
-    info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
-    let fallback = match probe.pod_fallback(cfg.mode, mode, cfg.fallback) {
-        Ok(to) => to.map(|(to, why)| {
-            info!(fallback = %to, reason = %why, "pods the kernel cannot serve fall back");
-            to
-        }),
-        Err(why) => {
-            warn!(reason = %why, "no fallback backend: pods the kernel cannot serve are refused");
-            None
-        }
-    };
-    let node = Arc::clone(&cfg.node);
-    let iptables = tokio::task::spawn_blocking(move || node.iptables.choice().clone()).await?;
-    info!(
-        variant = iptables.flavour.name(),
-        reason = %iptables.reason,
-        "iptables variant chosen for the iptables backend"
-    );
+    let (probe, mode, fallback) = choose_backends(&cfg).await?;
     // A record that cannot be read costs its own pod only: the node starts with the others.
     if let Ok(scan) = crate::record::scan(&cfg.paths) {
         for d in &scan.damaged {
@@ -495,52 +475,96 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         });
     }
     if serving {
-        tokio::spawn(background::retry_failed_releases(agent.cfg.paths.clone()));
-        if let Some(proxies) = agent.proxies.clone() {
-            let paths = agent.cfg.paths.clone();
-            tokio::task::spawn_blocking(move || {
-                for record in crate::record::load_all(&paths).unwrap_or_default() {
-                    proxies.watch(&record);
-                }
-            });
-        }
-        if agent.files.any() {
-            tokio::spawn(background::poll_node_files(Arc::clone(&agent)));
-        }
-        match agent.cfg.reconcile.clone() {
-            Some(cfg) => {
-                tokio::spawn(reconcile::run(Arc::clone(&agent), cfg));
-            }
-            None => crate::runtime::report::forget(&agent.cfg.paths),
-        }
-        agent.enter(Phase::Serving);
-        match agent.node_readiness().err() {
-            None => info!(
-                socket = %socket_path.display(),
-                http = %agent.cfg.http,
-                metrics = ?agent.cfg.metrics,
-                "ready"
-            ),
-            Some(why) => error!(reason = %why, "not ready"),
-        }
+        start_serving(&agent, &socket_path);
     }
 
+    accept_until_stopped(&agent, &socket).await?;
+    agent.enter(Phase::Stopping);
+    let _ = std::fs::remove_file(&socket_path);
+    info!("stopping; captured pods stay captured");
+    Ok(())
+}
+
+/// The node's mode from the kernel probe and the flags, and where pods the mode cannot serve
+/// fall back to; logs both, and the iptables variant.
+async fn choose_backends(
+    cfg: &AgentConfig,
+) -> Result<(probe::Probe, Mode, Option<Mode>), AgentError> {
+    let node = Arc::clone(&cfg.node);
+    let probe = tokio::task::spawn_blocking(move || probe::probe(&node.iptables)).await?;
+    let (mode, why) = probe::choose(cfg.mode, cfg.fallback, &probe).map_err(AgentError::Mode)?;
+    info!(%mode, reason = %why, kernel = %probe.kernel, "mode chosen");
+    let fallback = match probe.pod_fallback(cfg.mode, mode, cfg.fallback) {
+        Ok(to) => to.map(|(to, why)| {
+            info!(fallback = %to, reason = %why, "pods the kernel cannot serve fall back");
+            to
+        }),
+        Err(why) => {
+            warn!(reason = %why, "no fallback backend: pods the kernel cannot serve are refused");
+            None
+        }
+    };
+    let node = Arc::clone(&cfg.node);
+    let iptables = tokio::task::spawn_blocking(move || node.iptables.choice().clone()).await?;
+    info!(
+        variant = iptables.flavour.name(),
+        reason = %iptables.reason,
+        "iptables variant chosen for the iptables backend"
+    );
+    Ok((probe, mode, fallback))
+}
+
+/// What a serving agent runs beside the socket: release retries, the proxy containers' watch,
+/// the node files' poll and the reconcile; then it says whether it is ready.
+fn start_serving(agent: &Arc<Agent>, socket_path: &std::path::Path) {
+    tokio::spawn(background::retry_failed_releases(agent.cfg.paths.clone()));
+    if let Some(proxies) = agent.proxies.clone() {
+        let paths = agent.cfg.paths.clone();
+        tokio::task::spawn_blocking(move || {
+            for record in crate::record::load_all(&paths).unwrap_or_default() {
+                proxies.watch(&record);
+            }
+        });
+    }
+    if agent.files.any() {
+        tokio::spawn(background::poll_node_files(Arc::clone(agent)));
+    }
+    match agent.cfg.reconcile.clone() {
+        Some(cfg) => {
+            tokio::spawn(reconcile::run(Arc::clone(agent), cfg));
+        }
+        None => crate::runtime::report::forget(&agent.cfg.paths),
+    }
+    agent.enter(Phase::Serving);
+    match agent.node_readiness().err() {
+        None => info!(
+            socket = %socket_path.display(),
+            http = %agent.cfg.http,
+            metrics = ?agent.cfg.metrics,
+            "ready"
+        ),
+        Some(why) => error!(reason = %why, "not ready"),
+    }
+}
+
+/// Serves the CNI plugin's connections until SIGTERM or SIGINT.
+async fn accept_until_stopped(
+    agent: &Arc<Agent>,
+    socket: &tokio::net::UnixListener,
+) -> Result<(), AgentError> {
     let clients = socket::Clients::new();
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Runtime)?;
     let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Runtime)?;
     loop {
         tokio::select! {
             conn = socket.accept() => match conn {
-                Ok((stream, _)) => socket::spawn_client(Arc::clone(&agent), stream, &clients),
+                Ok((stream, _)) => socket::spawn_client(Arc::clone(agent), stream, &clients),
                 Err(e) => error!(error = %e, "accept on the agent socket"),
             },
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
     }
-    agent.enter(Phase::Stopping);
-    let _ = std::fs::remove_file(&socket_path);
-    info!("stopping; captured pods stay captured");
     Ok(())
 }
 

@@ -64,6 +64,17 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         prometheus_client::metrics::MetricType::Gauge,
     )?)?;
 
+    encode_pod_states(encoder, &pods)?;
+    encode_left_alone_and_builds(encoder, node)?;
+    encode_acceleration(encoder, &pods)?;
+    encode_traffic(encoder, node, &pods)
+}
+
+/// Each pod's state: in force, on a fallback, its programs' build, its loopback destinations.
+fn encode_pod_states(
+    encoder: &mut DescriptorEncoder,
+    pods: &[(PodLabels, &PodStatus)],
+) -> fmt::Result {
     let in_force: Vec<_> = pods
         .iter()
         .map(|(labels, p)| (&labels[..], ConstGauge::new(i64::from(p.in_force))))
@@ -126,7 +137,11 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         ),
         &loopback,
     )?;
+    Ok(())
+}
 
+/// Pods left alone, and the build the node has pinned.
+fn encode_left_alone_and_builds(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Result {
     let left_alone: Vec<_> = node
         .left_alone
         .iter()
@@ -159,7 +174,14 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         "The build whose kernel programs the node has pinned (its node record).",
         &node_build,
     )?;
+    Ok(())
+}
 
+/// The app-to-proxy acceleration of the pods that ask for it.
+fn encode_acceleration(
+    encoder: &mut DescriptorEncoder,
+    pods: &[(PodLabels, &PodStatus)],
+) -> fmt::Result {
     let accelerated: Vec<_> = pods
         .iter()
         .filter_map(|(labels, p)| {
@@ -205,7 +227,15 @@ fn encode_node(encoder: &mut DescriptorEncoder, node: &NodeStatus) -> fmt::Resul
         "Socket directions of accelerated pods by the path their writes took (decided at each socket's first write).",
         &accel_sends,
     )?;
+    Ok(())
+}
 
+/// Connections decided, the kernel's errors and the trace's events.
+fn encode_traffic(
+    encoder: &mut DescriptorEncoder,
+    node: &NodeStatus,
+    pods: &[(PodLabels, &PodStatus)],
+) -> fmt::Result {
     let connections: Vec<_> = pods
         .iter()
         .flat_map(|(labels, p)| {

@@ -41,57 +41,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Capture a pod: attach the programs to its cgroup and configure it.
-    Attach {
-        /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
-        #[arg(long)]
-        netns: PathBuf,
-        /// The pod's cgroup directory: cgroup v2 (a cgroup v1 one only for the rule backends).
-        #[arg(long)]
-        cgroup: PathBuf,
-        /// The pod's IP address; repeat for an IPv4 and an IPv6 address.
-        #[arg(long = "pod-ip", required = true)]
-        pod_ips: Vec<IpAddr>,
-        /// A pod annotation, KEY=VALUE (Istio's traffic.sidecar.istio.io/* and friends); repeatable.
-        #[arg(long = "annotation", value_parser = parse_annotation)]
-        annotations: Vec<(String, String)>,
-        /// The proxy's uid(s), comma-separated (default 1337).
-        #[arg(long, value_parser = parse_id_list)]
-        proxy_uid: Option<IdList>,
-        /// The proxy's gid(s), comma-separated (default: the uids).
-        #[arg(long, value_parser = parse_id_list)]
-        proxy_gid: Option<IdList>,
-        /// ebpf, iptables, nftables, or auto (ebpf where the kernel and the pod allow it, else
-        /// the --fallback backend).
-        #[arg(long, value_enum, default_value_t = ModeChoice::Ebpf)]
-        mode: ModeChoice,
-        /// What --mode auto falls back to: iptables, nftables, or auto (what the node already
-        /// uses; nftables where the iptables tools are absent).
-        #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
-        fallback: FallbackChoice,
-        /// Where the pod's netns already holds Istio's own capture rules (istio-init's ISTIO_*
-        /// chains, or Istio's nftables tables): remove them and capture the pod, rather than
-        /// refuse it. Rules identical to what --mode iptables or nftables would write are
-        /// adopted without this.
-        #[arg(long)]
-        take_over_istio_rules: bool,
-        /// Under proxy identity by container: the proxy container's cgroup v2 directory (below
-        /// the pod's). Without it, the pod's proxy-uid connections are refused until
-        /// `capture proxy-container` names it.
-        #[arg(long)]
-        proxy_cgroup: Option<PathBuf>,
-        /// Whose defaults fill in what the annotations leave out: the sidecar injector's as
-        /// istio-init gets them (`injector`), istio-cni's as the agent applies them (`cni`), or
-        /// istio-iptables' own flag defaults (`istio-iptables`: nothing excluded implicitly,
-        /// inbound capture only for includeInboundPorts).
-        #[arg(long, value_enum, default_value_t = DefaultsChoice::Injector)]
-        defaults: DefaultsChoice,
-        /// The node's policy for bypass annotations (YAML, see docs/proxy-identity.md); the
-        /// pod's annotations must keep to it.
-        #[arg(long, value_name = "FILE")]
-        annotation_policy: Option<PathBuf>,
-        #[command(flatten)]
-        mesh: MeshArgs,
-    },
+    Attach(AttachArgs),
     /// Name a captured pod's proxy container under proxy identity by container: the agent does
     /// this from the container runtime; nodes captured with the CLI alone do it themselves.
     ProxyContainer {
@@ -124,75 +74,7 @@ pub enum Command {
         inbound_port: u16,
     },
     /// Run the node agent: owns the kernel side, serves the CNI plugin, exposes health and metrics.
-    Agent {
-        /// The Unix socket the CNI plugin talks to (root-only); default: <state-dir>/agent.sock.
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        /// Where /healthz, /readyz and /metrics are served (keep it on localhost).
-        #[arg(long, default_value = "127.0.0.1:15300", value_parser = parse_listen_addr)]
-        http: std::net::SocketAddr,
-        /// Also serve /metrics alone here, for a Prometheus that scrapes the node's address (for
-        /// example `$(NODE_IP):15301`); health stays on --http.
-        #[arg(long, value_parser = parse_listen_addr)]
-        metrics: Option<std::net::SocketAddr>,
-        /// ebpf, iptables, nftables, or auto (ebpf where the kernel supports every hook, else the
-        /// --fallback backend, also for each pod that needs what the kernel lacks).
-        #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
-        mode: ModeChoice,
-        /// What --mode auto falls back to: iptables, nftables, or auto (what the node already
-        /// uses; nftables where the iptables tools are absent).
-        #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
-        fallback: FallbackChoice,
-        /// The proxy's uid(s) for every pod this agent captures (default 1337).
-        #[arg(long, value_parser = parse_id_list)]
-        proxy_uid: Option<IdList>,
-        /// The proxy's gid(s) (default: the uids).
-        #[arg(long, value_parser = parse_id_list)]
-        proxy_gid: Option<IdList>,
-        /// As for attach. DNS capture through the agent captures every port-53 destination (the
-        /// CNI path's default), unless nameservers are given.
-        #[command(flatten)]
-        mesh: MeshArgs,
-        /// Keep capture-cni chained in the active CNI configuration: chain it again within a
-        /// second when the network plugin rewrites or replaces its configuration (while
-        /// capture-cni is installed in --cni-bin-dir; `uninstall-cni` takes it out for good).
-        #[arg(long)]
-        watch_cni_config: bool,
-        /// Allow the app-to-proxy acceleration for pods that ask for it
-        /// (capture.dev/accelerate: "true"), once this kernel has passed the acceleration's
-        /// correctness checks, which the agent runs at start (once per kernel and build).
-        #[arg(long)]
-        accelerate: bool,
-        /// With --accelerate: check cases whose differences this node accepts (comma-separated
-        /// names, as `capture accel-check` prints them); a kernel that differs only in those is
-        /// accelerated anyway.
-        #[arg(long, value_delimiter = ',', requires = "accelerate")]
-        accelerate_accepting: Vec<String>,
-        /// A pod whose netns already holds Istio's own capture rules (istio-init's, in a cluster
-        /// migrating from it) has them removed and replaced, rather than refused. Rules identical
-        /// to what the pod's rule backend would write are adopted without this.
-        #[arg(long)]
-        take_over_istio_rules: bool,
-        /// The container runtime's CRI socket, read at start and every --reconcile-period to find
-        /// meshed pods capture never saw and records whose pod is gone (CRI-O's:
-        /// /var/run/crio/crio.sock).
-        #[arg(long, default_value = crate::runtime::cri::CONTAINERD_SOCKET)]
-        cri_socket: PathBuf,
-        /// What to do with a meshed pod found running uncaptured: capture it in place, restart
-        /// its sandbox through the runtime (the kubelet recreates it through the CNI chain), or
-        /// only report it.
-        #[arg(long, value_enum, default_value_t = crate::runtime::Repair::Capture)]
-        repair: crate::runtime::Repair,
-        /// The node's policy for bypass annotations (YAML; the capture-annotation-policy
-        /// ConfigMap): read before each ADD, so a change applies to new pods without a restart.
-        #[arg(long, value_name = "FILE", env = "CAPTURE_ANNOTATION_POLICY")]
-        annotation_policy: Option<PathBuf>,
-        /// Seconds between reconcile passes; 0 turns the reconcile off.
-        #[arg(long, default_value_t = 30, env = "CAPTURE_RECONCILE_PERIOD")]
-        reconcile_period: u64,
-        #[command(flatten)]
-        cni: CniDirs,
-    },
+    Agent(AgentArgs),
     /// Copy capture-cni into the CNI bin directory and chain it last in the node's active network
     /// configuration (idempotent; other plugins, key order and indentation are kept).
     InstallCni {
@@ -227,34 +109,7 @@ pub enum Command {
     /// Say what capture does with one connection of a pod and why: the verdict, the rule that
     /// decides it (the same names `trace` prints), Istio's iptables rule for it, and, for an
     /// iptables pod, that rule in the pod's netns with its packet counter.
-    Explain {
-        #[command(flatten)]
-        pod: PodArgs,
-        /// The destination: ADDR:PORT, or [ADDR]:PORT for IPv6 (for --direction inbound, the
-        /// pod's address and port the connection arrives for).
-        #[arg(long)]
-        to: std::net::SocketAddr,
-        /// The address the socket is bound to before it connects (127.0.0.6 is the proxy's
-        /// inbound passthrough).
-        #[arg(long)]
-        from: Option<IpAddr>,
-        /// The socket owner's uid, as the node sees it.
-        #[arg(long, default_value_t = 0)]
-        from_uid: u32,
-        /// The socket owner's primary gid (default: the uid).
-        #[arg(long)]
-        from_gid: Option<u32>,
-        /// The connecting process runs in another container than the pod's proxy container
-        /// (pods under proxy identity by container exempt the proxy's ids only in it).
-        #[arg(long)]
-        from_other_container: bool,
-        #[arg(long, value_enum, default_value = "tcp")]
-        proto: crate::explain::Proto,
-        #[arg(long, value_enum, default_value = "outbound")]
-        direction: crate::explain::Direction,
-        #[arg(long)]
-        json: bool,
-    },
+    Explain(ExplainArgs),
     /// Stream the decisions the kernel programs take for one pod, live: time, hook, process,
     /// owner, addresses, verdict and rule. Off until asked for, bounded by a rate limit, and over
     /// when this command ends (a lease the programs honour even if it is killed).
@@ -464,4 +319,161 @@ pub struct CniDirs {
     pub cni_bin_dir: PathBuf,
     #[arg(long, default_value = "/etc/cni/net.d")]
     pub cni_conf_dir: PathBuf,
+}
+
+/// `capture attach`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct AttachArgs {
+    /// The pod's network namespace (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
+    #[arg(long)]
+    pub netns: PathBuf,
+    /// The pod's cgroup directory: cgroup v2 (a cgroup v1 one only for the rule backends).
+    #[arg(long)]
+    pub cgroup: PathBuf,
+    /// The pod's IP address; repeat for an IPv4 and an IPv6 address.
+    #[arg(long = "pod-ip", required = true)]
+    pub pod_ips: Vec<IpAddr>,
+    /// A pod annotation, KEY=VALUE (Istio's traffic.sidecar.istio.io/* and friends); repeatable.
+    #[arg(long = "annotation", value_parser = parse_annotation)]
+    pub annotations: Vec<(String, String)>,
+    /// The proxy's uid(s), comma-separated (default 1337).
+    #[arg(long, value_parser = parse_id_list)]
+    pub proxy_uid: Option<IdList>,
+    /// The proxy's gid(s), comma-separated (default: the uids).
+    #[arg(long, value_parser = parse_id_list)]
+    pub proxy_gid: Option<IdList>,
+    /// ebpf, iptables, nftables, or auto (ebpf where the kernel and the pod allow it, else
+    /// the --fallback backend).
+    #[arg(long, value_enum, default_value_t = ModeChoice::Ebpf)]
+    pub mode: ModeChoice,
+    /// What --mode auto falls back to: iptables, nftables, or auto (what the node already
+    /// uses; nftables where the iptables tools are absent).
+    #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
+    pub fallback: FallbackChoice,
+    /// Where the pod's netns already holds Istio's own capture rules (istio-init's ISTIO_*
+    /// chains, or Istio's nftables tables): remove them and capture the pod, rather than
+    /// refuse it. Rules identical to what --mode iptables or nftables would write are
+    /// adopted without this.
+    #[arg(long)]
+    pub take_over_istio_rules: bool,
+    /// Under proxy identity by container: the proxy container's cgroup v2 directory (below
+    /// the pod's). Without it, the pod's proxy-uid connections are refused until
+    /// `capture proxy-container` names it.
+    #[arg(long)]
+    pub proxy_cgroup: Option<PathBuf>,
+    /// Whose defaults fill in what the annotations leave out: the sidecar injector's as
+    /// istio-init gets them (`injector`), istio-cni's as the agent applies them (`cni`), or
+    /// istio-iptables' own flag defaults (`istio-iptables`: nothing excluded implicitly,
+    /// inbound capture only for includeInboundPorts).
+    #[arg(long, value_enum, default_value_t = DefaultsChoice::Injector)]
+    pub defaults: DefaultsChoice,
+    /// The node's policy for bypass annotations (YAML, see docs/proxy-identity.md); the
+    /// pod's annotations must keep to it.
+    #[arg(long, value_name = "FILE")]
+    pub annotation_policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+}
+
+/// `capture agent`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// The Unix socket the CNI plugin talks to (root-only); default: <state-dir>/agent.sock.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Where /healthz, /readyz and /metrics are served (keep it on localhost).
+    #[arg(long, default_value = "127.0.0.1:15300", value_parser = parse_listen_addr)]
+    pub http: std::net::SocketAddr,
+    /// Also serve /metrics alone here, for a Prometheus that scrapes the node's address (for
+    /// example `$(NODE_IP):15301`); health stays on --http.
+    #[arg(long, value_parser = parse_listen_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// ebpf, iptables, nftables, or auto (ebpf where the kernel supports every hook, else the
+    /// --fallback backend, also for each pod that needs what the kernel lacks).
+    #[arg(long, value_enum, default_value_t = ModeChoice::Auto)]
+    pub mode: ModeChoice,
+    /// What --mode auto falls back to: iptables, nftables, or auto (what the node already
+    /// uses; nftables where the iptables tools are absent).
+    #[arg(long, value_enum, default_value_t = FallbackChoice::Auto)]
+    pub fallback: FallbackChoice,
+    /// The proxy's uid(s) for every pod this agent captures (default 1337).
+    #[arg(long, value_parser = parse_id_list)]
+    pub proxy_uid: Option<IdList>,
+    /// The proxy's gid(s) (default: the uids).
+    #[arg(long, value_parser = parse_id_list)]
+    pub proxy_gid: Option<IdList>,
+    /// As for attach. DNS capture through the agent captures every port-53 destination (the
+    /// CNI path's default), unless nameservers are given.
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+    /// Keep capture-cni chained in the active CNI configuration: chain it again within a
+    /// second when the network plugin rewrites or replaces its configuration (while
+    /// capture-cni is installed in --cni-bin-dir; `uninstall-cni` takes it out for good).
+    #[arg(long)]
+    pub watch_cni_config: bool,
+    /// Allow the app-to-proxy acceleration for pods that ask for it
+    /// (capture.dev/accelerate: "true"), once this kernel has passed the acceleration's
+    /// correctness checks, which the agent runs at start (once per kernel and build).
+    #[arg(long)]
+    pub accelerate: bool,
+    /// With --accelerate: check cases whose differences this node accepts (comma-separated
+    /// names, as `capture accel-check` prints them); a kernel that differs only in those is
+    /// accelerated anyway.
+    #[arg(long, value_delimiter = ',', requires = "accelerate")]
+    pub accelerate_accepting: Vec<String>,
+    /// A pod whose netns already holds Istio's own capture rules (istio-init's, in a cluster
+    /// migrating from it) has them removed and replaced, rather than refused. Rules identical
+    /// to what the pod's rule backend would write are adopted without this.
+    #[arg(long)]
+    pub take_over_istio_rules: bool,
+    /// The container runtime's CRI socket, read at start and every --reconcile-period to find
+    /// meshed pods capture never saw and records whose pod is gone (CRI-O's:
+    /// /var/run/crio/crio.sock).
+    #[arg(long, default_value = crate::runtime::cri::CONTAINERD_SOCKET)]
+    pub cri_socket: PathBuf,
+    /// What to do with a meshed pod found running uncaptured: capture it in place, restart
+    /// its sandbox through the runtime (the kubelet recreates it through the CNI chain), or
+    /// only report it.
+    #[arg(long, value_enum, default_value_t = crate::runtime::Repair::Capture)]
+    pub repair: crate::runtime::Repair,
+    /// The node's policy for bypass annotations (YAML; the capture-annotation-policy
+    /// ConfigMap): read before each ADD, so a change applies to new pods without a restart.
+    #[arg(long, value_name = "FILE", env = "CAPTURE_ANNOTATION_POLICY")]
+    pub annotation_policy: Option<PathBuf>,
+    /// Seconds between reconcile passes; 0 turns the reconcile off.
+    #[arg(long, default_value_t = 30, env = "CAPTURE_RECONCILE_PERIOD")]
+    pub reconcile_period: u64,
+    #[command(flatten)]
+    pub cni: CniDirs,
+}
+
+/// `capture explain`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub pod: PodArgs,
+    /// The destination: ADDR:PORT, or [ADDR]:PORT for IPv6 (for --direction inbound, the
+    /// pod's address and port the connection arrives for).
+    #[arg(long)]
+    pub to: std::net::SocketAddr,
+    /// The address the socket is bound to before it connects (127.0.0.6 is the proxy's
+    /// inbound passthrough).
+    #[arg(long)]
+    pub from: Option<IpAddr>,
+    /// The socket owner's uid, as the node sees it.
+    #[arg(long, default_value_t = 0)]
+    pub from_uid: u32,
+    /// The socket owner's primary gid (default: the uid).
+    #[arg(long)]
+    pub from_gid: Option<u32>,
+    /// The connecting process runs in another container than the pod's proxy container
+    /// (pods under proxy identity by container exempt the proxy's ids only in it).
+    #[arg(long)]
+    pub from_other_container: bool,
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub proto: crate::explain::Proto,
+    #[arg(long, value_enum, default_value = "outbound")]
+    pub direction: crate::explain::Direction,
+    #[arg(long)]
+    pub json: bool,
 }

@@ -247,73 +247,7 @@ pub fn render_status(status: &NodeStatus) -> String {
         );
     }
     for pod in &status.pods {
-        let r = &pod.record;
-        let _ = writeln!(
-            out,
-            "pod netns {} cookie {} cgroup {} mode {}: {}",
-            r.netns.display(),
-            r.netns_cookie,
-            r.cgroup.display(),
-            match &r.fallback_reason {
-                Some(why) => format!("{} (fallback: {why})", r.mode),
-                None => r.mode.to_string(),
-            },
-            if pod.in_force {
-                "capture in force".to_string()
-            } else {
-                format!("NOT IN FORCE, missing {}", pod.missing.join(", "))
-            }
-        );
-        if let Some(build) = &pod.program_build {
-            let _ = writeln!(out, "  programs of build {build}");
-        }
-        let ips: Vec<String> = r
-            .config
-            .pod_ip4
-            .map(|a| a.to_string())
-            .into_iter()
-            .chain(r.config.pod_ip6.map(|a| a.to_string()))
-            .chain(r.config.other_pod_ips.iter().map(ToString::to_string))
-            .collect();
-        let _ = writeln!(
-            out,
-            "  ips {}  proxy uids {:?} gids {:?}  outbound -> {}  include {:?}  exclude cidrs {:?}  ports include {:?} exclude {:?}",
-            ips.join(","),
-            r.config.proxy_uids,
-            r.config.proxy_gids,
-            r.config.outbound_port,
-            r.config.include_outbound_cidrs,
-            r.config.exclude_outbound_cidrs,
-            r.config.include_outbound_ports,
-            r.config.exclude_outbound_ports
-        );
-        let _ = writeln!(out, "  proxy identity {}", identity_line(&r.config));
-        for note in &pod.notes {
-            let _ = writeln!(out, "  note: {note}");
-        }
-        if !r.settings.is_empty() {
-            let settings: Vec<String> = r.settings.iter().map(render_setting).collect();
-            let _ = writeln!(out, "  settings: {}", settings.join("; "));
-        }
-        if let Some(proxy) = &r.proxy_container {
-            let refused = r
-                .proxy_settings_refused
-                .as_ref()
-                .map(|why| format!("; its settings REFUSED, ADD's kept: {why}"))
-                .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  proxy container {} ({}){refused}",
-                proxy.name, proxy.container_id
-            );
-        }
-        if let Some(c) = &pod.counters {
-            let _ = writeln!(
-                out,
-                "  redirected outbound {} inbound {}  passed owner {} excluded {} local {}  errors {}",
-                c.redirected_outbound, c.redirected_inbound, c.passed_owner, c.passed_excluded, c.passed_local, c.errors
-            );
-        }
+        out.push_str(&render_pod(pod));
     }
     for left in &status.left_alone {
         let _ = writeln!(
@@ -331,6 +265,85 @@ pub fn render_status(status: &NodeStatus) -> String {
     }
     if let Some(runtime) = &status.runtime {
         out += &render_runtime(runtime);
+    }
+    out
+}
+
+/// One captured pod's lines of `capture status`.
+fn render_pod(pod: &crate::ops::PodStatus) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let r = &pod.record;
+    let _ = writeln!(
+        out,
+        "pod netns {} cookie {} cgroup {} mode {}: {}",
+        r.netns.display(),
+        r.netns_cookie,
+        r.cgroup.display(),
+        match &r.fallback_reason {
+            Some(why) => format!("{} (fallback: {why})", r.mode),
+            None => r.mode.to_string(),
+        },
+        if pod.in_force {
+            "capture in force".to_string()
+        } else {
+            format!("NOT IN FORCE, missing {}", pod.missing.join(", "))
+        }
+    );
+    if let Some(build) = &pod.program_build {
+        let _ = writeln!(out, "  programs of build {build}");
+    }
+    let ips: Vec<String> = r
+        .config
+        .pod_ip4
+        .map(|a| a.to_string())
+        .into_iter()
+        .chain(r.config.pod_ip6.map(|a| a.to_string()))
+        .chain(r.config.other_pod_ips.iter().map(ToString::to_string))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  ips {}  proxy uids {:?} gids {:?}  outbound -> {}  include {:?}  exclude cidrs {:?}  ports include {:?} exclude {:?}",
+        ips.join(","),
+        r.config.proxy_uids,
+        r.config.proxy_gids,
+        r.config.outbound_port,
+        r.config.include_outbound_cidrs,
+        r.config.exclude_outbound_cidrs,
+        r.config.include_outbound_ports,
+        r.config.exclude_outbound_ports
+    );
+    let _ = writeln!(out, "  proxy identity {}", identity_line(&r.config));
+    for note in &pod.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    if !r.settings.is_empty() {
+        let settings: Vec<String> = r.settings.iter().map(render_setting).collect();
+        let _ = writeln!(out, "  settings: {}", settings.join("; "));
+    }
+    if let Some(proxy) = &r.proxy_container {
+        let refused = r
+            .proxy_settings_refused
+            .as_ref()
+            .map(|why| format!("; its settings REFUSED, ADD's kept: {why}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  proxy container {} ({}){refused}",
+            proxy.name, proxy.container_id
+        );
+    }
+    if let Some(c) = &pod.counters {
+        let _ = writeln!(
+            out,
+            "  redirected outbound {} inbound {}  passed owner {} excluded {} local {}  errors {}",
+            c.redirected_outbound,
+            c.redirected_inbound,
+            c.passed_owner,
+            c.passed_excluded,
+            c.passed_local,
+            c.errors
+        );
     }
     out
 }

@@ -22,6 +22,10 @@ fn name_proxy(topo: &Topology, args: &[&str]) -> String {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario, its steps in the order they happen"
+)]
 fn only_the_proxy_container_escapes_capture() {
     let mut topo = Topology::new();
     let proxy = topo.pod.cgroup.child("istio-proxy");

@@ -66,6 +66,10 @@ fn ranges_annotation(n: usize) -> String {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario, its steps in the order they happen"
+)]
 fn pods_at_every_quota_up_to_the_pod_limit_leave_room_for_the_last_one() {
     let node = Node::new();
     let mut pods: Vec<Topology> = (1..=MAX_PODS + 2)

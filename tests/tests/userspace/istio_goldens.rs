@@ -43,6 +43,10 @@ const INCLUDE_IN: &str = "--annotation=traffic.sidecar.istio.io/includeInboundPo
 /// `TestIptables` and `TestNftables`: the two tables are the same but for nftables'
 /// `inbound-ports-empty-tproxy`. Istio's base configuration is istio-iptables' flags with the
 /// proxy on 1337 (uid and gid), so `--defaults istio-iptables`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table: one entry per case of Istio's run_test.go"
+)]
 fn tool_cases() -> Vec<Case> {
     vec![
         case(

@@ -110,6 +110,10 @@ fn proxy_state(node: &Node, pod: &CriPod) -> serde_json::Value {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario through containerd, its steps in the order they happen"
+)]
 fn the_agent_learns_each_pods_proxy_container_and_exempts_it_alone() {
     let node = Node::new();
     node.install_cni();

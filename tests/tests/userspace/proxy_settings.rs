@@ -205,6 +205,10 @@ fn clone_pod(pod: &CriPod) -> CriPod {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario through containerd, its steps in the order they happen"
+)]
 fn the_proxy_containers_environment_and_uid_are_the_pods_settings() {
     let node = Node::new();
     node.install_cni();

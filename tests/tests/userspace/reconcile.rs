@@ -234,6 +234,10 @@ fn next_pod_gets(node: &Node, ip: &str) {
 /// connection left alone; one created while the network plugin's rewrite had dropped capture-cni
 /// is captured within the period; a record whose sandbox went while no DEL could reach capture is
 /// released with its map entries and address, and a new pod on that address works.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario through containerd, its steps in the order they happen"
+)]
 fn repaired_and_released(mode: &str) {
     let Some((node, runtime, early, other)) = uncaptured_start() else {
         return;

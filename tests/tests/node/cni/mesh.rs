@@ -52,6 +52,10 @@ fn setting(status: &Value, pod: &str, name: &str) -> Value {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario through the agent, its steps in the order they happen"
+)]
 fn dns_capture_from_the_mesh_configuration_and_a_pods_own() {
     let node = Node::new();
     let mesh = node.scratch_file("istio/mesh");
