@@ -267,6 +267,29 @@ pub struct PodSpec {
     pub defaults: Defaults,
 }
 
+impl PodSpec {
+    /// A pod known by its addresses and annotations alone, everything else at its default (the
+    /// injector's defaults, uid and gid 1337, no mesh file, no proxy container): what the tests
+    /// and `capture attach` without flags start from.
+    ///
+    /// # Panics
+    /// An address that is not one: the callers write them as literals.
+    #[must_use]
+    pub fn of_annotations(pod_ips: &[&str], annotations: &[(&str, &str)]) -> Self {
+        Self {
+            pod_ips: pod_ips
+                .iter()
+                .map(|ip| ip.parse().unwrap_or_else(|e| panic!("pod IP {ip:?}: {e}")))
+                .collect(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            ..Self::default()
+        }
+    }
+}
+
 /// A pod's first IPv4 and first IPv6 address, and the others, each once.
 #[expect(
     clippy::type_complexity,

@@ -1,16 +1,7 @@
-use std::collections::BTreeMap;
-
 use super::*;
 
 pub(super) fn spec(annotations: &[(&str, &str)]) -> PodSpec {
-    PodSpec {
-        pod_ips: vec!["10.1.0.10".parse().unwrap()],
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect::<BTreeMap<_, _>>(),
-        ..PodSpec::default()
-    }
+    PodSpec::of_annotations(&["10.1.0.10"], annotations)
 }
 
 #[test]

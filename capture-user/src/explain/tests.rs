@@ -1,12 +1,12 @@
 //! The decision as `explain` tells it, on the spec's cases, and the iptables rule it names
 //! checked against the rules the iptables backend writes for the same pod.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::*;
 use crate::{
     config::{
-        Defaults, MeshDefaults, PodSpec, ANN_EXCLUDE_INBOUND_PORTS, ANN_EXCLUDE_OUTBOUND_CIDRS,
+        MeshDefaults, PodSpec, ANN_EXCLUDE_INBOUND_PORTS, ANN_EXCLUDE_OUTBOUND_CIDRS,
         ANN_EXCLUDE_OUTBOUND_PORTS, ANN_INCLUDE_INBOUND_PORTS, ANN_INCLUDE_OUTBOUND_CIDRS,
         ANN_INCLUDE_OUTBOUND_PORTS, ANN_INTERCEPTION_MODE,
     },
@@ -17,18 +17,8 @@ const POD4: &str = "10.1.0.10";
 
 fn pod(annotations: &[(&str, &str)], ips: &[&str], mesh: MeshDefaults) -> CaptureConfig {
     CaptureConfig::from_pod(&PodSpec {
-        pod_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
-        proxy_uids: vec![1337],
-        proxy_gids: Vec::new(),
-        defaults: Defaults::IstioInit,
         mesh,
-        mesh_config: None,
-        mesh_source: None,
-        proxy_container: None,
+        ..PodSpec::of_annotations(ips, annotations)
     })
     .unwrap()
 }

@@ -1,5 +1,3 @@
-use std::collections::BTreeMap;
-
 use super::*;
 use crate::config::{
     PodSpec, ANN_EXCLUDE_INBOUND_PORTS, ANN_EXCLUDE_OUTBOUND_CIDRS, ANN_EXCLUDE_OUTBOUND_PORTS,
@@ -16,18 +14,9 @@ fn pod_config(
     mesh: crate::config::MeshDefaults,
 ) -> CaptureConfig {
     CaptureConfig::from_pod(&PodSpec {
-        pod_ips: vec!["10.1.0.10".parse().unwrap(), "fd00:1::10".parse().unwrap()],
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
         proxy_uids: uids.to_vec(),
-        proxy_gids: Vec::new(),
-        defaults: crate::config::Defaults::IstioInit,
         mesh,
-        mesh_config: None,
-        mesh_source: None,
-        proxy_container: None,
+        ..PodSpec::of_annotations(&["10.1.0.10", "fd00:1::10"], annotations)
     })
     .unwrap()
 }

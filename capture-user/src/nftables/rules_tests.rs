@@ -13,18 +13,9 @@ use crate::{
 
 fn pod(ips: &[&str], annotations: &[(&str, &str)], mesh: MeshDefaults) -> CaptureConfig {
     CaptureConfig::from_pod(&PodSpec {
-        pod_ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
         proxy_uids: vec![1337, 1338],
-        proxy_gids: Vec::new(),
-        defaults: crate::config::Defaults::IstioInit,
         mesh,
-        mesh_config: None,
-        mesh_source: None,
-        proxy_container: None,
+        ..PodSpec::of_annotations(ips, annotations)
     })
     .unwrap()
 }

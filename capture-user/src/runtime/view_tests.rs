@@ -36,10 +36,7 @@ fn meshed(ns: &str, name: &str) -> Sandbox {
 }
 
 fn record(name: &str, container_id: Option<&str>) -> PodRecord {
-    let spec = PodSpec {
-        pod_ips: vec!["10.1.0.10".parse().unwrap()],
-        ..PodSpec::default()
-    };
+    let spec = PodSpec::of_annotations(&["10.1.0.10"], &[]);
     PodRecord {
         netns_cookie: 7,
         netns: PathBuf::from(format!("/var/run/netns/{name}")),

@@ -1,33 +1,19 @@
 //! What `classify` makes of the sockets a pod's netns holds under each backend's redirects.
 
-use std::{collections::BTreeMap, net::SocketAddr};
+use std::net::SocketAddr;
 
 use capture_common::state::{SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_INBOUND_LISTENER};
 
 use super::*;
 use crate::{
-    config::{CaptureConfig, Defaults, MeshDefaults, PodSpec, ANN_EXCLUDE_OUTBOUND_PORTS},
+    config::{CaptureConfig, PodSpec, ANN_EXCLUDE_OUTBOUND_PORTS},
     sockdiag::{KernelSocket, TCP_LISTEN},
 };
 
 const ESTAB: u8 = 1;
 
 fn cfg(annotations: &[(&str, &str)]) -> CaptureConfig {
-    CaptureConfig::from_pod(&PodSpec {
-        pod_ips: vec!["10.0.0.5".parse().unwrap()],
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect::<BTreeMap<_, _>>(),
-        proxy_uids: vec![1337],
-        proxy_gids: Vec::new(),
-        defaults: Defaults::IstioInit,
-        mesh: MeshDefaults::default(),
-        mesh_config: None,
-        mesh_source: None,
-        proxy_container: None,
-    })
-    .unwrap()
+    CaptureConfig::from_pod(&PodSpec::of_annotations(&["10.0.0.5"], annotations)).unwrap()
 }
 
 fn addr(s: &str) -> SocketAddr {

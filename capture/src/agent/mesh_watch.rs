@@ -21,6 +21,7 @@ use std::{
 
 use tracing::{info, warn};
 
+use super::last_good::{self, LastGood, Refreshed};
 use crate::{
     config::{
         mesh_config::{MeshConfig, MeshConfigReport, MeshLayout},
@@ -48,42 +49,36 @@ pub struct MeshWatch {
 struct RevisionFile {
     /// Its ConfigMap's name, for `capture status`.
     name: String,
-    /// The content last read (or why it could not be), to tell a change.
-    seen: Option<Result<Vec<u8>, String>>,
+    file: LastGood<MeshConfig>,
     report: MeshConfigReport,
 }
 
 impl RevisionFile {
     fn new(path: PathBuf, name: String, revision: &Revision, layout: &MeshLayout) -> Self {
         let report = MeshConfigReport {
-            path,
+            path: path.clone(),
             revision: matches!(layout, MeshLayout::Dir(_)).then(|| revision.name().to_string()),
             ..MeshConfigReport::default()
         };
         Self {
             name,
-            seen: None,
+            file: LastGood::new(path),
             report,
         }
     }
 
     /// Reads the file again; whether what it said changed.
     fn refresh(&mut self) -> bool {
-        let read = std::fs::read(&self.report.path).map_err(|e| e.to_string());
-        if self.seen.as_ref() == Some(&read) {
-            return false;
-        }
-        self.seen = Some(read.clone());
-        let parsed = read
-            .map_err(|e| format!("cannot read it: {e}"))
-            .and_then(|data| {
-                let text = String::from_utf8(data).map_err(|e| format!("not UTF-8: {e}"))?;
-                MeshConfig::parse(&text)
-            });
+        let had_one = self.file.in_use().is_some();
+        let outcome = self
+            .file
+            .refresh(|data| MeshConfig::parse(last_good::text(data)?));
         let path = self.report.path.display().to_string();
         let report = &mut self.report;
-        match parsed {
-            Ok(mesh) => {
+        match outcome {
+            Refreshed::Unchanged => return false,
+            Refreshed::InUse => {
+                let mesh = self.file.in_use().cloned().unwrap_or_default();
                 info!(path = %path, interception_mode = ?mesh.interception_mode, proxy_metadata = ?mesh.proxy_metadata, "mesh configuration in use for new pods");
                 for warning in &mesh.warnings {
                     warn!(path = %path, %warning, "mesh configuration");
@@ -93,8 +88,9 @@ impl RevisionFile {
                 report.problem = None;
                 report.problem_since_unix = None;
             }
-            Err(problem) => {
-                if report.in_use.is_some() {
+            Refreshed::Unusable => {
+                let problem = self.file.problem().unwrap_or_default().to_string();
+                if had_one {
                     warn!(path = %path, %problem, "the mesh configuration cannot be used; new pods get the last good one");
                 } else {
                     warn!(path = %path, %problem, "the mesh configuration cannot be used and none was before: its pods are refused");

@@ -22,10 +22,7 @@ fn check(name: &str, ok: bool, optional: bool) -> Check {
 }
 
 fn pod(name: &str, mode: Mode, fallback: Option<&str>, counters: Option<PodCounters>) -> PodStatus {
-    let spec = PodSpec {
-        pod_ips: vec!["10.88.0.7".parse().unwrap()],
-        ..PodSpec::default()
-    };
+    let spec = PodSpec::of_annotations(&["10.88.0.7"], &[]);
     PodStatus {
         record: PodRecord {
             netns_cookie: 7,

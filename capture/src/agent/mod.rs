@@ -9,6 +9,7 @@ mod background;
 mod cni_fight;
 mod cni_watch;
 mod http;
+mod last_good;
 mod map_metrics;
 mod mesh_watch;
 mod metrics;

@@ -5,77 +5,60 @@
 //! force and is logged; with none before it (the agent's first start), the agent is not ready:
 //! capturing pods without the policy the operator asked for would let them bypass it.
 
-use std::{
-    path::PathBuf,
-    sync::{Mutex, PoisonError},
-};
+use std::sync::{Mutex, PoisonError};
 
 use tracing::{info, warn};
 
+use super::last_good::{text, LastGood, Refreshed};
 use crate::config::policy::{self, Policy};
 
 pub struct PolicyWatch {
-    path: PathBuf,
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    /// The content last read, or why it could not be.
-    seen: Option<Result<String, String>>,
-    in_use: Option<Policy>,
-    problem: Option<String>,
+    file: Mutex<LastGood<Policy>>,
 }
 
 impl PolicyWatch {
     #[must_use]
-    pub fn new(path: PathBuf) -> Self {
+    pub fn new(path: std::path::PathBuf) -> Self {
         Self {
-            path,
-            state: Mutex::new(State::default()),
+            file: Mutex::new(LastGood::new(path)),
         }
     }
 
     /// Reads the file again if it changed; the policy new pods are held to, if there is one.
     pub fn refresh(&self) -> Option<Policy> {
-        let read = std::fs::read_to_string(&self.path).map_err(|e| e.to_string());
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.seen.as_ref() != Some(&read) {
-            state.seen = Some(read.clone());
-            let path = self.path.display();
-            match read
-                .map_err(|e| format!("cannot read it: {e}"))
-                .and_then(|text| policy::parse(&text).map_err(|e| e.to_string()))
-            {
-                Ok(policy) => {
-                    info!(path = %path, rules = policy.rules.len(), "annotation policy in use for new pods");
-                    state.in_use = Some(policy);
-                    state.problem = None;
-                }
-                Err(problem) => {
-                    if state.in_use.is_some() {
-                        warn!(path = %path, %problem, "the annotation policy cannot be used; new pods are held to the last good one");
-                    } else {
-                        warn!(path = %path, %problem, "the annotation policy cannot be used and none was before: not ready");
-                    }
-                    state.problem = Some(problem);
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let parse = |data: &[u8]| policy::parse(text(data)?).map_err(|e| e.to_string());
+        let had_one = file.in_use().is_some();
+        let path = file.path().display().to_string();
+        match file.refresh(parse) {
+            Refreshed::Unchanged => {}
+            Refreshed::InUse => {
+                let rules = file.in_use().map_or(0, |p| p.rules.len());
+                info!(path = %path, rules, "annotation policy in use for new pods");
+            }
+            Refreshed::Unusable => {
+                let problem = file.problem().unwrap_or_default();
+                if had_one {
+                    warn!(path = %path, %problem, "the annotation policy cannot be used; new pods are held to the last good one");
+                } else {
+                    warn!(path = %path, %problem, "the annotation policy cannot be used and none was before: not ready");
                 }
             }
         }
-        state.in_use.clone()
+        file.in_use().cloned()
     }
 
     /// Why no policy can be applied to new pods, when none can.
     #[must_use]
     pub fn unusable(&self) -> Option<String> {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.in_use.is_some() {
+        let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if file.in_use().is_some() {
             return None;
         }
         Some(format!(
             "the annotation policy {} cannot be used: {} (fix the capture-annotation-policy ConfigMap, or drop --annotation-policy)",
-            self.path.display(),
-            state.problem.as_deref().unwrap_or("not read yet")
+            file.path().display(),
+            file.problem().unwrap_or("not read yet")
         ))
     }
 }
