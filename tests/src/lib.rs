@@ -160,7 +160,6 @@ fn other_build(dir: &str, env: &str) -> PathBuf {
 }
 
 pub mod agent;
-pub mod bench;
 pub mod cases;
 pub mod cni;
 pub mod containerd;

@@ -28,6 +28,7 @@ fn crate_roots(workspace: &Path) -> Vec<PathBuf> {
         "capture",
         "capture-cni",
         "tests",
+        "capture-bench",
         "xtask",
         "fuzz",
     ] {

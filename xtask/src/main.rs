@@ -323,7 +323,22 @@ fn run_task(task: Task) -> Result<()> {
         } => {
             require_root("cargo xtask bench")?;
             setup::setup()?;
-            run(cargo().args(["build", "--release", "--bins", "--locked"]))?;
+            // The driver and every binary it starts: capture (the agent and CLI), capture-cni,
+            // and the tests' capture-probe.
+            run(cargo().args([
+                "build",
+                "--release",
+                "--locked",
+                "--bins",
+                "-p",
+                "capture-bench",
+                "-p",
+                "capture",
+                "-p",
+                "capture-cni",
+                "-p",
+                "capture-tests",
+            ]))?;
             if real_proxy {
                 let mut cmd = Command::new("target/release/capture-bench");
                 cmd.args(["real-proxy", "--out", &out]);

@@ -451,7 +451,7 @@ pub fn write(r: &Results, dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::{roles::LoadResult, AttachScale, Cell, CellResult, Proxy, Sample};
+    use crate::{roles::LoadResult, AttachScale, Cell, CellResult, Proxy, Sample};
 
     fn sample(round: usize, mode: Mode, ops: u64, cpu: f64) -> Sample {
         Sample {
@@ -500,14 +500,14 @@ mod tests {
                 samples,
                 aftermath: vec![(
                     Mode::Iptables,
-                    crate::bench::Aftermath {
+                    crate::Aftermath {
                         time_wait: 28000,
                         conntrack: 5,
                     },
                 )],
             }],
             conntrack_entries: vec![(Mode::Iptables, 42)],
-            program_costs: vec![crate::bench::ProgramCost {
+            program_costs: vec![crate::ProgramCost {
                 program: "capture_connect4".into(),
                 runs: 6000,
                 ns_per_run: 500.0,
@@ -519,12 +519,12 @@ mod tests {
                 latencies_ms: (0..100).map(|i| 1.0 + f64::from(i) / 1000.0).collect(),
                 kib_per_pod: 10.0,
             }],
-            cni_add: vec![crate::bench::cni_add::CniAdd {
+            cni_add: vec![crate::cni_add::CniAdd {
                 mode: "ebpf".into(),
                 pods: 100,
                 latencies_ms: (1..=100).map(f64::from).collect(),
             }],
-            accel: crate::bench::AccelNote {
+            accel: crate::AccelNote {
                 differences: vec!["so_rcvlowat".into()],
                 cases: 22,
             },

@@ -3,12 +3,11 @@
 
 use std::{process::Command, time::Instant};
 
-use serde::{Deserialize, Serialize};
-
-use crate::{
+use capture_tests::{
     cni::{CgroupDriver, Node, Pod, MESHED},
     topology::cgroup_programs,
 };
+use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CniAdd {

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use capture_tests::bench::{self, roles};
+use capture_bench::{self as bench, roles};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]

@@ -23,6 +23,7 @@ use std::{
     time::Duration,
 };
 
+use capture_tests::haproxy::{default_sidecar_config, Haproxy};
 use serde::{Deserialize, Serialize};
 
 pub use self::report::{markdown, write};
@@ -30,7 +31,6 @@ use super::{
     bed::Bed, cpus::Cpus, roles::Workload, AccelNote, Cell, CellResult, Mode, Proxy, Schedule,
     Settings,
 };
-use crate::haproxy::{default_sidecar_config, Haproxy};
 
 /// The modes compared: no mesh, the two rule backends, ebpf. (The acceleration is left out: it
 /// answers for the app-to-proxy hop, which the synthetic benchmark measures.)
@@ -170,7 +170,7 @@ fn open_files_limit() -> u64 {
 
 /// Runs the modes' pods side by side and writes real-proxy.md and real-proxy.json.
 pub fn run(opts: &Options) -> RealProxyResults {
-    crate::require_root();
+    capture_tests::require_root();
     let haproxy_version = Haproxy::version();
     assert!(
         !haproxy_version.is_empty(),

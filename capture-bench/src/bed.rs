@@ -9,21 +9,22 @@ use std::{
     time::Duration,
 };
 
-use super::{
-    cpus::Cpus, roles::LoadResult, AccelNote, Aftermath, Cell, Mode, ProgramCost, Proxy, Settings,
-};
-use crate::{
+use capture_tests::{
     guards::ChildGuard,
     haproxy::Haproxy,
     probe::Who,
     topology::{Topology, POD_IP4},
 };
 
+use super::{
+    cpus::Cpus, roles::LoadResult, AccelNote, Aftermath, Cell, Mode, ProgramCost, Proxy, Settings,
+};
+
 /// The remote address the pods' outbound load goes to unless told otherwise.
 pub(super) const DEFAULT_UPSTREAM: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
 
 pub(super) fn bench_bin() -> PathBuf {
-    crate::built_binary("capture-bench", "CAPTURE_BENCH_BIN")
+    capture_tests::built_binary("capture-bench", "CAPTURE_BENCH_BIN")
 }
 
 /// A role process of this binary, entered into a pod (or netns) as `who`.
@@ -63,7 +64,7 @@ pub(super) struct Bed {
         dead_code,
         reason = "held for its drop, which removes the cgroup before the pod's"
     )]
-    proxy_cgroup: Option<crate::guards::CgroupGuard>,
+    proxy_cgroup: Option<capture_tests::guards::CgroupGuard>,
     topo: Topology,
     servers: Vec<ChildGuard>,
 }
@@ -74,7 +75,7 @@ impl Bed {
         if settings == Settings::Tuned {
             for ns in [&topo.pod.netns.name, &topo.remote.name] {
                 for kv in Settings::TUNED_SYSCTLS {
-                    crate::guards::run(
+                    capture_tests::guards::run(
                         Command::new("ip").args(["netns", "exec", ns, "sysctl", "-qw", kv]),
                     );
                 }
@@ -321,7 +322,7 @@ impl Bed {
 
     /// Cumulative (`run_cnt`, `run_time_ns`) of this pod's capture programs (its own pinned set).
     fn program_counters(&self) -> BTreeMap<String, (u64, u64)> {
-        let dir = crate::topology::node_pin_dir(&self.topo.dirs.bpffs).join("programs");
+        let dir = capture_tests::topology::node_pin_dir(&self.topo.dirs.bpffs).join("programs");
         let mut out = BTreeMap::new();
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let Ok(o) = Command::new("bpftool")

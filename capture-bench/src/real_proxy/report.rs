@@ -3,13 +3,12 @@
 use std::{fmt::Write as _, path::Path};
 
 use super::{RealProxyResults, MODES, TIME_WAIT_SECONDS};
+use capture_tests::haproxy::OUTBOUND_PORT;
+
 use crate::{
-    bench::{
-        roles::{self, Workload},
-        stats::{median, paired, summarize, Paired},
-        CellResult, Mode,
-    },
-    haproxy::OUTBOUND_PORT,
+    roles::{self, Workload},
+    stats::{median, paired, summarize, Paired},
+    CellResult, Mode,
 };
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -302,7 +301,7 @@ fn conditions(o: &mut String, r: &RealProxyResults) {
 
 /// Writes real-proxy.md and real-proxy.json into `dir`.
 pub fn write(r: &RealProxyResults, dir: &Path) {
-    crate::bench::report::write_json_and_markdown(
+    crate::report::write_json_and_markdown(
         r,
         dir,
         "real-proxy.json",
@@ -316,10 +315,9 @@ mod tests {
         super::{cells, PortsHeld},
         *,
     };
-    use crate::{
-        bench::{roles::LoadResult, Sample},
-        haproxy::default_sidecar_config,
-    };
+    use capture_tests::haproxy::default_sidecar_config;
+
+    use crate::{roles::LoadResult, Sample};
 
     fn sample(round: usize, mode: Mode, ops: u64) -> Sample {
         Sample {

@@ -23,6 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use capture_tests::topology::Topology;
 use serde::{Deserialize, Serialize};
 
 use self::{
@@ -30,7 +31,6 @@ use self::{
     roles::{LoadResult, Workload},
     schedule::Schedule,
 };
-use crate::topology::Topology;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -392,7 +392,7 @@ fn control_plane(pods: usize, cni_pods: usize) -> (Vec<AttachScale>, Vec<cni_add
 
 /// Runs the whole benchmark and writes results.json, benchmarks.md and the chart.
 pub fn run(opts: &Options) -> Results {
-    crate::require_root();
+    capture_tests::require_root();
     let (rounds, seconds, concurrency, pods) = if opts.quick {
         (3, 0.6, 8, 40)
     } else {

@@ -133,7 +133,7 @@ fn pass(list: &[u8], paths: &Paths, conf_dir: &Path) -> usize {
 /// Measures `rounds` passes over a node of `sandboxes` sandboxes.
 #[must_use]
 pub fn measure(sandboxes: usize, rounds: usize) -> ReconcileCost {
-    let dir = std::env::temp_dir().join(crate::unique("capture-reconcile-cost"));
+    let dir = std::env::temp_dir().join(capture_tests::unique("capture-reconcile-cost"));
     let (list, paths, conf_dir) = synthetic_node(sandboxes, &dir);
     // The first pass warms the page cache and the allocator.
     assert_eq!(
