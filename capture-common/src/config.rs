@@ -16,7 +16,7 @@ pub const FLAG_HAS_EXCLUDE_OUTBOUND_PORTS: u32 = 1 << 3;
 /// `includeOutboundPorts` has entries in `PORT_LISTS`.
 pub const FLAG_HAS_INCLUDE_OUTBOUND_PORTS: u32 = 1 << 4;
 /// An include CIDR covers a loopback prefix: iptables then omits its `-o lo … RETURN` rules
-/// (spec E.9), so local destinations fall through to the CIDR checks.
+/// (parity-spec.md E.9), so local destinations fall through to the CIDR checks.
 pub const FLAG_INCLUDE_COVERS_LOOPBACK: u32 = 1 << 5;
 /// The pod has an IPv4 address (`pod_ip4` is valid).
 pub const FLAG_HAS_POD_IP4: u32 = 1 << 6;

@@ -1,4 +1,4 @@
-//! The outbound capture decision of the iptables path (spec section C, `outbound`), as one pure
+//! The outbound capture decision of the iptables path (parity-spec.md section C, `outbound`), as one pure
 //! function. The kernel's `connect4`/`connect6` programs call it with map-backed lists; the unit
 //! tests call it with in-memory lists. Both therefore run the same rules in the same order.
 
@@ -175,14 +175,14 @@ fn owner_group_captured(cfg: &PodConfig, gid: u32) -> bool {
 /// The DNS port.
 pub const DNS_PORT: u16 = 53;
 
-/// Spec section C, `outbound`, for a TCP `connect()` or a UDP `connect()`/`sendmsg()`: where the
+/// parity-spec.md section C, `outbound`, for a TCP `connect()` or a UDP `connect()`/`sendmsg()`: where the
 /// connection goes.
 #[inline(always)]
 pub fn decide_outbound<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> Verdict {
     outbound_rule(cfg, lists, c).verdict()
 }
 
-/// Spec section C, `outbound`: the rule that decides the connection.
+/// parity-spec.md section C, `outbound`: the rule that decides the connection.
 #[inline(always)]
 pub fn outbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> OutboundRule {
     if c.ipv6 && !cfg.has(FLAG_HAS_POD_IP6) {
@@ -262,13 +262,13 @@ pub fn outbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, c: &Connect) -> Ou
     OutboundRule::NotIncluded
 }
 
-/// Spec section C, `inbound_redirect`, for a TCP connection arriving from outside the pod.
+/// parity-spec.md section C, `inbound_redirect`, for a TCP connection arriving from outside the pod.
 #[inline(always)]
 pub fn decide_inbound<L: PodLists>(cfg: &PodConfig, lists: &L, dst_port: u16) -> InboundVerdict {
     inbound_rule(cfg, lists, dst_port).verdict()
 }
 
-/// Spec section C, `inbound_redirect`: the rule that decides the arriving connection.
+/// parity-spec.md section C, `inbound_redirect`: the rule that decides the arriving connection.
 #[inline(always)]
 pub fn inbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, dst_port: u16) -> InboundRule {
     let all = cfg.has(FLAG_INBOUND_ALL_PORTS);
@@ -286,7 +286,7 @@ pub fn inbound_rule<L: PodLists>(cfg: &PodConfig, lists: &L, dst_port: u16) -> I
         }
         return InboundRule::AllPorts;
     }
-    // An explicit include list ignores the exclude list (spec E.8).
+    // An explicit include list ignores the exclude list (parity-spec.md E.8).
     if lists.port_listed(ListKind::IncludeInboundPorts, dst_port) {
         InboundRule::IncludedPort
     } else {

@@ -1,4 +1,4 @@
-//! The decision procedure against spec section C/E, without a kernel.
+//! The decision procedure against parity-spec.md section C/E, without a kernel.
 
 extern crate std;
 use std::{vec, vec::Vec};

@@ -5,7 +5,7 @@
 /// Why a connection goes where it asked to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
-    /// `excludeOutboundPorts` (ranks above everything, spec E.7).
+    /// `excludeOutboundPorts` (ranks above everything, parity-spec.md E.7).
     ExcludedPort,
     /// Source `127.0.0.6`/`::6` towards a local address (B8).
     InboundPassthroughSource,
@@ -58,13 +58,13 @@ pub enum InboundVerdict {
 }
 
 /// The rule that decided an outbound connection, in the order the procedure tries them (spec
-/// section C, `outbound`; the B numbers are the iptables rules of spec section B).
+/// section C, `outbound`; the B numbers are the iptables rules of parity-spec.md section B).
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutboundRule {
     /// IPv6 in a pod without an IPv6 address: no ip6tables rules at all.
     FamilyNotCaptured = 1,
-    /// `excludeOutboundPorts` (ranks above everything, spec E.7).
+    /// `excludeOutboundPorts` (ranks above everything, parity-spec.md E.7).
     ExcludedPort,
     /// Source `127.0.0.6`/`::6` over `lo` (B8).
     InboundPassthroughSource,
@@ -181,7 +181,7 @@ impl OutboundRule {
     }
 }
 
-/// The rule that decided an arriving connection (spec section C, `inbound_redirect`).
+/// The rule that decided an arriving connection (parity-spec.md section C, `inbound_redirect`).
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InboundRule {

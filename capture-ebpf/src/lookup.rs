@@ -1,5 +1,5 @@
 //! `sk_lookup` on the pod's netns: inbound capture. A TCP connection arriving for a pod address
-//! from outside the pod is assigned to the pod's inbound listener (15006) when spec section C's
+//! from outside the pod is assigned to the pod's inbound listener (15006) when parity-spec.md section C's
 //! inbound procedure says so. Nothing is rewritten: the accepted socket's local address is the
 //! original destination.
 //!

@@ -2,7 +2,7 @@
 //! too where the programs cannot read a socket's owner from the socket itself (`creator`).
 //!
 //! iptables' owner match judges a socket by its creator's credentials, not by whoever calls
-//! `connect()` later (spec E.12, T83); only this hook runs in the creator's context.
+//! `connect()` later (parity-spec.md E.12, T83); only this hook runs in the creator's context.
 
 use aya_ebpf::{
     helpers::generated::{bpf_get_current_uid_gid, bpf_get_netns_cookie},

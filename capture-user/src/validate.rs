@@ -1,5 +1,5 @@
 //! `capture validate`: what Istio's `istio-validation` init container does, for either backend
-//! (spec section G). Run in the pod as the proxy's uid before the proxy starts, it listens where
+//! (parity-spec.md section G). Run in the pod as the proxy's uid before the proxy starts, it listens where
 //! the proxy would, dials `127.0.0.6:15002` from `127.0.0.1`, and passes only when that connection
 //! arrives on the inbound listener with 15002 as its original destination — which happens only if
 //! capture is in force for this pod and this uid.

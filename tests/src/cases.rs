@@ -333,7 +333,7 @@ pub fn run_cases_on(topo: &Topology, backend: Option<Backend>, cases: &[Case]) {
     );
 }
 
-/// The default-sidecar cases of spec sections I and E (IPv4, v4-mapped and IPv6), for any backend.
+/// The default-sidecar cases of parity-spec.md sections I and E (IPv4, v4-mapped and IPv6), for any backend.
 #[must_use]
 #[expect(clippy::too_many_lines, reason = "a table: one entry per case")]
 pub fn default_sidecar_cases() -> Vec<Case> {
@@ -466,7 +466,7 @@ pub fn default_sidecar_cases() -> Vec<Case> {
     ]
 }
 
-/// Connections from outside the pod under the default sidecar config (spec C inbound, E, I).
+/// Connections from outside the pod under the default sidecar config (parity-spec.md C inbound, E, I).
 #[must_use]
 pub fn default_inbound_cases() -> Vec<Case> {
     use Expect::{App, Captured};

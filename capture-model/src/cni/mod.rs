@@ -1,5 +1,5 @@
 //! The chained CNI plugin's logic, apart from the protocol plumbing (rscni-plugin does that in
-//! the `capture-cni` binary): which pods to capture (spec section F), who they are, where their
+//! the `capture-cni` binary): which pods to capture (parity-spec.md section F), who they are, where their
 //! cgroup is, and how to ask the agent.
 
 pub mod selection;

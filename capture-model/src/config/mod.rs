@@ -1,4 +1,4 @@
-//! Pod annotations (Istio's) → one validated capture configuration (spec section A).
+//! Pod annotations (Istio's) → one validated capture configuration (parity-spec.md section A).
 //!
 //! Defaults are those of an injected sidecar. Every bad value is an error that names the
 //! annotation, the value and what would be accepted; nothing is silently dropped.
@@ -223,7 +223,7 @@ pub struct MeshDefaults {
 }
 
 /// Whose defaults fill in what a pod's annotations leave out: Istio's two capture paths differ
-/// (spec section A, E.21).
+/// (parity-spec.md section A, E.21).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Defaults {
     /// istio-init's, as the sidecar injector passes them: inbound excludes 15090, 15021, the

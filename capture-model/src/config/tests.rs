@@ -172,7 +172,7 @@ fn cni_spec(annotations: &[(&str, &str)]) -> PodSpec {
 
 #[test]
 fn the_cni_path_applies_istio_cnis_defaults() {
-    // Spec A, E.21, T37: outbound 15020 is excluded unless the pod names its own exclusions.
+    // parity-spec.md A, E.21, T37: outbound 15020 is excluded unless the pod names its own exclusions.
     let c = CaptureConfig::from_pod(&cni_spec(&[])).unwrap();
     assert_eq!(c.exclude_outbound_ports, vec![15020]);
     assert_eq!(c.exclude_inbound_ports, vec![15020, 15021, 15090]);

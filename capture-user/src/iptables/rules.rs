@@ -125,7 +125,7 @@ fn nat_inbound(cfg: &CaptureConfig, r: &mut Vec<String>) {
             r.extend(inbound_exclusions(cfg));
             r.push("-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT".into());
         }
-        // An explicit include list ignores the exclude list (spec E.8).
+        // An explicit include list ignores the exclude list (parity-spec.md E.8).
         Selection::List(ports) => {
             r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
             r.extend(
@@ -372,7 +372,7 @@ pub fn mangle_rules(cfg: &CaptureConfig, family: Family) -> Vec<String> {
     let established = "-m conntrack --ctstate RELATED,ESTABLISHED -j ISTIO_DIVERT";
     match &cfg.include_inbound_ports {
         Selection::List(ports) if ports.is_empty() => {}
-        // No tunnel-port exemption here: under TPROXY 15008 is captured too (spec E.5, T56).
+        // No tunnel-port exemption here: under TPROXY 15008 is captured too (parity-spec.md E.5, T56).
         Selection::All => {
             r.push("-A PREROUTING -p tcp -j ISTIO_INBOUND".into());
             r.extend(inbound_exclusions(cfg));

@@ -1,4 +1,4 @@
-//! The parity matrix, DNS capture and owner groups (spec C, E.13, E.16): both backends.
+//! The parity matrix, DNS capture and owner groups (parity-spec.md C, E.13, E.16): both backends.
 
 use capture_tests::{
     cases::{run_matrix, Case, Expect::*, Scenario},

@@ -1,4 +1,4 @@
-//! Virtual and excluded interfaces (spec C `inbound_redirect`, E.17, E.18; T64–T70): traffic
+//! Virtual and excluded interfaces (parity-spec.md C `inbound_redirect`, E.17, E.18; T64–T70): traffic
 //! forwarded through the pod from a VM. The ebpf backend does not capture forwarded traffic, so a
 //! pod that needs these rules runs on iptables or nftables: refused in ebpf mode, a visible
 //! fallback in auto.

@@ -1,4 +1,4 @@
-//! The parity matrix, outbound half: the outbound cases of spec section I and more from sections
+//! The parity matrix, outbound half: the outbound cases of parity-spec.md section I and more from sections
 //! C and E, IPv4 and IPv6, each scenario run against both backends on real traffic.
 
 use capture_tests::{

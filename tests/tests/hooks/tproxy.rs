@@ -1,4 +1,4 @@
-//! TPROXY interception mode (spec B TPROXY variant, C `inbound_tproxy`, T54–T63). The ebpf
+//! TPROXY interception mode (parity-spec.md B TPROXY variant, C `inbound_tproxy`, T54–T63). The ebpf
 //! backend does not implement TPROXY's original-source path, so such pods run on iptables or
 //! nftables: explicitly, or as auto mode's visible per-pod fallback (to the `--fallback` backend).
 

@@ -1,4 +1,4 @@
-//! `capture validate` inside the pod (spec section G): passes as the proxy when either backend is
+//! `capture validate` inside the pod (parity-spec.md section G): passes as the proxy when either backend is
 //! in force, fails with exit code 126 and a reason otherwise.
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! Istio CNI's defaults on the CNI path (spec section A, E.21, case T37), through the plugin on
+//! Istio CNI's defaults on the CNI path (parity-spec.md section A, E.21, case T37), through the plugin on
 //! both backends: a pod that names no outbound exclusions has outbound 15020 left alone, and the
 //! inbound exclusions always end with 15020, 15021, 15090. The CLI keeps istio-init's defaults
 //! (`outbound::default_sidecar`, T18: outbound 15020 is captured).
