@@ -60,10 +60,14 @@ pub enum Error {
     IstioRules(#[from] crate::istio_rules::RulesError),
     #[error("pod netns {0} is not captured (no record in the state directory)")]
     NotAttached(PathBuf),
-    #[error("{0}")]
-    Accel(String),
+    #[error(transparent)]
+    AccelCheck(Box<crate::accel::check::CheckError>),
+    #[error("recording the acceleration's verdict: {0}")]
+    AccelVerdict(#[source] std::io::Error),
     #[error("{0}")]
     Identity(String),
+    #[error("reopening the pod: {0}")]
+    OpenPod(#[from] crate::backend::OpenPodError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
 }
@@ -422,11 +426,10 @@ pub fn accel_check(
 ) -> Result<crate::accel::check::Report, Error> {
     paths.prepare()?;
     let report =
-        crate::accel::check::run(paths, node.sizing).map_err(|e| Error::Accel(e.to_string()))?;
+        crate::accel::check::run(paths, node.sizing).map_err(|e| Error::AccelCheck(Box::new(e)))?;
     let mut node = crate::accel::load(paths);
     node.check = Some(report.verdict());
-    crate::accel::save(paths, &node)
-        .map_err(|e| Error::Accel(format!("recording the verdict: {e}")))?;
+    crate::accel::save(paths, &node).map_err(Error::AccelVerdict)?;
     Ok(report)
 }
 

@@ -136,7 +136,7 @@ fn rewrite(
     }
     let mut backend = AnyBackend::existing(paths, record.mode)?;
     backend.detach(record)?;
-    let opened = OpenedPod::of(record).map_err(|e| Error::Identity(e.to_string()))?;
+    let opened = OpenedPod::of(record)?;
     if let Err(e) = backend.attach(&opened.target(), new) {
         if let Err(back) = backend.attach(&opened.target(), old) {
             tracing::error!(netns = %record.netns.display(), error = %back, "the pod's rules could not be put back: it is not captured");

@@ -87,6 +87,10 @@ pub enum CheckError {
     },
     #[error("the acceleration checks' cases: {0}")]
     Cases(String),
+    #[error("the acceleration checks' cases answered what is not their report: {0}")]
+    CasesOutput(#[source] serde_json::Error),
+    #[error("the acceleration checks' scratch pod: {0}")]
+    ScratchPod(#[source] crate::config::ConfigError),
 }
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> CheckError {
@@ -154,7 +158,7 @@ fn run_cases(
             out.status
         )));
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| CheckError::Cases(e.to_string()))
+    serde_json::from_slice(&out.stdout).map_err(CheckError::CasesOutput)
 }
 
 fn wait_with_timeout(
@@ -229,7 +233,7 @@ pub fn run(paths: &Paths, sizing: crate::ebpf::sizing::NodeSizing) -> Result<Rep
         pod_ips: vec![SCRATCH_POD_IP.into()],
         ..PodSpec::default()
     })
-    .map_err(|e| CheckError::Cases(e.to_string()))?;
+    .map_err(CheckError::ScratchPod)?;
     let accelerated = CaptureConfig {
         accelerate: true,
         ..plain.clone()
