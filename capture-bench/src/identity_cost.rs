@@ -1,6 +1,6 @@
-//! docs/identity-cost.md: what proxy identity by container costs the programs, from a run of the
-//! modes `ebpf` (the proxy exempt by uid) and `ebpf+identity` (exempt only from its container's
-//! cgroup: one helper call and a compare per decision), interleaved.
+//! docs/results/identity-cost.md: what proxy identity by container costs the programs, from a run
+//! of the modes `ebpf` (the proxy exempt by uid) and `ebpf+identity` (exempt only from its
+//! container's cgroup: one helper call and a compare per decision), interleaved.
 
 use std::{fmt::Write as _, path::Path};
 

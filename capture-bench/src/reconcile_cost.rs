@@ -1,5 +1,5 @@
-//! docs/reconcile-cost.md: the CPU one reconcile pass of the agent costs on a node with many pod
-//! sandboxes, measured on a synthetic node: a CRI `ListPodSandbox` answer of N sandboxes (as the
+//! docs/results/reconcile-cost.md: the CPU one reconcile pass of the agent costs on a node with
+//! many pod sandboxes, measured on a synthetic node: a CRI `ListPodSandbox` answer of N sandboxes (as the
 //! runtime's bytes, decoded as the client decodes them), N pod records on disk, the chained
 //! capture-cni entry. A pass runs what the agent's runs between the runtime's answer and its
 //! actions: decode, the sandboxes from the list, the records read, the selection rules, the

@@ -1,4 +1,4 @@
-//! docs/trace-cost.md: what `capture trace` costs the programs, from a run of the modes
+//! docs/results/trace-cost.md: what `capture trace` costs the programs, from a run of the modes
 //! `ebpf-notrace` (the programs loaded without tracing), `ebpf` (tracing built in, nobody tracing)
 //! and `ebpf+trace` (the pod traced, every decision emitted and read), interleaved.
 

@@ -2,7 +2,7 @@
 //! configuration from its annotations and its mesh's settings (`config`), which pods istio-cni
 //! would capture (`cni`), the node's records of captured pods (`record`), claims and left-alone
 //! pods, the backend trait, and the agent's socket API. capture-cni links this crate and
-//! `capture-sys` only (docs/development.md, "Layers").
+//! `capture-sys` only (docs/working-on/development.md, "Layers").
 
 pub mod api;
 pub mod backend;

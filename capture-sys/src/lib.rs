@@ -1,6 +1,6 @@
 //! capture's system layer: what the kernel and the node offer any part of capture, with no
 //! knowledge of pods' capture settings, backends or the agent. Every crate above may use it;
-//! it uses none of them (docs/development.md, "Layers").
+//! it uses none of them (docs/working-on/development.md, "Layers").
 
 pub mod cgroup;
 pub mod fsutil;

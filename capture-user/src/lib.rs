@@ -1,7 +1,7 @@
 //! capture's node layer: the backends that put a pod's capture in place (ebpf, iptables,
 //! nftables), Istio-rule detection, the operations the `capture` CLI and the node agent run
 //! (attach, detach, repair, explain, trace, sockets), the runtime client and the CNI install.
-//! Built on `capture-model` and `capture-sys` (docs/development.md, "Layers").
+//! Built on `capture-model` and `capture-sys` (docs/working-on/development.md, "Layers").
 
 pub mod accel;
 pub mod any_backend;

@@ -1,6 +1,6 @@
-//! The crate graph against docs/development.md's layer map, checked by `cargo xtask lint`: the
-//! map's block of `crate -> dependencies` lines must say exactly which workspace crates each
-//! workspace crate depends on (normal dependencies), as `cargo metadata` reports them. Cargo
+//! The crate graph against docs/working-on/development.md's layer map, checked by `cargo xtask
+//! lint`: the map's block of `crate -> dependencies` lines must say exactly which workspace crates
+//! each workspace crate depends on (normal dependencies), as `cargo metadata` reports them. Cargo
 //! enforces the layers; this keeps the page that explains them true.
 
 use std::{
@@ -12,7 +12,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 /// The page, and the line that opens the block the check reads (the fence follows it).
-const PAGE: &str = "docs/development.md";
+const PAGE: &str = "docs/working-on/development.md";
 const MARKER: &str = "<!-- crate graph: checked by `cargo xtask lint` (xtask/src/layers.rs) -->";
 
 type Graph = BTreeMap<String, BTreeSet<String>>;

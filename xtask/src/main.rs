@@ -105,14 +105,14 @@ enum Task {
         #[arg(long)]
         out: Option<std::path::PathBuf>,
     },
-    /// Benchmark ebpf against iptables and no capture; writes docs/benchmarks.{md,svg} and
-    /// docs/benchmark-results.json (needs root).
+    /// Benchmark ebpf against iptables and no capture; writes docs/results/benchmarks.{md,svg} and
+    /// docs/results/results.json (needs root).
     Bench {
         /// A short run (under two minutes) for a quick check.
         #[arg(long)]
         quick: bool,
         /// Where to write the results.
-        #[arg(long, default_value = "docs")]
+        #[arg(long, default_value = "docs/results")]
         out: String,
         /// Measure only what tracing costs: connection churn with the programs loaded without
         /// tracing, with it built in and off, and with the pod traced; writes trace-cost.md.
@@ -151,8 +151,8 @@ enum Task {
         #[arg(long, allow_hyphen_values = true)]
         filter: Option<String>,
         /// Where to write the kernel support table. Without it, the table goes to
-        /// docs/kernel-support.md only when all four kernels ran the whole suite (no --tests,
-        /// --filter or --scope other than all).
+        /// docs/results/kernel-support.md only when all four kernels ran the whole suite (no
+        /// --tests, --filter or --scope other than all).
         #[arg(long)]
         report: Option<std::path::PathBuf>,
         /// VMs running at once (each emulates on one host thread); by default one per core.

@@ -260,7 +260,7 @@ impl MeshLayout {
 #[must_use]
 pub fn missing_revision(revision: &Revision, dir: &Path) -> String {
     format!(
-        "no mesh configuration for Istio revision {revision}: the ConfigMap {} (istio-system) is not in {}; add it to the istio-mesh volume's sources (docs/mesh-configuration.md)",
+        "no mesh configuration for Istio revision {revision}: the ConfigMap {} (istio-system) is not in {}; add it to the istio-mesh volume's sources (docs/using/mesh-configuration.md)",
         revision.config_map(),
         dir.display()
     )

@@ -152,7 +152,7 @@ pub enum PolicyError {
         rule: String,
         why: String,
     },
-    #[error("annotation {key}={value:?} names the pod's own exempt proxy ids, which capture honours only where the annotation policy allows it; add a rule that allows {key} for the pod's namespace (see docs/proxy-identity.md)")]
+    #[error("annotation {key}={value:?} names the pod's own exempt proxy ids, which capture honours only where the annotation policy allows it; add a rule that allows {key} for the pod's namespace (see docs/using/proxy-identity.md)")]
     NotAllowed { key: String, value: String },
     #[error("annotation policy: {0}")]
     Malformed(String),

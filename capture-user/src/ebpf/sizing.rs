@@ -6,7 +6,7 @@
 //! combination of pods within their quotas can take the room of another: the node runs out of
 //! pods (the kubelet's `maxPods`) before it runs out of map entries. The maps whose entries follow
 //! connections, not pods (hand-offs, accelerated sockets), keep fixed capacities: see
-//! docs/limits.md for why neither lets one pod block another.
+//! docs/how-it-works/limits.md for why neither lets one pod block another.
 
 use capture_common::layout::{MapId, MAX_PODS};
 

@@ -27,7 +27,7 @@ pub enum InstallError {
     Io { path: PathBuf, source: io::Error },
     #[error("{path} chains istio-cni, which writes Istio's own rules into the pods capture would capture: remove Istio's CNI from this node, or run install-cni with --replace-istio-cni to take its place (uninstall-cni puts it back)")]
     IstioCniChained { path: PathBuf },
-    #[error("{path} chains istio-cni with ambient_enabled: it enrols ambient pods in ztunnel, which capture does not do, and it captures sidecar pods too; capture cannot replace it on this node: keep capture to nodes without ambient workloads and take istio-cni off them (docs/istio-migration.md, \"Ambient\")")]
+    #[error("{path} chains istio-cni with ambient_enabled: it enrols ambient pods in ztunnel, which capture does not do, and it captures sidecar pods too; capture cannot replace it on this node: keep capture to nodes without ambient workloads and take istio-cni off them (docs/using/istio-migration.md, \"Ambient\")")]
     IstioCniServesAmbient { path: PathBuf },
 }
 

@@ -11,7 +11,7 @@
 //! each re-chaining doubles while the configuration keeps dropping capture-cni, up to
 //! [`MAX_WAIT`], and the fight is named (log, `capture status`, a metric, an alert) with its fix.
 //! Pods created while capture-cni is not chained start uncaptured; the reconcile captures them in
-//! place (docs/runtime-reconcile.md).
+//! place (docs/using/runtime-reconcile.md).
 
 use std::{
     collections::VecDeque,

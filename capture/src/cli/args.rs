@@ -367,7 +367,7 @@ pub struct AttachArgs {
     /// inbound capture only for includeInboundPorts).
     #[arg(long, value_enum, default_value_t = DefaultsChoice::Injector)]
     pub defaults: DefaultsChoice,
-    /// The node's policy for bypass annotations (YAML, see docs/proxy-identity.md); the
+    /// The node's policy for bypass annotations (YAML, see docs/using/proxy-identity.md); the
     /// pod's annotations must keep to it.
     #[arg(long, value_name = "FILE")]
     pub annotation_policy: Option<PathBuf>,

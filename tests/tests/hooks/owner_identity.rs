@@ -4,7 +4,7 @@
 //! Linux 5.15 and newer); elsewhere they compare the creator's real ids, recorded when the socket
 //! is created. Both agree for every process whose ids are not split, the proxy run as uid 1337 as
 //! Istio's injector runs it among them. Where ids are split, these tests pin the answers down
-//! (docs/semantics.md, "Owner identity").
+//! (docs/how-it-works/semantics.md, "Owner identity").
 
 use capture_tests::{
     cases::{run_cases_on, Backend, Case, Expect},

@@ -1,7 +1,7 @@
 //! deploy/'s Prometheus alerts: promtool accepts them, their unit test
 //! (deploy/prometheus-rules.test.yaml) passes and shows every alert both firing and holding back,
 //! the `PrometheusRule` carries the very groups of the plain rules file, and every runbook link
-//! leads to a section of docs/runbooks.md.
+//! leads to a section of docs/using/runbooks.md.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +12,8 @@ use capture_tests::promtool::{
 use serde_json::Value;
 
 /// Where every `runbook_url` points, up to its anchor.
-const RUNBOOKS_URL: &str = "https://github.com/capture-mesh/capture/blob/main/docs/runbooks.md";
+const RUNBOOKS_URL: &str =
+    "https://github.com/capture-mesh/capture/blob/main/docs/using/runbooks.md";
 
 /// What issue 34 asks to be alerted on; more may come, none of these may go.
 const REQUIRED_ALERTS: &[&str] = &[
@@ -185,7 +186,7 @@ fn the_prometheus_rule_carries_the_same_groups() {
 
 #[test]
 fn every_alert_has_a_severity_its_texts_and_a_runbook_section() {
-    let runbooks_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/runbooks.md");
+    let runbooks_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/using/runbooks.md");
     let runbooks = std::fs::read_to_string(&runbooks_file)
         .unwrap_or_else(|e| panic!("reading {}: {e}", runbooks_file.display()));
     let anchors = heading_anchors(&runbooks);
@@ -214,7 +215,7 @@ fn every_alert_has_a_severity_its_texts_and_a_runbook_section() {
             .unwrap_or_else(|| panic!("{name}: {url} is not {RUNBOOKS_URL}#ANCHOR"));
         assert!(
             anchors.iter().any(|a| a == anchor),
-            "{name}: docs/runbooks.md has no heading whose anchor is {anchor}"
+            "{name}: docs/using/runbooks.md has no heading whose anchor is {anchor}"
         );
     }
     // The `up` alerts match the job that the runbook's scrape config and PodMonitor give.

@@ -6,7 +6,8 @@
 //! tests' golden files) are applied in one scratch netns with Istio's own tool input
 //! (`iptables-restore`, `nft -f`), capture attaches to another, and both are listed by the same
 //! tool and compared chain by chain, rule for rule. Where capture writes other rules on purpose,
-//! the case names the difference and docs/semantics.md or docs/nftables.md says why.
+//! the case names the difference and docs/how-it-works/semantics.md or
+//! docs/how-it-works/nftables.md says why.
 
 use std::{
     path::{Path, PathBuf},
@@ -397,10 +398,11 @@ fn compare_all(
     differing
 }
 
-/// What capture's nftables backend writes beyond Istio's, on purpose (docs/nftables.md): each
-/// base chain of a pod without IPv6 first lets IPv6 pass (as the iptables path, which writes no
-/// ip6tables rules for it), and `istio-tproxy` drops what its `tproxy` rules found no listener
-/// for (as iptables' TPROXY target does; nftables' `tproxy` would let it through to the app).
+/// What capture's nftables backend writes beyond Istio's, on purpose
+/// (docs/how-it-works/nftables.md): each base chain of a pod without IPv6 first lets IPv6 pass (as
+/// the iptables path, which writes no ip6tables rules for it), and `istio-tproxy` drops what its
+/// `tproxy` rules found no listener for (as iptables' TPROXY target does; nftables' `tproxy` would
+/// let it through to the app).
 fn with_nftables_additions(istio: &str, ipv6: bool) -> String {
     let mut out = String::new();
     let mut chain = "";

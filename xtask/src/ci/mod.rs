@@ -27,7 +27,7 @@ use crate::{builds, fuzz, image, lint, setup, testing, vm};
 /// The kernel matrix on every submission: 5.10, whose programs take other paths than the
 /// host's (it lacks the 5.15 features), runs what the kernel answers; 6.1 and 6.12, which take
 /// the host's paths, run the verifier's part. The whole suite on every kernel is `cargo xtask
-/// vm`, run by hand (docs/kernel-support.md says at which commit).
+/// vm`, run by hand (docs/results/kernel-support.md says at which commit).
 const HOOKS_KERNELS: &[&str] = &["5.10"];
 const VERIFIER_KERNELS: &[&str] = &["6.1", "6.12"];
 

@@ -42,7 +42,7 @@ use self::{
 /// What `--kernels` accepts besides the Debian lines: this machine's kernel, without a VM.
 const HOST: &str = "host";
 /// Where the report goes when the whole matrix ran unfiltered.
-const DEFAULT_REPORT: &str = "docs/kernel-support.md";
+const DEFAULT_REPORT: &str = "docs/results/kernel-support.md";
 
 /// The test binaries of capture-tests, one per tier (tests/tests/TIER/main.rs, one module per
 /// subject), from the smallest question a kernel must answer to what needs the node alone.

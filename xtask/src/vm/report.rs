@@ -1,4 +1,5 @@
-//! docs/kernel-support.md: which capability works on which kernel, from the results of a run.
+//! docs/results/kernel-support.md: which capability works on which kernel, from the results of a
+//! run.
 //!
 //! Capabilities are named by the tests that exercise them; a test may count for several.
 

@@ -392,7 +392,10 @@ fn a_failures_panic_message_reaches_the_terminal() {
 #[test]
 fn the_notice_ci_ends_with_names_the_table_and_reads_as_one_line() {
     let notice = super::kernel_support_notice();
-    assert!(notice.contains("docs/kernel-support.md"), "{notice}");
+    assert!(
+        notice.contains("docs/results/kernel-support.md"),
+        "{notice}"
+    );
     assert!(
         !notice.contains("  ") && !notice.contains('\n'),
         "{notice:?}"
