@@ -70,6 +70,10 @@ pub(super) struct Bed {
 }
 
 impl Bed {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one test bed set up in the order its parts depend on each other: pod, capture, proxy, servers"
+    )]
     pub(super) fn new(mode: Mode, proxy: Proxy, settings: Settings, accel: &AccelNote) -> Self {
         let mut topo = Topology::new();
         if settings == Settings::Tuned {

@@ -391,6 +391,10 @@ fn control_plane(pods: usize, cni_pods: usize) -> (Vec<AttachScale>, Vec<cni_add
 }
 
 /// Runs the whole benchmark and writes results.json, benchmarks.md and the chart.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark's schedule, read top to bottom in the order it runs"
+)]
 pub fn run(opts: &Options) -> Results {
     capture_tests::require_root();
     let (rounds, seconds, concurrency, pods) = if opts.quick {

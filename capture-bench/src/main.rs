@@ -112,6 +112,10 @@ enum Role {
     },
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one arm per benchmark command, each beside the arguments it reads"
+)]
 fn main() {
     match Args::parse().cmd {
         Cmd::RealProxy { quick, out, rounds } => {

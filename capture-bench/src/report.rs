@@ -28,6 +28,10 @@ fn ratio(a: f64, b: f64) -> f64 {
 
 /// The markdown report.
 #[must_use]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the report's sections, in the order they are printed"
+)]
 pub fn markdown(r: &Results) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "# Benchmarks\n");
@@ -254,6 +258,10 @@ fn cell(
 #[expect(
     clippy::many_single_char_names,
     reason = "the rates of one cell: e(bpf), i(ptables), n(one), a(ccelerated), as in the report's formulas"
+)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check per published target, each a few lines"
 )]
 pub fn targets(r: &Results) -> Vec<(String, bool)> {
     let mut t = Vec::new();

@@ -107,71 +107,11 @@ enum Task {
     },
     /// Benchmark ebpf against iptables and no capture; writes docs/results/benchmarks.{md,svg} and
     /// docs/results/results.json (needs root).
-    Bench {
-        /// A short run (under two minutes) for a quick check.
-        #[arg(long)]
-        quick: bool,
-        /// Where to write the results.
-        #[arg(long, default_value = "docs/results")]
-        out: String,
-        /// Measure only what tracing costs: connection churn with the programs loaded without
-        /// tracing, with it built in and off, and with the pod traced; writes trace-cost.md.
-        #[arg(long)]
-        trace_cost: bool,
-        /// Measure only the CPU of one reconcile pass over a synthetic node of 1,000 pod
-        /// sandboxes; writes reconcile-cost.md.
-        #[arg(long, conflicts_with = "trace_cost")]
-        reconcile_cost: bool,
-        /// Measure only what proxy identity by container costs: connection churn with the proxy
-        /// exempt by uid and by its container's cgroup; writes identity-cost.md.
-        #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost"])]
-        identity_cost: bool,
-        /// Measure only churn and request/response end to end, with Debian's HAProxy as the
-        /// pod's sidecar, against no mesh; writes real-proxy.md and real-proxy.json.
-        #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost", "identity_cost"])]
-        real_proxy: bool,
-    },
+    Bench(BenchArgs),
     /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
     /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
     /// table (needs root).
-    Vm {
-        /// Kernels to test, in this order: `5.10`, `6.1`, `6.12` boot in a VM (fetched once and
-        /// cached under target/vm), `host` runs natively.
-        #[arg(long, value_delimiter = ',', default_value = "5.10,6.1,6.12,host")]
-        kernels: Vec<String>,
-        /// Time limit per VM: one that panics or hangs fails with its log after this long, and
-        /// the run goes on with the next. 5.10 under emulation needs about an hour for the
-        /// whole suite, in two VMs of about half an hour each when they have a core each.
-        #[arg(long, default_value_t = 5400)]
-        timeout_secs: u64,
-        /// Only these subjects (the modules of tests/tests/TIER/, e.g. outbound), for a quick run.
-        #[arg(long, value_delimiter = ',')]
-        tests: Vec<String>,
-        /// Arguments for every test binary, split at whitespace (a name filter, `--exact`, ...).
-        #[arg(long, allow_hyphen_values = true)]
-        filter: Option<String>,
-        /// Where to write the kernel support table. Without it, the table goes to
-        /// docs/results/kernel-support.md only when all four kernels ran the whole suite (no
-        /// --tests, --filter or --scope other than all).
-        #[arg(long)]
-        report: Option<std::path::PathBuf>,
-        /// VMs running at once (each emulates on one host thread); by default one per core.
-        #[arg(long)]
-        jobs: Option<usize>,
-        /// VMs per kernel, each running its share of the subjects, so that the cores stay
-        /// busy until the slowest kernel is done.
-        #[arg(long, default_value_t = 2)]
-        shards: usize,
-        /// `all` runs the whole suite; `kernel` leaves out the binaries whose subject is user
-        /// space (chaos, containerd, `bad_input`, ...); `hooks` runs only those whose subject is
-        /// what the kernel answers (outbound, parity, accel, ...: CI's matrix on 5.10);
-        /// `verifier` only the feature probes (every program loads: CI's on 6.1 and 6.12).
-        #[arg(long, value_enum, default_value = "all")]
-        scope: vm::Scope,
-        /// Only fetch and unpack the kernels (and write their initramfs) for a later run.
-        #[arg(long)]
-        fetch_only: bool,
-    },
+    Vm(VmArgs),
 }
 
 /// Runs a command and returns its trimmed stdout, failing with its stderr.
@@ -313,108 +253,8 @@ fn run_task(task: Task) -> Result<()> {
             setup::kernel_build_setup()?;
             completions::write(&out.unwrap_or_else(|| builds::target_dir().join("dist")))
         }
-        Task::Bench {
-            quick,
-            out,
-            trace_cost,
-            reconcile_cost,
-            identity_cost,
-            real_proxy,
-        } => {
-            require_root("cargo xtask bench")?;
-            setup::setup()?;
-            // The driver and every binary it starts: capture (the agent and CLI), capture-cni,
-            // and the tests' capture-probe.
-            run(cargo().args([
-                "build",
-                "--release",
-                "--locked",
-                "--bins",
-                "-p",
-                "capture-bench",
-                "-p",
-                "capture",
-                "-p",
-                "capture-cni",
-                "-p",
-                "capture-tests",
-            ]))?;
-            if real_proxy {
-                let mut cmd = Command::new("target/release/capture-bench");
-                cmd.args(["real-proxy", "--out", &out]);
-                if quick {
-                    cmd.arg("--quick");
-                }
-                return run(&mut cmd);
-            }
-            if reconcile_cost {
-                return run(Command::new("target/release/capture-bench").args([
-                    "reconcile-cost",
-                    "--out",
-                    &out,
-                ]));
-            }
-            let mut cmd = Command::new("target/release/capture-bench");
-            cmd.args(["run", "--out", &out]);
-            if quick {
-                cmd.arg("--quick");
-            }
-            if trace_cost {
-                cmd.args([
-                    "--focus",
-                    "connect+rr+close",
-                    "--modes",
-                    "ebpf-notrace,ebpf,ebpf-trace",
-                ]);
-            }
-            if identity_cost {
-                cmd.args([
-                    "--focus",
-                    "connect+rr+close",
-                    "--modes",
-                    "ebpf,ebpf-identity",
-                ]);
-            }
-            run(&mut cmd)
-        }
-        Task::Vm {
-            kernels,
-            timeout_secs,
-            tests,
-            filter,
-            report,
-            jobs,
-            shards,
-            scope,
-            fetch_only,
-        } => {
-            require_root("cargo xtask vm")?;
-            if fetch_only {
-                setup::install(setup::tools::VM_TOOLS)?;
-                return vm::fetch(&kernels);
-            }
-            setup::setup()?;
-            setup::install(setup::tools::VM_TOOLS)?;
-            build_all()?;
-            image::build(&image::Options { out: None })?;
-            vm::run(vm::Options {
-                kernels,
-                timeout_secs,
-                tests,
-                filter: filter
-                    .as_deref()
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .map(str::to_string)
-                    .collect(),
-                report,
-                jobs: jobs.unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
-                }),
-                shards,
-                scope,
-            })
-        }
+        Task::Bench(args) => bench(args),
+        Task::Vm(args) => vm_task(args),
         Task::Ci => ci::run(),
         Task::Demo => {
             require_root("cargo xtask demo")?;
@@ -434,4 +274,180 @@ fn workspace() -> std::path::PathBuf {
         .parent()
         .expect("xtask sits in the workspace")
         .to_path_buf()
+}
+
+/// `cargo xtask bench`'s arguments.
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// A short run (under two minutes) for a quick check.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the results.
+    #[arg(long, default_value = "docs/results")]
+    out: String,
+    /// Measure only what tracing costs: connection churn with the programs loaded without
+    /// tracing, with it built in and off, and with the pod traced; writes trace-cost.md.
+    #[arg(long)]
+    trace_cost: bool,
+    /// Measure only the CPU of one reconcile pass over a synthetic node of 1,000 pod
+    /// sandboxes; writes reconcile-cost.md.
+    #[arg(long, conflicts_with = "trace_cost")]
+    reconcile_cost: bool,
+    /// Measure only what proxy identity by container costs: connection churn with the proxy
+    /// exempt by uid and by its container's cgroup; writes identity-cost.md.
+    #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost"])]
+    identity_cost: bool,
+    /// Measure only churn and request/response end to end, with Debian's HAProxy as the
+    /// pod's sidecar, against no mesh; writes real-proxy.md and real-proxy.json.
+    #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost", "identity_cost"])]
+    real_proxy: bool,
+}
+
+/// `cargo xtask vm`'s arguments.
+#[derive(Debug, clap::Args)]
+struct VmArgs {
+    /// Kernels to test, in this order: `5.10`, `6.1`, `6.12` boot in a VM (fetched once and
+    /// cached under target/vm), `host` runs natively.
+    #[arg(long, value_delimiter = ',', default_value = "5.10,6.1,6.12,host")]
+    kernels: Vec<String>,
+    /// Time limit per VM: one that panics or hangs fails with its log after this long, and
+    /// the run goes on with the next. 5.10 under emulation needs about an hour for the
+    /// whole suite, in two VMs of about half an hour each when they have a core each.
+    #[arg(long, default_value_t = 5400)]
+    timeout_secs: u64,
+    /// Only these subjects (the modules of tests/tests/TIER/, e.g. outbound), for a quick run.
+    #[arg(long, value_delimiter = ',')]
+    tests: Vec<String>,
+    /// Arguments for every test binary, split at whitespace (a name filter, `--exact`, ...).
+    #[arg(long, allow_hyphen_values = true)]
+    filter: Option<String>,
+    /// Where to write the kernel support table. Without it, the table goes to
+    /// docs/results/kernel-support.md only when all four kernels ran the whole suite (no
+    /// --tests, --filter or --scope other than all).
+    #[arg(long)]
+    report: Option<std::path::PathBuf>,
+    /// VMs running at once (each emulates on one host thread); by default one per core.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// VMs per kernel, each running its share of the subjects, so that the cores stay
+    /// busy until the slowest kernel is done.
+    #[arg(long, default_value_t = 2)]
+    shards: usize,
+    /// `all` runs the whole suite; `kernel` leaves out the binaries whose subject is user
+    /// space (chaos, containerd, `bad_input`, ...); `hooks` runs only those whose subject is
+    /// what the kernel answers (outbound, parity, accel, ...: CI's matrix on 5.10);
+    /// `verifier` only the feature probes (every program loads: CI's on 6.1 and 6.12).
+    #[arg(long, value_enum, default_value = "all")]
+    scope: vm::Scope,
+    /// Only fetch and unpack the kernels (and write their initramfs) for a later run.
+    #[arg(long)]
+    fetch_only: bool,
+}
+
+/// `cargo xtask bench`: builds the benchmark and what it starts, then runs the one asked for.
+fn bench(args: BenchArgs) -> Result<()> {
+    let BenchArgs {
+        quick,
+        out,
+        trace_cost,
+        reconcile_cost,
+        identity_cost,
+        real_proxy,
+    } = args;
+    require_root("cargo xtask bench")?;
+    setup::setup()?;
+    // The driver and every binary it starts: capture (the agent and CLI), capture-cni,
+    // and the tests' capture-probe.
+    run(cargo().args([
+        "build",
+        "--release",
+        "--locked",
+        "--bins",
+        "-p",
+        "capture-bench",
+        "-p",
+        "capture",
+        "-p",
+        "capture-cni",
+        "-p",
+        "capture-tests",
+    ]))?;
+    if real_proxy {
+        let mut cmd = Command::new("target/release/capture-bench");
+        cmd.args(["real-proxy", "--out", &out]);
+        if quick {
+            cmd.arg("--quick");
+        }
+        return run(&mut cmd);
+    }
+    if reconcile_cost {
+        return run(Command::new("target/release/capture-bench").args([
+            "reconcile-cost",
+            "--out",
+            &out,
+        ]));
+    }
+    let mut cmd = Command::new("target/release/capture-bench");
+    cmd.args(["run", "--out", &out]);
+    if quick {
+        cmd.arg("--quick");
+    }
+    if trace_cost {
+        cmd.args([
+            "--focus",
+            "connect+rr+close",
+            "--modes",
+            "ebpf-notrace,ebpf,ebpf-trace",
+        ]);
+    }
+    if identity_cost {
+        cmd.args([
+            "--focus",
+            "connect+rr+close",
+            "--modes",
+            "ebpf,ebpf-identity",
+        ]);
+    }
+    run(&mut cmd)
+}
+
+/// `cargo xtask vm`: the kernel matrix (or only its kernels' download).
+fn vm_task(args: VmArgs) -> Result<()> {
+    let VmArgs {
+        kernels,
+        timeout_secs,
+        tests,
+        filter,
+        report,
+        jobs,
+        shards,
+        scope,
+        fetch_only,
+    } = args;
+    require_root("cargo xtask vm")?;
+    if fetch_only {
+        setup::install(setup::tools::VM_TOOLS)?;
+        return vm::fetch(&kernels);
+    }
+    setup::setup()?;
+    setup::install(setup::tools::VM_TOOLS)?;
+    build_all()?;
+    image::build(&image::Options { out: None })?;
+    vm::run(vm::Options {
+        kernels,
+        timeout_secs,
+        tests,
+        filter: filter
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        report,
+        jobs: jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+        }),
+        shards,
+        scope,
+    })
 }
