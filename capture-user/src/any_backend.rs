@@ -57,6 +57,17 @@ impl AnyBackend {
         })
     }
 
+    /// The backend of a captured pod as already present on the node, writing (when the pod's
+    /// rules are rewritten) with the iptables variant its record names.
+    pub fn of_record(paths: &Paths, record: &PodRecord) -> Result<Self, BackendError> {
+        Ok(match record.mode {
+            Mode::Iptables => Self::Iptables(IptablesBackend {
+                flavour: record.iptables_flavour(),
+            }),
+            mode => Self::existing(paths, mode)?,
+        })
+    }
+
     pub fn attach(&mut self, pod: &PodTarget<'_>, cfg: &CaptureConfig) -> Result<(), BackendError> {
         match self {
             Self::Ebpf(b) => Ok(b.attach(pod, cfg)?),

@@ -134,7 +134,7 @@ fn rewrite(
             .reconfigure_from(record.netns_cookie, old, new)
             .map_err(|e| backend_err(e.into()));
     }
-    let mut backend = AnyBackend::existing(paths, record.mode)?;
+    let mut backend = AnyBackend::of_record(paths, record)?;
     backend.detach(record)?;
     let opened = OpenedPod::of(record)?;
     if let Err(e) = backend.attach(&opened.target(), new) {

@@ -218,6 +218,9 @@ fn the_proxy_containers_environment_and_uid_are_the_pods_settings() {
         &[
             "--fallback",
             "iptables",
+            // Not the variant the unsuffixed names run here: a rewrite must keep the pod's own.
+            "--iptables-variant",
+            "legacy",
             "--cri-socket",
             runtime.socket().to_str().unwrap(),
         ],
@@ -320,9 +323,11 @@ fn the_proxy_containers_environment_and_uid_are_the_pods_settings() {
         (Some("iptables"), Some(true)),
         "{r:#}"
     );
-    let saved =
-        capture_tests::guards::saved_rules_with(&rules_pod.netns, "iptables-save", &["-t", "nat"]);
-    assert!(saved.contains("-j ISTIO_OUTPUT_DNS"), "{saved}");
+    // Written again with the variant its record names (legacy), not the unsuffixed tools'.
+    let legacy = capture_tests::guards::saved_rules(&rules_pod.netns, "legacy", &["-t", "nat"]);
+    assert!(legacy.contains("-j ISTIO_OUTPUT_DNS"), "{legacy}");
+    let nft = capture_tests::guards::saved_rules(&rules_pod.netns, "nft", &["-t", "nat"]);
+    assert!(!nft.contains("ISTIO_"), "rules in the other variant: {nft}");
 
     // A variable that is no boolean: refused by name, the pod keeps ADD's settings.
     let Some(mut bad) = run(&runtime, "bad-env", &status("default"), false) else {
