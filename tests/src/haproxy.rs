@@ -103,14 +103,7 @@ impl Haproxy {
     /// inbound ports, and waits until both listen.
     #[must_use]
     pub fn start_in_pod(netns: &Path, cgroup: &Path, who: &Who) -> Self {
-        Self::start_in_pod_with(
-            netns,
-            cgroup,
-            who,
-            &config(OUTBOUND_PORT, INBOUND_PORT),
-            &[OUTBOUND_PORT, INBOUND_PORT],
-            None,
-        )
+        Self::logging(netns, cgroup, who, None)
     }
 
     /// As [`Self::start_in_pod`], with [`default_sidecar_config`]: no log, no inbound listener,
@@ -131,13 +124,18 @@ impl Haproxy {
     /// uid may not enter, as one under /root).
     #[must_use]
     pub fn start_in_pod_from(netns: &Path, cgroup: &Path, who: &Who, dir: &Path) -> Self {
+        Self::logging(netns, cgroup, who, Some(dir))
+    }
+
+    /// The logging sidecar, on both listeners, started from `started_from` where given.
+    fn logging(netns: &Path, cgroup: &Path, who: &Who, started_from: Option<&Path>) -> Self {
         Self::start_in_pod_with(
             netns,
             cgroup,
             who,
             &config(OUTBOUND_PORT, INBOUND_PORT),
             &[OUTBOUND_PORT, INBOUND_PORT],
-            Some(dir),
+            started_from,
         )
     }
 

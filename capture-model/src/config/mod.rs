@@ -8,6 +8,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+mod inbound_ports;
 pub mod mesh_config;
 mod owner_groups;
 pub mod policy;
@@ -314,45 +315,6 @@ fn pod_addresses(
     Ok((pod_ip4, pod_ip6, other_pod_ips))
 }
 
-/// The inbound ports never captured, in the order of whose defaults fill them in, each once.
-fn exclude_inbound_ports(spec: &PodSpec) -> Result<Vec<u16>, ConfigError> {
-    let ann = |key: &str| spec.annotations.get(key).map(String::as_str);
-    let status_port = match ann(ANN_STATUS_PORT) {
-        None => DEFAULT_STATUS_PORT,
-        Some(v) => parse_port(ANN_STATUS_PORT, v, v.trim())?,
-    };
-    let annotated_inbound_excludes = ann(ANN_EXCLUDE_INBOUND_PORTS)
-        .map_or(Ok(Vec::new()), |v| {
-            parse_ports(ANN_EXCLUDE_INBOUND_PORTS, v)
-        })?;
-    let mut ports = match spec.defaults {
-        // The injector's order: 15090, 15021, the annotation's ports, then the status port.
-        Defaults::IstioInit => [
-            &ALWAYS_EXCLUDED_INBOUND_PORTS[..],
-            &annotated_inbound_excludes,
-            &[status_port],
-        ]
-        .concat(),
-        // Istio CNI's: the annotation's ports, then always 15020, 15021, 15090.
-        Defaults::IstioCni => [
-            &annotated_inbound_excludes[..],
-            &CNI_ALWAYS_EXCLUDED_INBOUND_PORTS,
-        ]
-        .concat(),
-        Defaults::IstioIptables => annotated_inbound_excludes,
-    };
-    let mut seen = Vec::new();
-    ports.retain(|p| {
-        if seen.contains(p) {
-            false
-        } else {
-            seen.push(*p);
-            true
-        }
-    });
-    Ok(ports)
-}
-
 impl CaptureConfig {
     /// Validates a pod's annotations and addresses into its capture configuration.
     pub fn from_pod(spec: &PodSpec) -> Result<Self, ConfigError> {
@@ -439,7 +401,7 @@ impl CaptureConfig {
             (None, _) => Selection::All,
             (Some(v), _) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
         };
-        let exclude_inbound_ports = exclude_inbound_ports(spec)?;
+        let exclude_inbound_ports = inbound_ports::excluded(spec)?;
 
         let owner_groups = owner_groups(&spec.mesh)?;
         let host_loopback_cidr = host_loopback_cidr(spec.mesh.ipv4_loopback_cidr.as_deref())?;

@@ -244,18 +244,26 @@ fn resolve_ids(spec: &PodSpec) -> Result<(ProxyIds, Vec<Setting>), ConfigError> 
     ))
 }
 
+/// Where a setting read from the pod's proxy-config annotation came from.
+fn from_proxy_config(field: &str) -> String {
+    format!("{ANN_PROXY_CONFIG} {field}")
+}
+
+/// Where a setting read from the pod's mesh configuration came from: its ConfigMap, where known.
+fn from_mesh(spec: &PodSpec, field: &str) -> String {
+    match &spec.mesh_source {
+        Some(source) => format!("{source} {field}"),
+        None => field.to_string(),
+    }
+}
+
 /// The pod's interception mode, from the first of: its annotation, its proxy container's env,
 /// its proxy-config annotation, its revision's mesh configuration.
 fn resolve_interception_mode(
     spec: &PodSpec,
     proxy_config: Option<&(&String, ProxyConfigAnnotation)>,
 ) -> Result<(InterceptionMode, Setting), ConfigError> {
-    let from_proxy_config = |field: &str| format!("{ANN_PROXY_CONFIG} {field}");
     let mesh = spec.mesh_config.as_ref();
-    let from_mesh = |field: &str| match &spec.mesh_source {
-        Some(source) => format!("{source} {field}"),
-        None => field.to_string(),
-    };
     let container = spec.proxy_container.as_ref();
     let mut modes = Vec::new();
     if let Some(v) = spec.annotations.get(ANN_INTERCEPTION_MODE) {
@@ -278,7 +286,7 @@ fn resolve_interception_mode(
     if let Some(v) = mesh.and_then(|m| m.interception_mode.as_ref()) {
         modes.push(Candidate::new(
             Source::Mesh,
-            from_mesh("defaultConfig.interceptionMode"),
+            from_mesh(spec, "defaultConfig.interceptionMode"),
             v,
         ));
     }
@@ -318,12 +326,7 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
         Some(text) => Some((text, ProxyConfigAnnotation::parse(text)?)),
         None => None,
     };
-    let from_proxy_config = |field: &str| format!("{ANN_PROXY_CONFIG} {field}");
     let mesh = spec.mesh_config.as_ref();
-    let from_mesh = |field: &str| match &spec.mesh_source {
-        Some(source) => format!("{source} {field}"),
-        None => field.to_string(),
-    };
     let container = spec.proxy_container.as_ref();
 
     let (interception_mode, mode_setting) = resolve_interception_mode(spec, proxy_config.as_ref())?;
@@ -345,7 +348,7 @@ pub(super) fn resolve_pod(spec: &PodSpec) -> Result<Resolved, ConfigError> {
         if let Some(on) = mesh.and_then(|m| m.metadata(key)) {
             candidates.push(Candidate::new(
                 Source::Mesh,
-                from_mesh(&format!("defaultConfig.proxyMetadata.{key}")),
+                from_mesh(spec, &format!("defaultConfig.proxyMetadata.{key}")),
                 on.to_string(),
             ));
         }
