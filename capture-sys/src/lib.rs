@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod fsutil;
 pub mod lock;
 pub mod netns;
+pub mod nf_tables;
 pub mod paths;
 pub mod pod_cgroup;
 pub mod sockdiag;

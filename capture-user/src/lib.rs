@@ -26,5 +26,5 @@ pub mod validate;
 // The layers below, under the names this crate's code and its users know them by.
 pub use capture_model::{api, backend, claims, cni, config, family, flavour, left_alone, record};
 pub use capture_sys::{
-    cgroup, fsutil, lock, netns, paths, pod_cgroup, sockdiag, socket_fds, userns,
+    cgroup, fsutil, lock, netns, nf_tables, paths, pod_cgroup, sockdiag, socket_fds, userns,
 };

@@ -22,6 +22,7 @@ use crate::{
     config::CaptureConfig,
     iptables::{flavour::Flavour, rules::Family},
     netns::{output_in, Netns},
+    nf_tables,
     record::Mode,
 };
 
@@ -142,8 +143,12 @@ impl fmt::Display for Found {
 /// Looks for Istio's rules in the netns. A variant or family whose tools are missing holds
 /// nothing this node could have written.
 pub fn find(netns: &Path) -> Result<Found, String> {
-    let mut found = Found::default();
-    for (flavour, family, table) in iptables_tables(netns)? {
+    let Tables { iptables, nftables } = tables(netns)?;
+    let mut found = Found {
+        nftables,
+        ..Found::default()
+    };
+    for (flavour, family, table) in iptables {
         let saved = run(
             netns,
             Command::new(flavour.tool(family, false)).args(["-t", table]),
@@ -165,14 +170,14 @@ pub fn find(netns: &Path) -> Result<Found, String> {
             });
         }
     }
-    found.nftables = crate::nftables::apply::present(netns).unwrap_or_default();
     Ok(found)
 }
 
-/// The (variant, family, table) triples that hold a table in the netns: legacy ones from
-/// `/proc/net/ip{,6}_tables_names` (read inside the netns: listing them with the legacy tools
-/// would load the modules), nft ones from nft's list of tables.
-fn iptables_tables(netns: &Path) -> Result<Vec<(Flavour, Family, &'static str)>, String> {
+/// The (variant, family, table) triples that hold a table in the netns, and the netns's native
+/// nftables tables of Istio's names: legacy ones from `/proc/net/ip{,6}_tables_names` (read
+/// inside the netns: listing them with the legacy tools would load the modules), nft ones from
+/// the kernel's list of nftables tables (asked in-process: no tool runs unless a table is there).
+fn tables(netns: &Path) -> Result<Tables, String> {
     let ns = Netns::open(netns).map_err(|e| e.to_string())?;
     let legacy = ns
         .run_in(|| {
@@ -195,32 +200,33 @@ fn iptables_tables(netns: &Path) -> Result<Vec<(Flavour, Family, &'static str)>,
             }
         }
     }
-    let listing = run(netns, Command::new("nft").args(["-j", "list", "tables"]));
-    let nft_tables: Vec<(String, String)> = listing
-        .ok()
-        .and_then(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-        .and_then(|v| v.get("nftables")?.as_array().cloned())
-        .into_iter()
-        .flatten()
-        .filter_map(|o| {
-            let t = o.get("table")?;
-            Some((
-                t.get("family")?.as_str()?.to_owned(),
-                t.get("name")?.as_str()?.to_owned(),
-            ))
-        })
-        .collect();
+    let nft_tables = nf_tables::tables(&ns).map_err(|e| e.to_string())?;
     for (family, nft_family) in [(Family::V4, "ip"), (Family::V6, "ip6")] {
         for table in IPTABLES_TABLES {
             if nft_tables
                 .iter()
-                .any(|(f, n)| f == nft_family && n == table)
+                .any(|t| t.family == nft_family && t.name == table)
             {
                 out.push((Flavour::Nft, family, table));
             }
         }
     }
-    Ok(out)
+    let istio = nft_tables
+        .into_iter()
+        .filter(|t| t.family == "inet" && crate::nftables::rules::TABLES.contains(&t.name.as_str()))
+        .map(|t| t.name)
+        .collect();
+    Ok(Tables {
+        iptables: out,
+        nftables: istio,
+    })
+}
+
+/// Where Istio's rules could be: iptables tables by (variant, family, table), and the native
+/// nftables tables of Istio's names.
+struct Tables {
+    iptables: Vec<(Flavour, Family, &'static str)>,
+    nftables: Vec<String>,
 }
 
 fn run(netns: &Path, cmd: &mut Command) -> Result<String, String> {

@@ -15,7 +15,11 @@ use nftables::{
 use serde_json::Value;
 
 use super::rules::{tables, Table, TABLES};
-use crate::{config::CaptureConfig, netns::output_in};
+use crate::{
+    config::CaptureConfig,
+    netns::{output_in, Netns},
+    nf_tables,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftablesError {
@@ -140,11 +144,16 @@ impl Drop for DocumentFile {
 
 /// The `inet` tables of capture's names present in the netns.
 pub fn present(netns: &Path) -> Result<Vec<String>, NftablesError> {
-    let listing = list(netns, &["-j", "list", "tables", "inet"])?;
-    Ok(objects(&listing, "table")
-        .filter_map(|t| t.get("name")?.as_str())
-        .filter(|name| TABLES.contains(name))
-        .map(str::to_owned)
+    let unreadable = |reason: String| NftablesError::Unreadable {
+        netns: netns.into(),
+        reason,
+    };
+    let ns = Netns::open(netns).map_err(|e| unreadable(e.to_string()))?;
+    Ok(nf_tables::tables(&ns)
+        .map_err(|e| unreadable(e.to_string()))?
+        .into_iter()
+        .filter(|t| t.family == "inet" && TABLES.contains(&t.name.as_str()))
+        .map(|t| t.name)
         .collect())
 }
 

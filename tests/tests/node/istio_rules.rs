@@ -40,6 +40,67 @@ fn nft_tables(topo: &Topology) -> String {
     ]))
 }
 
+/// A CNI ADD asks the kernel for the pod's nftables tables itself: it must see what nft lists,
+/// in every family, including Istio's `inet` tables and the `ip`/`ip6` tables iptables-nft
+/// writes.
+#[test]
+fn the_tables_a_capture_asks_the_kernel_for_are_those_nft_lists() {
+    let topo = Topology::new();
+    let netns = topo.pod.netns.path().to_str().unwrap().to_owned();
+    let mut families = [
+        ("ip", "nat"),
+        ("ip6", "mangle"),
+        ("inet", "istio-proxy-nat"),
+        ("inet", "another"),
+        ("arp", "a"),
+        ("bridge", "b"),
+    ];
+    let script: String = families
+        .iter()
+        .map(|(family, name)| format!("add table {family} {name}\n"))
+        .collect();
+    let nft = |args: &[&str], input: &str| {
+        let out = capture_user::netns::output_in(
+            std::path::Path::new(&netns),
+            Command::new("nft").args(args),
+            input.as_bytes(),
+        )
+        .unwrap();
+        assert!(out.status.success(), "{}", output_text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    nft(&["-f", "-"], &script);
+    let listing: serde_json::Value =
+        serde_json::from_str(&nft(&["-j", "list", "tables"], "")).unwrap();
+    let mut listed: Vec<(String, String)> = listing["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| {
+            let t = o.get("table")?;
+            Some((
+                t["family"].as_str()?.to_owned(),
+                t["name"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let ns = capture_user::netns::Netns::open(&topo.pod.netns.path()).unwrap();
+    let mut asked: Vec<(String, String)> = capture_user::nf_tables::tables(&ns)
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.family.to_owned(), t.name))
+        .collect();
+    listed.sort();
+    asked.sort();
+    families.sort_unstable();
+    assert_eq!(asked, listed);
+    let expected: Vec<(String, String)> = families
+        .iter()
+        .map(|(f, n)| ((*f).to_owned(), (*n).to_owned()))
+        .collect();
+    assert_eq!(asked, expected);
+}
+
 fn pods(topo: &Topology) -> usize {
     topo.status()["pods"].as_array().map_or(0, Vec::len)
 }
