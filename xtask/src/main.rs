@@ -339,6 +339,10 @@ struct VmArgs {
     /// `verifier` only the feature probes (every program loads: CI's on 6.1 and 6.12).
     #[arg(long, value_enum, default_value = "all")]
     scope: vm::Scope,
+    /// Only these backends in the tests that run every backend (`ebpf`, `iptables`,
+    /// `nftables`): the guests' `CAPTURE_TEST_BACKENDS`.
+    #[arg(long, value_delimiter = ',')]
+    backends: Vec<String>,
     /// Only fetch and unpack the kernels (and write their initramfs) for a later run.
     #[arg(long)]
     fetch_only: bool,
@@ -422,6 +426,7 @@ fn vm_task(args: VmArgs) -> Result<()> {
         jobs,
         shards,
         scope,
+        backends,
         fetch_only,
     } = args;
     require_root("cargo xtask vm")?;
@@ -449,5 +454,6 @@ fn vm_task(args: VmArgs) -> Result<()> {
         }),
         shards,
         scope,
+        backends,
     })
 }

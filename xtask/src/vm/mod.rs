@@ -41,6 +41,8 @@ use self::{
 
 /// What `--kernels` accepts besides the Debian lines: this machine's kernel, without a VM.
 const HOST: &str = "host";
+/// What `--backends` accepts: the agent's modes.
+const BACKENDS: [&str; 3] = ["ebpf", "iptables", "nftables"];
 /// Where the report goes when the whole matrix ran unfiltered.
 const DEFAULT_REPORT: &str = "docs/results/kernel-support.md";
 
@@ -106,6 +108,8 @@ pub struct Options {
     /// VMs per kernel, each running its share of the test binaries.
     pub shards: usize,
     pub scope: Scope,
+    /// Only these backends where a test runs every backend; all when empty.
+    pub backends: Vec<String>,
 }
 
 /// The workspace root (xtask sits one level below it).
@@ -126,6 +130,16 @@ pub fn run(opts: Options) -> Result<()> {
         if !all.contains(&kernel.as_str()) {
             bail!("unknown kernel {kernel}: choose from {}", all.join(","));
         }
+    }
+    if let Some(unknown) = opts
+        .backends
+        .iter()
+        .find(|b| !BACKENDS.contains(&b.as_str()))
+    {
+        bail!(
+            "unknown backend {unknown}: choose from {}",
+            BACKENDS.join(",")
+        );
     }
     let root = workspace_root();
     let vm_dir = root.join("target/vm");
@@ -168,6 +182,7 @@ pub fn run(opts: Options) -> Result<()> {
     let full_matrix = all.iter().all(|k| opts.kernels.iter().any(|o| o == k))
         && opts.tests.is_empty()
         && opts.filter.is_empty()
+        && opts.backends.is_empty()
         && opts.scope == Scope::All;
     let report = opts
         .report
@@ -205,7 +220,7 @@ fn run_vms(
     let mut stage2_scripts = Vec::new();
     for (i, shard) in shards.iter().enumerate() {
         let path = vm_dir.join(format!("stage2.{i}.sh"));
-        stage2::write(&path, tests_dir, shard, &opts.filter)?;
+        stage2::write(&path, tests_dir, shard, &opts.filter, &opts.backends)?;
         stage2_scripts.push(path);
     }
     // Fetched and unpacked one at a time, before VMs that share a kernel boot.

@@ -66,18 +66,26 @@ echo o > /proc/sysrq-trigger
 sleep 30
 ";
 
-/// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter`'s flags.
+/// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter`'s flags, and
+/// only `backends` (all when empty) where a test runs every backend.
 pub fn write(
     path: &Path,
     tests_dir: &Path,
     binaries: &[&TestBinary],
     filter: &[String],
+    backends: &[String],
 ) -> Result<()> {
     // The host's PATH, so the guest finds the same tools (python3 with its modules among them).
     let host_path = std::env::var("PATH").unwrap_or_default();
     let guest_path =
         format!("{host_path}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     let mut script = PRELUDE.replace("__PATH__", &quote(&guest_path));
+    if !backends.is_empty() {
+        script.push_str(&format!(
+            "export CAPTURE_TEST_BACKENDS={}\n",
+            quote(&backends.join(","))
+        ));
+    }
     script.push_str(&format!("cd {}\n", quote(&tests_dir.to_string_lossy())));
     for binary in binaries {
         let mut line = format!(
@@ -104,6 +112,29 @@ fn quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backends_asked_for_reach_the_tests_and_none_asked_means_every_one() {
+        let dir = std::env::temp_dir().join(format!("capture-stage2-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("stage2.sh");
+        let binary = TestBinary {
+            name: "outbound".into(),
+            tier: "hooks".into(),
+            path: "/x/hooks".into(),
+            tests: vec!["default_sidecar".into()],
+        };
+        write(&script, &dir, &[&binary], &[], &["ebpf".into()]).unwrap();
+        let text = fs::read_to_string(&script).unwrap();
+        assert!(
+            text.contains("export CAPTURE_TEST_BACKENDS='ebpf'\n"),
+            "{text}"
+        );
+        write(&script, &dir, &[&binary], &[], &[]).unwrap();
+        let text = fs::read_to_string(&script).unwrap();
+        assert!(!text.contains("CAPTURE_TEST_BACKENDS"), "{text}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn quoting_survives_quotes_and_spaces() {
