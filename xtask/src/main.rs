@@ -335,7 +335,8 @@ struct VmArgs {
     shards: usize,
     /// `all` runs the whole suite; `kernel` leaves out the binaries whose subject is user
     /// space (chaos, containerd, `bad_input`, ...); `hooks` runs only those whose subject is
-    /// what the kernel answers (outbound, parity, accel, ...: CI's matrix on 5.10);
+    /// what the kernel answers (outbound, parity, accel, ...: CI's matrix on 5.10 takes the
+    /// subjects its programs' own paths decide, with `--backends ebpf`);
     /// `verifier` only the feature probes (every program loads: CI's on 6.1 and 6.12).
     #[arg(long, value_enum, default_value = "all")]
     scope: vm::Scope,
