@@ -23,7 +23,7 @@ pub const SLOWEST_BUDGET: f64 = 45.0 * 60.0;
 const WARN_AT: f64 = 0.8;
 
 /// Each step's share of `REFERENCE_BUDGET`, in seconds on the reference machine: about 1.15
-/// times what each took in a cold run at bfd0785 (2026-12-05, 1,287 s on a machine 1.32 times
+/// times what each took in a cold run at 4da3e6f (2026-12-05, 1,287 s on a machine 1.32 times
 /// the reference: xtask 18 s, calibration 8, setup 1 with the tools already there (46 to 70 from
 /// nothing), lint 149, fuzz smoke 48, build 250, test 253, image check 70, kernel matrix 178,
 /// scaled). That run used 87% of the budget, so the shares leave about an eighth each, and most
