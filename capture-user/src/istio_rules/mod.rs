@@ -211,14 +211,9 @@ fn tables(netns: &Path) -> Result<Tables, String> {
             }
         }
     }
-    let istio = nft_tables
-        .into_iter()
-        .filter(|t| t.family == "inet" && crate::nftables::rules::TABLES.contains(&t.name.as_str()))
-        .map(|t| t.name)
-        .collect();
     Ok(Tables {
         iptables: out,
-        nftables: istio,
+        nftables: crate::nftables::apply::ours(nft_tables),
     })
 }
 

@@ -149,12 +149,18 @@ pub fn present(netns: &Path) -> Result<Vec<String>, NftablesError> {
         reason,
     };
     let ns = Netns::open(netns).map_err(|e| unreadable(e.to_string()))?;
-    Ok(nf_tables::tables(&ns)
-        .map_err(|e| unreadable(e.to_string()))?
+    Ok(ours(
+        nf_tables::tables(&ns).map_err(|e| unreadable(e.to_string()))?,
+    ))
+}
+
+/// The names of the `inet` tables among `tables` that are capture's (and Istio's) own.
+pub fn ours(tables: Vec<nf_tables::Table>) -> Vec<String> {
+    tables
         .into_iter()
         .filter(|t| t.family == "inet" && TABLES.contains(&t.name.as_str()))
         .map(|t| t.name)
-        .collect())
+        .collect()
 }
 
 fn list(netns: &Path, args: &[&str]) -> Result<Value, NftablesError> {
