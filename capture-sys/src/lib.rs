@@ -5,6 +5,7 @@
 pub mod cgroup;
 pub mod fsutil;
 pub mod lock;
+mod netlink;
 pub mod netns;
 pub mod nf_tables;
 pub mod paths;

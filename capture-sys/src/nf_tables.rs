@@ -8,9 +8,16 @@
 
 use std::io;
 
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr as NetlinkAddr};
+use netlink_packet_core::{
+    parse_string, DecodeError, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable,
+    NlasIterator,
+};
+use netlink_sys::protocols::NETLINK_NETFILTER;
 
-use crate::netns::{Netns, NetnsError};
+use crate::{
+    netlink,
+    netns::{Netns, NetnsError},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NfTablesError {
@@ -34,12 +41,7 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_GETTABLE: u16 = 1;
 /// `NFTA_TABLE_NAME`.
 const NFTA_TABLE_NAME: u16 = 1;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-/// `nlmsghdr`, then `nfgenmsg`.
-const HEADER_LEN: usize = 16;
+/// `nfgenmsg`: family, version, resource id.
 const NFGENMSG_LEN: usize = 4;
 
 /// Every nftables table of `netns`, in every family. A kernel without `nf_tables` (nfnetlink not
@@ -52,111 +54,70 @@ pub fn tables(netns: &Netns) -> Result<Vec<Table>, NfTablesError> {
         netns: netns.path().display().to_string(),
         source,
     };
-    netns.run_in(dump)?.map_err(failed)
-}
-
-fn dump() -> io::Result<Vec<Table>> {
-    let mut socket = match Socket::new(NETLINK_NETFILTER) {
+    let socket = match netlink::socket_in(netns, NETLINK_NETFILTER)? {
         Ok(socket) => socket,
         // No nfnetlink in this kernel: no table can exist.
         Err(e) if e.raw_os_error() == Some(libc::EPROTONOSUPPORT) => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+        Err(e) => return Err(failed(e)),
     };
-    socket.bind_auto()?;
-    socket.connect(&NetlinkAddr::new(0, 0))?;
-    socket.send(&request(), 0)?;
     let mut found = Vec::new();
-    // Each read returns whole messages; a dump's parts arrive over several reads.
-    let mut buf = Vec::with_capacity(64 * 1024);
-    loop {
-        buf.clear();
-        let size = socket.recv(&mut buf, 0)?;
-        match parse(&buf[..size], &mut found)? {
-            Parsed::Done => return Ok(found),
-            Parsed::More => {}
+    match netlink::dump(&socket, GetTables, |TableAnswer(table)| {
+        found.extend(table);
+    }) {
+        Ok(()) => Ok(found),
+        // No `nf_tables` in the kernel, nor a module to load (nfnetlink answers EINVAL for a
+        // subsystem it does not have): nothing of it exists.
+        Err(e)
+            if [libc::EINVAL, libc::ENOENT, libc::EOPNOTSUPP]
+                .map(Some)
+                .contains(&e.raw_os_error()) =>
+        {
+            Ok(Vec::new())
         }
+        Err(e) => Err(failed(e)),
     }
 }
 
 /// The dump request: every family (`NFPROTO_UNSPEC`), nfnetlink version 0.
-fn request() -> Vec<u8> {
-    let length = (HEADER_LEN + NFGENMSG_LEN) as u32;
-    let mut bytes = Vec::with_capacity(length as usize);
-    bytes.extend_from_slice(&length.to_ne_bytes());
-    bytes.extend_from_slice(&(NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETTABLE).to_ne_bytes());
-    bytes.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    bytes.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-    bytes.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel's
-    bytes.extend_from_slice(&[0, 0, 0, 0]); // family, version, resource id
-    bytes
-}
+struct GetTables;
 
-#[derive(Debug, PartialEq, Eq)]
-enum Parsed {
-    More,
-    Done,
-}
-
-/// The messages of one read: tables go to `found`; the dump's end or an error ends it.
-fn parse(mut bytes: &[u8], found: &mut Vec<Table>) -> io::Result<Parsed> {
-    let short = || io::Error::other("a truncated answer");
-    while bytes.len() >= HEADER_LEN {
-        let length = u32::from_ne_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
-        let kind = u16::from_ne_bytes(bytes[4..6].try_into().expect("2 bytes"));
-        if length < HEADER_LEN || length > bytes.len() {
-            return Err(short());
-        }
-        let body = &bytes[HEADER_LEN..length];
-        match kind {
-            NLMSG_DONE => return Ok(Parsed::Done),
-            NLMSG_ERROR => {
-                let code = body
-                    .get(0..4)
-                    .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                    .ok_or_else(short)?;
-                // No `nf_tables` in the kernel, nor a module to load (nfnetlink answers EINVAL for a
-                // subsystem it does not have): nothing of it exists.
-                if [libc::EINVAL, libc::ENOENT, libc::EOPNOTSUPP].contains(&-code) {
-                    return Ok(Parsed::Done);
-                }
-                if code != 0 {
-                    return Err(io::Error::from_raw_os_error(-code));
-                }
-            }
-            _ if kind >> 8 == NFNL_SUBSYS_NFTABLES => {
-                if let Some(table) = table(body) {
-                    found.push(table);
-                }
-            }
-            _ => {}
-        }
-        bytes = &bytes[align(length).min(bytes.len())..];
+impl NetlinkSerializable for GetTables {
+    fn message_type(&self) -> u16 {
+        NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETTABLE
     }
-    Ok(Parsed::More)
+
+    fn buffer_len(&self) -> usize {
+        NFGENMSG_LEN
+    }
+
+    fn serialize(&self, buffer: &mut [u8]) {
+        buffer.fill(0);
+    }
 }
 
-/// A table from one message's body (`nfgenmsg`, then attributes).
-fn table(body: &[u8]) -> Option<Table> {
-    let family = family_name(*body.first()?)?;
-    let mut attrs = body.get(NFGENMSG_LEN..)?;
-    while attrs.len() >= 4 {
-        let length = usize::from(u16::from_ne_bytes(attrs[0..2].try_into().ok()?));
-        // The nested and byte-order flags are not part of the type.
-        let kind = u16::from_ne_bytes(attrs[2..4].try_into().ok()?) & 0x3fff;
-        if length < 4 || length > attrs.len() {
-            return None;
+/// One answer of the dump: a table, or nothing for a message this module does not read.
+#[derive(Debug)]
+struct TableAnswer(Option<Table>);
+
+impl NetlinkDeserializable for TableAnswer {
+    type Error = DecodeError;
+
+    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, DecodeError> {
+        if header.message_type >> 8 != NFNL_SUBSYS_NFTABLES {
+            return Ok(Self(None));
         }
-        if kind == NFTA_TABLE_NAME {
-            let value = &attrs[4..length];
-            let name = value.split(|b| *b == 0).next()?;
-            return Some(Table {
-                family,
-                name: String::from_utf8_lossy(name).into_owned(),
-            });
+        let Some(family) = payload.first().copied().and_then(family_name) else {
+            return Ok(Self(None));
+        };
+        for attribute in NlasIterator::new(payload.get(NFGENMSG_LEN..).unwrap_or_default()) {
+            let attribute = attribute?;
+            if attribute.kind() == NFTA_TABLE_NAME {
+                let name = parse_string(attribute.value())?;
+                return Ok(Self(Some(Table { family, name })));
+            }
         }
-        attrs = &attrs[align(length).min(attrs.len())..];
+        Ok(Self(None))
     }
-    None
 }
 
 /// `NFPROTO_*` from `linux/netfilter.h`, named as `nft` names them.
@@ -172,14 +133,23 @@ fn family_name(family: u8) -> Option<&'static str> {
     })
 }
 
-/// Netlink's 4-byte alignment.
-fn align(length: usize) -> usize {
-    (length + 3) & !3
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::{read_answers, Read};
+
+    const HEADER_LEN: usize = 16;
+    const NLMSG_ERROR: u16 = 2;
+    const NLMSG_DONE: u16 = 3;
+
+    fn align(length: usize) -> usize {
+        (length + 3) & !3
+    }
+
+    /// Each table of `bytes` into `found`.
+    fn parse(bytes: &[u8], found: &mut Vec<Table>) -> io::Result<Read> {
+        read_answers(bytes, &mut |TableAnswer(table)| found.extend(table))
+    }
 
     fn message(kind: u16, body: &[u8]) -> Vec<u8> {
         let mut bytes = Vec::new();
@@ -212,7 +182,7 @@ mod tests {
         bytes.extend(table_message(1, "istio-proxy-nat"));
         bytes.extend(table_message(10, "mangle"));
         let mut found = Vec::new();
-        assert_eq!(parse(&bytes, &mut found).unwrap(), Parsed::More);
+        assert_eq!(parse(&bytes, &mut found).unwrap(), Read::More);
         assert_eq!(
             found,
             [
@@ -227,7 +197,7 @@ mod tests {
         );
         assert_eq!(
             parse(&message(NLMSG_DONE, &[0; 4]), &mut found).unwrap(),
-            Parsed::Done
+            Read::Done
         );
     }
 

@@ -4,23 +4,18 @@
 //! state by) and inode, and can be limited to the states asked for. Either way the kernel walks
 //! the node's socket hashes, so this is for on-demand commands (`capture sockets`, `capture
 //! explain`), never a CNI ADD.
-//!
-//! A netlink socket answers for the netns it was created in: it is created on a thread that
-//! entered the pod's netns and used from the caller's.
 
 use std::{io, net::SocketAddr};
 
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
-};
 use netlink_packet_sock_diag::{
     constants::{AF_INET, AF_INET6, IPPROTO_TCP},
     inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags},
     SockDiagMessage,
 };
-use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr as NetlinkAddr};
+use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket};
 
 use crate::{
+    netlink,
     netns::{Netns, NetnsError},
     socket_fds::unmapped,
 };
@@ -92,14 +87,7 @@ pub fn tcp_sockets(netns: &Netns, states: StateFlags) -> Result<Vec<KernelSocket
         netns: netns.path().display().to_string(),
         source,
     };
-    let socket = netns
-        .run_in(|| -> io::Result<Socket> {
-            let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
-            socket.bind_auto()?;
-            socket.connect(&NetlinkAddr::new(0, 0))?;
-            Ok(socket)
-        })?
-        .map_err(failed)?;
+    let socket = netlink::socket_in(netns, NETLINK_SOCK_DIAG)?.map_err(failed)?;
     let mut found = Vec::new();
     for family in [AF_INET, AF_INET6] {
         dump(&socket, family, states.clone(), &mut found).map_err(failed)?;
@@ -137,51 +125,22 @@ fn dump(
     states: StateFlags,
     found: &mut Vec<KernelSocket>,
 ) -> io::Result<()> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut request = NetlinkMessage::new(
-        header,
-        SockDiagMessage::InetRequest(InetRequest {
-            family,
-            protocol: IPPROTO_TCP,
-            extensions: ExtensionFlags::empty(),
-            states,
-            socket_id: if family == AF_INET {
-                SocketId::new_v4()
-            } else {
-                SocketId::new_v6()
-            },
-        })
-        .into(),
-    );
-    request.finalize();
-    let mut bytes = vec![0; request.buffer_len()];
-    request.serialize(&mut bytes);
-    socket.send(&bytes, 0)?;
-    // Each read returns whole messages; a dump's parts arrive over several reads.
-    let mut buf = Vec::with_capacity(64 * 1024);
-    loop {
-        buf.clear();
-        let size = socket.recv(&mut buf, 0)?;
-        let mut offset = 0;
-        while offset < size {
-            let message = NetlinkMessage::<SockDiagMessage>::deserialize(&buf[offset..size])
-                .map_err(|e| io::Error::other(format!("an unreadable answer: {e}")))?;
-            let length = message.header.length as usize;
-            match message.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
-                    found.push(kernel_socket(&response));
-                }
-                NetlinkPayload::Done(_) => return Ok(()),
-                NetlinkPayload::Error(e) => return Err(e.to_io()),
-                _ => {}
-            }
-            if length == 0 {
-                break;
-            }
-            offset += length;
+    let request = SockDiagMessage::InetRequest(InetRequest {
+        family,
+        protocol: IPPROTO_TCP,
+        extensions: ExtensionFlags::empty(),
+        states,
+        socket_id: if family == AF_INET {
+            SocketId::new_v4()
+        } else {
+            SocketId::new_v6()
+        },
+    });
+    netlink::dump(socket, request, |answer| {
+        if let SockDiagMessage::InetResponse(response) = answer {
+            found.push(kernel_socket(&response));
         }
-    }
+    })
 }
 
 fn kernel_socket(response: &InetResponse) -> KernelSocket {
