@@ -14,6 +14,7 @@ fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     let object = out_dir.join("capture.bpf.o");
     let netns_cookie_object = out_dir.join("netns-cookie.bpf.o");
+    let adopt_object = out_dir.join("adopt-listeners.bpf.o");
     let workspace = manifest_dir.parent().expect("workspace root");
     for dir in ["capture-ebpf/src", "capture-common/src"] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
@@ -32,6 +33,7 @@ fn main() {
         println!("cargo:warning=CAPTURE_SKIP_EBPF_BUILD=1: the binary carries no kernel programs");
         fs::write(&object, []).expect("write empty object");
         fs::write(&netns_cookie_object, []).expect("write empty object");
+        fs::write(&adopt_object, []).expect("write empty object");
     } else {
         let target_dir =
             env::var_os(SHARED_EBPF_TARGET).map_or_else(|| out_dir.join("ebpf-target"), Into::into);
@@ -39,8 +41,11 @@ fn main() {
             &workspace.join("capture-ebpf"),
             &target_dir,
             env::var_os("CARGO_FEATURE_LAYOUT_NEXT").is_some(),
-            &object,
-            &netns_cookie_object,
+            [
+                ("capture", &object),
+                ("netns-cookie", &netns_cookie_object),
+                ("adopt-listeners", &adopt_object),
+            ],
         );
     }
     let built = fs::read(&object).expect("read the kernel object");
@@ -63,13 +68,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 /// own lock keeps two builds from writing it at once).
 const SHARED_EBPF_TARGET: &str = "CAPTURE_EBPF_TARGET_DIR";
 
-fn build_ebpf(
-    crate_dir: &Path,
-    target_dir: &Path,
-    layout_next: bool,
-    object: &Path,
-    netns_cookie_object: &Path,
-) {
+fn build_ebpf(crate_dir: &Path, target_dir: &Path, layout_next: bool, objects: [(&str, &Path); 3]) {
     let mut cmd = Command::new("rustup");
     cmd.args(["run", "nightly", "cargo", "build", "--release", "--bins"])
         .arg("--target-dir")
@@ -105,7 +104,7 @@ fn build_ebpf(
         status.success(),
         "building capture-ebpf failed ({status}); `cargo xtask setup` installs rust-src and bpf-linker"
     );
-    for (bin, object) in [("capture", object), ("netns-cookie", netns_cookie_object)] {
+    for (bin, object) in objects {
         let built = target_dir.join("bpfel-unknown-none/release").join(bin);
         fs::copy(&built, object)
             .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", built.display(), object.display()));

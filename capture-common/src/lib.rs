@@ -8,6 +8,7 @@
 
 pub mod accel;
 pub mod addr;
+pub mod adopt;
 pub mod config;
 pub mod decision;
 pub mod keys;

@@ -19,6 +19,7 @@ mod peer;
 mod rodata;
 mod sock;
 mod sockaddr;
+mod socket_states;
 mod sockops;
 mod sockopt;
 mod storage;

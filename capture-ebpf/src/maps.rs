@@ -1,8 +1,9 @@
 //! Every map the programs share. User space creates them once per node (they are pinned) and
 //! fills the per-pod entries on attach.
 
+use crate::socket_states::SocketStates;
 use aya_ebpf::{
-    bindings::{bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, BPF_F_CLONE, BPF_F_NO_PREALLOC},
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::{
         lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf,
         SockHash,
@@ -16,7 +17,7 @@ use capture_common::{
         CidrKey, HandoffKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS,
     },
     layout,
-    state::{OriginalDst, SockState},
+    state::OriginalDst,
     trace::{
         TraceEvent, TraceLease, TRACE_RING_BYTES, TRACE_SLOTS, TRACE_STATS as TRACE_STAT_COUNT,
     },
@@ -59,38 +60,6 @@ pub static INBOUND_LISTENERS: SockHash<ListenerKey, { layout::MAX_INBOUND_LISTEN
 
 #[btf_map]
 pub static HANDOFF: LruHashMap<HandoffKey, OriginalDst, MAX_HANDOFFS> = LruHashMap::new();
-
-/// Socket-local storage. Declared by hand rather than with `btf_maps::SkStorage` because it needs
-/// `BPF_F_CLONE`: a listener's entry (its netns cookie) is copied into every socket it accepts.
-#[repr(C)]
-pub struct SocketStates {
-    r#type: *const [i32; BPF_MAP_TYPE_SK_STORAGE as usize],
-    key: *const i32,
-    value: *const SockState,
-    max_entries: *const [i32; 0],
-    map_flags: *const [i32; (BPF_F_NO_PREALLOC | BPF_F_CLONE) as usize],
-}
-
-// SAFETY: the fields are type-only placeholders the loader reads from BTF; nothing dereferences them.
-unsafe impl Sync for SocketStates {}
-
-impl SocketStates {
-    const fn new() -> Self {
-        Self {
-            r#type: core::ptr::null(),
-            key: core::ptr::null(),
-            value: core::ptr::null(),
-            max_entries: core::ptr::null(),
-            map_flags: core::ptr::null(),
-        }
-    }
-
-    /// The map reference the helpers take; the loader relocates the symbol to the map's fd.
-    #[inline(always)]
-    pub fn as_ptr(&self) -> *mut core::ffi::c_void {
-        core::ptr::from_ref(self).cast_mut().cast()
-    }
-}
 
 #[btf_map]
 pub static SOCKET_STATES: SocketStates = SocketStates::new();

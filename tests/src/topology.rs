@@ -47,6 +47,9 @@ pub struct Topology {
     /// The netns every `capture` run starts in (the node's, as the agent's would be): the test's
     /// own when `None`.
     pub node_netns: Option<PathBuf>,
+    /// Every `capture` run starts in a PID namespace of its own, as an agent's container without
+    /// `hostPID` does: the pod's processes are out of its reach.
+    pub own_pid_namespace: bool,
     /// The pod's addresses (`POD_IP4`, `POD_IP6` unless numbered).
     pub ip4: String,
     pub ip6: String,
@@ -131,6 +134,7 @@ impl Topology {
             vm: None,
             dirs,
             capture_env: Vec::new(),
+            own_pid_namespace: false,
             node_netns: None,
             ip4,
             ip6,
@@ -213,10 +217,19 @@ impl Topology {
     /// `capture` with this topology's directories, to spawn.
     #[must_use]
     pub fn capture_command(&self, args: &[&str]) -> Command {
-        let mut cmd = match &self.node_netns {
-            Some(netns) => crate::guards::in_netns(netns, capture_bin()),
-            None => Command::new(capture_bin()),
+        let program = if self.own_pid_namespace {
+            PathBuf::from("unshare")
+        } else {
+            capture_bin()
         };
+        let mut cmd = match &self.node_netns {
+            Some(netns) => crate::guards::in_netns(netns, program),
+            None => Command::new(program),
+        };
+        if self.own_pid_namespace {
+            cmd.args(["--pid", "--fork", "--kill-child", "--"])
+                .arg(capture_bin());
+        }
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)
             .arg("--state-dir")

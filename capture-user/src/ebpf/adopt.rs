@@ -7,7 +7,9 @@
 //! the proxy listens again, and on kernels whose `sock_ops` cannot ask for the netns cookie (before
 //! 5.15) its outbound listener cannot tell the original destinations.
 //!
-//! So the pod's listeners on the proxy's ports are found and registered from here: the pod's
+//! So the pod's listeners on the proxy's ports are found and registered from here. Where the
+//! pod's processes are outside this process's PID namespace (an agent without `hostPID`), the
+//! kernel registers them (`adopt_kernel`). Otherwise the pod's
 //! processes are those of its cgroup (in its netns); `pidfd_getfd` gives capture its own
 //! descriptor for each socket they hold (`/proc/PID/fd`), and the socket itself says whether it
 //! is a TCP listener of the pod's netns and on which port. That descriptor goes into the
@@ -59,6 +61,8 @@ pub enum AdoptError {
     },
     #[error("registering the {addr} listener for inbound capture: {reason}")]
     Register { addr: SocketAddr, reason: String },
+    #[error("registering the listeners of netns {netns} in the kernel: {reason}")]
+    Kernel { netns: String, reason: String },
 }
 
 /// What adoption registered.
@@ -97,9 +101,17 @@ pub fn adopt_listeners_except(
             source,
         })?
         .ino();
+    let pids = match pod_pids(pod, netns_ino) {
+        PodPids::Ours(pids) => pids,
+        // Their descriptors are out of reach: the kernel registers what sock_diag lists. The
+        // sockets already registered are left alone there, so `seen` is not needed.
+        PodPids::OutsideOurPidNamespace => {
+            return super::adopt_kernel::adopt_in_kernel(&maps.dir, pod, cfg);
+        }
+    };
     let ports = [cfg.inbound_port, cfg.outbound_port];
     let mut adopted = Adopted::default();
-    for (socket, addr) in pod_listeners(&pod_pids(pod, netns_ino), netns_ino, &ports)? {
+    for (socket, addr) in pod_listeners(&pids, netns_ino, &ports)? {
         if socket_cookie(&socket).is_some_and(|cookie| !seen.insert(cookie)) {
             continue;
         }
@@ -114,8 +126,16 @@ pub fn adopt_listeners_except(
     Ok(adopted)
 }
 
-/// The pod's processes: those of its cgroup tree that are in its netns.
-fn pod_pids(pod: &PodTarget<'_>, netns_ino: u64) -> Vec<u32> {
+/// The pod's processes as this process's PID namespace numbers them.
+enum PodPids {
+    /// Those of its cgroup tree that are in its netns.
+    Ours(Vec<u32>),
+    /// Some are outside our PID namespace (an agent without `hostPID`): `cgroup.procs` lists
+    /// them as 0, and `pidfd_open` cannot reach them.
+    OutsideOurPidNamespace,
+}
+
+fn pod_pids(pod: &PodTarget<'_>, netns_ino: u64) -> PodPids {
     let mut pids = Vec::new();
     let mut dirs = vec![pod.cgroup_path.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -134,8 +154,11 @@ fn pod_pids(pod: &PodTarget<'_>, netns_ino: u64) -> Vec<u32> {
             );
         }
     }
+    if pids.contains(&0) {
+        return PodPids::OutsideOurPidNamespace;
+    }
     pids.retain(|&pid| in_netns(pid, netns_ino));
-    pids
+    PodPids::Ours(pids)
 }
 
 /// A descriptor of our own for each TCP socket that `pids` hold, listens on one of `ports`
@@ -184,7 +207,7 @@ fn tcp_listener_on(socket: &OwnedFd, ports: &[u16]) -> Option<SocketAddr> {
 
 /// Whether a listener on `ip` serves the pod's inbound traffic: the wildcard or a pod address,
 /// as the kernel side registers them.
-fn accepts_inbound(ip: IpAddr, cfg: &CaptureConfig) -> bool {
+pub(super) fn accepts_inbound(ip: IpAddr, cfg: &CaptureConfig) -> bool {
     ip.is_unspecified()
         || cfg.pod_ip4.is_some_and(|a| ip == IpAddr::V4(a))
         || cfg.pod_ip6.is_some_and(|a| ip == IpAddr::V6(a))

@@ -2,6 +2,7 @@
 
 pub mod accel;
 mod adopt;
+mod adopt_kernel;
 pub mod btf_offsets;
 pub mod foreign;
 pub mod hook_probe;

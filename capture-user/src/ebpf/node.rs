@@ -45,6 +45,8 @@ pub struct Maps {
     pub accel_counters: Option<PerCpuHashMap<MapData, u64, AccelCounters>>,
     /// Absent on a node whose programs come from a build without the stateless redirect.
     pub loopback_dests: Option<HashMap<MapData, LoopbackKey, OriginalDst>>,
+    /// Where they are pinned (the listener adopter loads against the pins).
+    pub dir: PathBuf,
 }
 
 /// The node's programs (as fds, ready to attach) and maps.
@@ -194,6 +196,7 @@ pub(super) fn open_maps(dir: &Path) -> Result<Maps, LoadError> {
         socket_states: open_map(dir, MapId::SocketStates)?,
         accel_counters: open_map(dir, MapId::AccelCounters).ok(),
         loopback_dests: open_map(dir, MapId::LoopbackDests).ok(),
+        dir: dir.to_path_buf(),
     })
 }
 

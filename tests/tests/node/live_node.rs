@@ -325,6 +325,76 @@ fn a_reuseport_group_keeps_inbound_working_while_one_listener_remains() {
     assert!(got.server().is_none(), "refused with no listener: {got:?}");
 }
 
+/// An agent in a PID namespace of its own (a DaemonSet without `hostPID`) cannot take the proxy's
+/// descriptors: the kernel registers the listeners that predate the attach instead, each member of
+/// a `SO_REUSEPORT` group in a slot of its own, and the outbound listener keeps telling where its
+/// connections were going.
+#[test]
+fn an_agent_outside_the_pods_pid_namespace_registers_the_listeners_that_predate_the_attach() {
+    let mut topo = Topology::new();
+    topo.own_pid_namespace = true;
+    topo.start_remote();
+    topo.start_app();
+    topo.start_proxy_on(&[("outbound", 15001)]);
+    let mut group = vec![
+        topo.spawn_reuseport_listener("inbound-0", 15006),
+        topo.spawn_reuseport_listener("inbound-1", 15006),
+    ];
+    topo.attach(&[]);
+    // Two members each on 0.0.0.0 and on [::].
+    assert_eq!(
+        listener_map_keys(&topo.dirs.bpffs),
+        4,
+        "registered listeners"
+    );
+    let out = topo.tcp(&Who::app(), "10.0.0.5:80");
+    out.assert_served_by("outbound", "outbound under an agent without the pod's PIDs");
+    assert_eq!(out.orig().as_deref(), Some("10.0.0.5:80"));
+    let to = format!("{POD_IP4}:8080");
+    drop(group.remove(0));
+    for round in 0..5 {
+        let got = topo.connect_from_remote(&to);
+        assert_eq!(
+            got.server().as_deref(),
+            Some("inbound-1"),
+            "round {round}: {got:?}"
+        );
+        assert_eq!(got.orig().as_deref(), Some(to.as_str()), "{got:?}");
+    }
+    // Attached again: the one left is registered once, not twice.
+    assert!(topo.detach().status.success());
+    topo.attach(&[]);
+    assert_eq!(
+        listener_map_keys(&topo.dirs.bpffs),
+        2,
+        "after attaching again"
+    );
+    let got = topo.connect_from_remote(&to);
+    assert_eq!(
+        got.server().as_deref(),
+        Some("inbound-1"),
+        "attached again: {got:?}"
+    );
+}
+
+/// How many entries the node's listener map holds.
+fn listener_map_keys(bpffs: &Path) -> usize {
+    let path = capture_tests::topology::node_pin_dir(bpffs).join("maps/INBOUND_LISTENERS");
+    let map = sys::obj_get(&path).expect("the listener map's pin");
+    let mut key = None::<[u8; 16]>;
+    let mut count = 0;
+    loop {
+        let mut next = [0u8; 16];
+        let more = sys::map_next_key(map.as_fd(), key.as_ref().map(|k| &k[..]), &mut next)
+            .expect("walking the listener map");
+        if !more {
+            return count;
+        }
+        count += 1;
+        key = Some(next);
+    }
+}
+
 /// The node's program and map pins are lost (removed by hand, a bpffs that was not the host's)
 /// while the pods' links remain: the agent loads the programs afresh, writes every pod's entries
 /// into the new maps, then moves the pods' links onto the new programs, so they stay captured.
