@@ -2,6 +2,7 @@
 //! knowledge of pods' capture settings, backends or the agent. Every crate above may use it;
 //! it uses none of them (docs/working-on/development.md, "Layers").
 
+pub mod capabilities;
 pub mod cgroup;
 pub mod fsutil;
 pub mod lock;

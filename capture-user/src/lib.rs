@@ -15,6 +15,7 @@ pub mod istio_rules;
 pub mod nftables;
 pub mod node;
 pub mod ops;
+pub mod privileges;
 pub mod probe;
 pub mod proxy_settings;
 pub mod runtime;
@@ -26,5 +27,6 @@ pub mod validate;
 // The layers below, under the names this crate's code and its users know them by.
 pub use capture_model::{api, backend, claims, cni, config, family, flavour, left_alone, record};
 pub use capture_sys::{
-    cgroup, fsutil, lock, netns, nf_tables, paths, pod_cgroup, sockdiag, socket_fds, userns,
+    capabilities, cgroup, fsutil, lock, netns, nf_tables, paths, pod_cgroup, sockdiag, socket_fds,
+    userns,
 };

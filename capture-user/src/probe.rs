@@ -21,7 +21,7 @@ pub struct Check {
     pub optional: bool,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Probe {
     pub kernel: String,
     pub checks: Vec<Check>,

@@ -18,6 +18,7 @@ mod node_metrics;
 mod options;
 mod policy_watch;
 mod prepare;
+mod privileges;
 mod proxy_learned;
 mod proxy_watch;
 mod reconcile;
@@ -378,7 +379,11 @@ async fn bind_http(what: &'static str, addr: SocketAddr) -> Result<TcpListener, 
 }
 
 async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
-    let (probe, mode, fallback) = choose_backends(&cfg).await?;
+    let refused = privileges::refusal(&cfg);
+    let (probe, mode, fallback) = match &refused {
+        None => choose_backends(&cfg).await?,
+        Some(_) => privileges::requested(&cfg),
+    };
     // A record that cannot be read costs its own pod only: the node starts with the others.
     if let Ok(scan) = crate::record::scan(&cfg.paths) {
         for d in &scan.damaged {
@@ -449,18 +454,7 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
         ));
     }
 
-    // Load (or adopt) the kernel side before declaring readiness; report what survived a restart.
-    let a = Arc::clone(&agent);
-    let prepared = tokio::task::spawn_blocking(move || prepare::prepare(&a)).await?;
-    let serving = match prepared {
-        Ok(()) => true,
-        Err(AgentError::TakeoverStopped(why)) => {
-            error!(error = %why, "cannot take the node over; its programs stay in force and this agent serves no pod");
-            agent.enter(Phase::CannotServe(why.to_string()));
-            false
-        }
-        Err(e) => return Err(e),
-    };
+    let serving = prepare_or_refuse(&agent, refused).await?;
     if let (Some(watch), Some((state, chain_metrics))) = (agent.cfg.cni_watch.clone(), chain) {
         watch
             .spawn(chain_metrics, state)
@@ -484,6 +478,30 @@ async fn serve(cfg: AgentConfig) -> Result<(), AgentError> {
     let _ = std::fs::remove_file(&socket_path);
     info!("stopping; captured pods stay captured");
     Ok(())
+}
+
+/// Loads (or adopts) the kernel side before declaring readiness, and reports what survived a
+/// restart; or, for an agent that lacks a privilege (`refused`), says why it serves no pod.
+/// Whether the agent serves.
+async fn prepare_or_refuse(
+    agent: &Arc<Agent>,
+    refused: Option<String>,
+) -> Result<bool, AgentError> {
+    if let Some(why) = refused {
+        error!(reason = %why, "the agent lacks a privilege it needs: it serves no pod and stays not ready");
+        agent.enter(Phase::CannotServe(why));
+        return Ok(false);
+    }
+    let a = Arc::clone(agent);
+    match tokio::task::spawn_blocking(move || prepare::prepare(&a)).await? {
+        Ok(()) => Ok(true),
+        Err(AgentError::TakeoverStopped(why)) => {
+            error!(error = %why, "cannot take the node over; its programs stay in force and this agent serves no pod");
+            agent.enter(Phase::CannotServe(why.to_string()));
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The node's mode from the kernel probe and the flags, and where pods the mode cannot serve

@@ -247,7 +247,8 @@ impl Node {
         agent
     }
 
-    fn spawn_agent_as(&self, mut cmd: Command, mode: &str, extra: &[&str]) -> Agent {
+    /// Starts the agent with `cmd` (as `start_agent_as`) and returns at once.
+    pub fn spawn_agent_as(&self, mut cmd: Command, mode: &str, extra: &[&str]) -> Agent {
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)
             .arg("--state-dir")
