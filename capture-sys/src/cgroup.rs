@@ -145,8 +145,8 @@ impl ScratchCgroup {
 /// scratch cgroup at the root fails with ENOENT. The child then enters the node's cgroup
 /// namespace (that of the node's init, pid 1 of the node's /proc: `paths::host_proc`, which
 /// the container has at /host/proc) and opens the file again there. Opening another process's
-/// namespace needs ptrace access to it (CAP_SYS_PTRACE over the node's init), entering it
-/// CAP_SYS_ADMIN.
+/// namespace needs ptrace access to it (`CAP_SYS_PTRACE` over the node's init), entering it
+/// `CAP_SYS_ADMIN`.
 pub struct CgroupJoin {
     procs: CString,
     node_cgroupns: Option<OwnedFd>,

@@ -340,11 +340,9 @@ mod tests {
         assert_eq!(
             added,
             [
-                "BPF",
                 "DAC_OVERRIDE",
                 "NET_ADMIN",
                 "NET_RAW",
-                "PERFMON",
                 "SYS_ADMIN",
                 "SYS_PTRACE"
             ]
