@@ -276,10 +276,10 @@ mod tests {
         assert!(
             refused.starts_with("joining the cgroup /sys/fs/cgroup/capture-probe-1-0: ")
                 && refused.contains("nsdelegate")
-                && refused.contains("hostPID"),
+                && refused.contains("CAPTURE_HOST_PROC"),
             "{refused}"
         );
         let other = join.explain(libc::EACCES);
-        assert!(!other.contains("hostPID"), "{other}");
+        assert!(!other.contains("CAPTURE_HOST_PROC"), "{other}");
     }
 }

@@ -2,7 +2,7 @@
 //! ask containerd for it: a sandbox in the node's namespaces the manifest names (network; PID
 //! only with hostPID), privileged only if a container is; its init containers run to completion
 //! in order, then its containers; each with the manifest's command line, environment, security
-//! context (capabilities, read-only root, seccomp and AppArmor profiles) and mounts.
+//! context (capabilities, read-only root, seccomp and `AppArmor` profiles) and mounts.
 
 use std::{
     path::{Path, PathBuf},
@@ -108,7 +108,7 @@ impl Containerd {
     /// for the DaemonSet's pod and its hostPath volumes: the node's CNI bin and configuration
     /// directories at /opt/cni/bin and /etc/cni/net.d, its capture state directory at
     /// /run/capture, and `bpffs` (a directory on the bpf filesystem) at /sys/fs/bpf, shared so
-    /// that a HostToContainer mount of it is allowed. Everything else (/proc among them, which
+    /// that a `HostToContainer` mount of it is allowed. Everything else (/proc among them, which
     /// the DaemonSet mounts at /host/proc) is the host's: containerd's mount namespace is a copy
     /// of the host's, and its PID namespace the host's.
     #[must_use]

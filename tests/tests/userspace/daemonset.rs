@@ -187,8 +187,7 @@ fn assert_runs_restricted(runtime: &Containerd, pod: &daemonset::NodeAgentPod, c
     let field = |name: &str| {
         status
             .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
+            .find_map(|l| Some(l.strip_prefix(name)?.strip_prefix(':')?.trim()))
             .unwrap_or_else(|| panic!("no {name} in {status}"))
     };
     let wanted: u64 = pod.containers[0]
