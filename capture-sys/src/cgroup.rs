@@ -143,7 +143,10 @@ impl ScratchCgroup {
 /// back to). An agent in a container with a cgroup namespace of its own (containerd's default on
 /// cgroup v2, privileged or not) sees only its container's cgroup, so moving a child into a
 /// scratch cgroup at the root fails with ENOENT. The child then enters the node's cgroup
-/// namespace (pid 1's, which is the node's init with `hostPID`) and opens the file again there.
+/// namespace (that of the node's init, pid 1 of the node's /proc: `paths::host_proc`, which
+/// the container has at /host/proc) and opens the file again there. Opening another process's
+/// namespace needs ptrace access to it (`CAP_SYS_PTRACE` over the node's init), entering it
+/// `CAP_SYS_ADMIN`.
 pub struct CgroupJoin {
     procs: CString,
     node_cgroupns: Option<OwnedFd>,
@@ -154,9 +157,10 @@ impl CgroupJoin {
     pub fn new(cgroup: &Path) -> io::Result<Self> {
         let procs = CString::new(cgroup.join("cgroup.procs").into_os_string().into_vec())
             .map_err(io::Error::other)?;
-        let inode = |p: &str| fs::metadata(p).map(|m| m.ino());
-        let node_cgroupns = match (inode("/proc/self/ns/cgroup"), inode("/proc/1/ns/cgroup")) {
-            (Ok(own), Ok(node)) if own != node => Some(File::open("/proc/1/ns/cgroup")?.into()),
+        let inode = |p: &Path| fs::metadata(p).map(|m| m.ino());
+        let node = crate::paths::host_proc().join("1/ns/cgroup");
+        let node_cgroupns = match (inode(Path::new("/proc/self/ns/cgroup")), inode(&node)) {
+            (Ok(own), Ok(theirs)) if own != theirs => Some(File::open(&node)?.into()),
             _ => None,
         };
         Ok(Self {
@@ -165,14 +169,14 @@ impl CgroupJoin {
         })
     }
 
-    /// Whether the child can try again from another cgroup namespace (pid 1's).
+    /// Whether the child can try again from another cgroup namespace (the node's init's).
     #[must_use]
     pub fn can_enter_node_cgroupns(&self) -> bool {
         self.node_cgroupns.is_some()
     }
 
     /// In the forked child: moves the calling process into the cgroup, from its own cgroup
-    /// namespace first and, refused there, from pid 1's. `Err` holds the errno. Only raw system
+    /// namespace first and, refused there, from the node's init's. `Err` holds the errno. Only raw system
     /// calls, which are async-signal-safe.
     pub fn join_from_child(&self) -> Result<(), i32> {
         // SAFETY: raw system calls on a descriptor and a C string this struct owns.
@@ -210,9 +214,10 @@ impl CgroupJoin {
         let err = io::Error::from_raw_os_error(errno);
         let hint = if errno == libc::ENOENT && !self.can_enter_node_cgroupns() {
             "; a process in a cgroup namespace of its own may not move processes to cgroups \
-             outside it where cgroup2 is mounted with nsdelegate, and pid 1 here is in the same \
-             namespace: run the agent in the node's PID namespace (hostPID, as \
-             deploy/capture.yaml does) or with the node's cgroup namespace"
+             outside it where cgroup2 is mounted with nsdelegate, and pid 1 of the node's /proc \
+             here is in the same namespace: give the container the node's /proc and name it \
+             in CAPTURE_HOST_PROC (as deploy/capture.yaml does), or run it with the node's \
+             cgroup namespace"
         } else {
             ""
         };
@@ -271,10 +276,10 @@ mod tests {
         assert!(
             refused.starts_with("joining the cgroup /sys/fs/cgroup/capture-probe-1-0: ")
                 && refused.contains("nsdelegate")
-                && refused.contains("hostPID"),
+                && refused.contains("CAPTURE_HOST_PROC"),
             "{refused}"
         );
         let other = join.explain(libc::EACCES);
-        assert!(!other.contains("hostPID"), "{other}");
+        assert!(!other.contains("CAPTURE_HOST_PROC"), "{other}");
     }
 }

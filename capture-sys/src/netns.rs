@@ -42,9 +42,12 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// Opens the netns at `path`. A runtime's `/proc/<pid>/ns/net` names the node's pid, so it is
+    /// opened under the node's /proc (`paths::on_node`); `path` is kept as given.
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
-        let file = File::open(path).map_err(|source| NetnsError::Open {
-            path: path.into(),
+        let reached = crate::paths::on_node(path);
+        let file = File::open(&reached).map_err(|source| NetnsError::Open {
+            path: reached.clone(),
             source,
         })?;
         // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.

@@ -2,6 +2,11 @@
 //! own for one of them (`pidfd_getfd`, Linux 5.6+, which needs `CAP_SYS_PTRACE` over the
 //! process), and what the socket itself says.
 //!
+//! The `_in` functions read a given /proc, the node's (`paths::host_proc`) among them, whose PIDs
+//! need not be valid in our PID namespace: `pids_are_ours` says whether they are, and only then
+//! may one of them be given to `Process` (`pidfd_open` of a node's PID in a container's PID
+//! namespace names another process, or none).
+//!
 //! Calls on a descriptor taken this way behave as in the process that holds it, not as in ours,
 //! wherever the kernel decides by the socket: the cgroup `getpeername`, `getsockname` and
 //! `getsockopt` programs run by the socket's cgroup, so `peer_addr` answers what the app sees.
@@ -13,12 +18,33 @@ use std::{
         fd::{AsFd, AsRawFd as _, FromRawFd as _, OwnedFd},
         unix::fs::MetadataExt as _,
     },
+    path::Path,
 };
+
+const OWN_PROC: &str = "/proc";
+
+/// Whether the PIDs of the /proc at `proc` are those of our PID namespace: its `self` lists one
+/// PID in `NSpid`, from that /proc's namespace down to ours, only when the two are one.
+#[must_use]
+pub fn pids_are_ours(proc: &Path) -> bool {
+    fs::read_to_string(proc.join("self/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .is_some_and(|pids| pids.split_whitespace().count() == 1)
+    })
+}
 
 /// The sockets `pid` holds: its descriptor numbers with their socket inodes.
 #[must_use]
 pub fn held_sockets(pid: u32) -> Vec<(i32, u64)> {
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+    held_sockets_in(Path::new(OWN_PROC), pid)
+}
+
+/// The sockets `pid` of the /proc at `proc` holds.
+#[must_use]
+pub fn held_sockets_in(proc: &Path, pid: u32) -> Vec<(i32, u64)> {
+    let Ok(fds) = fs::read_dir(proc.join(format!("{pid}/fd"))) else {
         return Vec::new();
     };
     fds.flatten()
@@ -72,10 +98,16 @@ impl Process {
     /// The process's command name (`/proc/PID/comm`), empty once it is gone.
     #[must_use]
     pub fn command(&self) -> String {
-        fs::read_to_string(format!("/proc/{}/comm", self.pid))
-            .map(|c| c.trim_end().to_owned())
-            .unwrap_or_default()
+        command_in(Path::new(OWN_PROC), self.pid)
     }
+}
+
+/// The command name of `pid` of the /proc at `proc`, empty once it is gone.
+#[must_use]
+pub fn command_in(proc: &Path, pid: u32) -> String {
+    fs::read_to_string(proc.join(format!("{pid}/comm")))
+        .map(|c| c.trim_end().to_owned())
+        .unwrap_or_default()
 }
 
 /// Whether an error of `Process::take` means only that the process or descriptor is gone.
@@ -95,16 +127,16 @@ fn open_pidfd(pid: u32) -> io::Result<OwnedFd> {
     }
 }
 
-/// The processes in the netns whose inode is `netns_ino`, from `/proc`.
+/// The processes in the netns whose inode is `netns_ino`, from the /proc at `proc`.
 #[must_use]
-pub fn netns_pids(netns_ino: u64) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
+pub fn netns_pids_in(proc: &Path, netns_ino: u64) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir(proc) else {
         return Vec::new();
     };
     let mut pids: Vec<u32> = entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|pid| in_netns(*pid, netns_ino))
+        .filter(|pid| in_netns_in(proc, *pid, netns_ino))
         .collect();
     pids.sort_unstable();
     pids
@@ -113,7 +145,11 @@ pub fn netns_pids(netns_ino: u64) -> Vec<u32> {
 /// Whether `pid` is in the netns whose inode is `netns_ino`.
 #[must_use]
 pub fn in_netns(pid: u32, netns_ino: u64) -> bool {
-    fs::metadata(format!("/proc/{pid}/ns/net")).is_ok_and(|m| m.ino() == netns_ino)
+    in_netns_in(Path::new(OWN_PROC), pid, netns_ino)
+}
+
+fn in_netns_in(proc: &Path, pid: u32, netns_ino: u64) -> bool {
+    fs::metadata(proc.join(format!("{pid}/ns/net"))).is_ok_and(|m| m.ino() == netns_ino)
 }
 
 /// An integer `SOL_SOCKET` option.
@@ -230,10 +266,11 @@ pub fn unmapped(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// The fs gid of `pid` (`/proc/PID/status`), which a socket it creates is owned by.
+/// The fs gid of `pid` of the /proc at `proc` (its `status`), which a socket it creates is owned
+/// by.
 #[must_use]
-pub fn fs_gid(pid: u32) -> Option<u32> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+pub fn fs_gid_in(proc: &Path, pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(proc.join(format!("{pid}/status"))).ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix("Gid:"))?;
     line.split_whitespace().nth(3)?.parse().ok()
 }

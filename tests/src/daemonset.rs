@@ -1,7 +1,7 @@
 //! deploy/capture.yaml's DaemonSet pod, read as the kubelet reads it: each container's command
 //! line with `$(VAR)` expanded from its environment (the downward API's `status.hostIP` given),
-//! its security context, its mounts joined with the pod's hostPath volumes, and its readiness
-//! probe. Tests that run the pod through a container runtime take every one of these from the
+//! its security context (with the pod's seccomp profile where it names none), its mounts joined
+//! with the pod's hostPath, ConfigMap and emptyDir volumes, and its readiness probe. Tests that run the pod through a container runtime take every one of these from the
 //! manifest rather than repeating them.
 
 use std::{collections::BTreeMap, path::Path};
@@ -13,6 +13,8 @@ use serde_json::Value;
 pub struct NodeAgentPod {
     pub host_network: bool,
     pub host_pid: bool,
+    /// The pod's `seccompProfile.type`.
+    pub seccomp: Option<String>,
     /// Run to completion, in order, before `containers` start.
     pub init_containers: Vec<ContainerSpec>,
     pub containers: Vec<ContainerSpec>,
@@ -31,6 +33,12 @@ pub struct ContainerSpec {
     pub capabilities_add: Vec<String>,
     pub capabilities_drop: Vec<String>,
     pub allow_privilege_escalation: Option<bool>,
+    pub read_only_root_filesystem: bool,
+    /// `seccompProfile.type` (`RuntimeDefault`, `Unconfined`), the container's or else the
+    /// pod's; None where neither names one.
+    pub seccomp: Option<String>,
+    /// `appArmorProfile.type`, the container's or else the pod's.
+    pub apparmor: Option<String>,
     pub mounts: Vec<Mount>,
     pub readiness: Option<HttpProbe>,
 }
@@ -56,7 +64,8 @@ pub struct HttpProbe {
 /// The DaemonSet of `manifest` (the first one), with `node_ip` standing for `status.hostIP` and
 /// each ConfigMap volume `NAME` projected from the directory `config_maps/NAME`, where the test
 /// writes its keys as kubelet would (the manifest's own ConfigMaps' keys are written there too,
-/// where the test wrote none, if `config_maps` exists).
+/// where the test wrote none, if `config_maps` exists), and each emptyDir volume `NAME` an empty
+/// directory `config_maps/NAME.empty`, made where `config_maps` exists.
 pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAgentPod {
     let text = std::fs::read_to_string(manifest)
         .unwrap_or_else(|e| panic!("reading {}: {e}", manifest.display()));
@@ -96,6 +105,7 @@ pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAge
             let source = match (v["configMap"]["name"].as_str(), &v["projected"]) {
                 (Some(config_map), _) => config_maps.join(config_map).display().to_string(),
                 (None, Value::Object(_)) => project(name, &v["projected"], config_maps),
+                (None, _) if v["emptyDir"].is_object() => empty_dir(name, config_maps),
                 (None, _) => v["hostPath"]["path"].as_str()?.to_string(),
             };
             Some((name.to_string(), source))
@@ -106,15 +116,27 @@ pub fn node_agent(manifest: &Path, node_ip: &str, config_maps: &Path) -> NodeAge
             .as_array()
             .into_iter()
             .flatten()
-            .map(|c| container(c, &volumes, node_ip))
+            .map(|c| container(c, &spec["securityContext"], &volumes, node_ip))
             .collect()
     };
     NodeAgentPod {
         host_network: spec["hostNetwork"] == true,
         host_pid: spec["hostPID"] == true,
+        seccomp: spec["securityContext"]["seccompProfile"]["type"]
+            .as_str()
+            .map(str::to_string),
         init_containers: containers("initContainers"),
         containers: containers("containers"),
     }
+}
+
+/// An emptyDir volume: a directory of the pod's own, empty when the pod starts.
+fn empty_dir(volume: &str, config_maps: &Path) -> String {
+    let dir = config_maps.join(format!("{volume}.empty"));
+    if config_maps.is_dir() {
+        std::fs::create_dir_all(&dir).expect("the emptyDir volume's directory");
+    }
+    dir.display().to_string()
 }
 
 /// A projected volume as kubelet makes it: each ConfigMap source's items (or every key) copied
@@ -160,7 +182,12 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
-fn container(c: &Value, volumes: &BTreeMap<String, String>, node_ip: &str) -> ContainerSpec {
+fn container(
+    c: &Value,
+    pod_sc: &Value,
+    volumes: &BTreeMap<String, String>,
+    node_ip: &str,
+) -> ContainerSpec {
     let name = c["name"].as_str().unwrap_or_default().to_string();
     let env: Vec<(String, String)> = c["env"]
         .as_array()
@@ -201,6 +228,13 @@ fn container(c: &Value, volumes: &BTreeMap<String, String>, node_ip: &str) -> Co
         })
         .collect();
     let sc = &c["securityContext"];
+    // A container's profile, else the pod's, as the kubelet picks them.
+    let profile = |key: &str| {
+        sc[key]["type"]
+            .as_str()
+            .or_else(|| pod_sc[key]["type"].as_str())
+            .map(str::to_string)
+    };
     let probe = &c["readinessProbe"];
     let readiness = probe["httpGet"].is_object().then(|| HttpProbe {
         host: probe["httpGet"]["host"]
@@ -222,6 +256,9 @@ fn container(c: &Value, volumes: &BTreeMap<String, String>, node_ip: &str) -> Co
         capabilities_add: strings(&sc["capabilities"]["add"]),
         capabilities_drop: strings(&sc["capabilities"]["drop"]),
         allow_privilege_escalation: sc["allowPrivilegeEscalation"].as_bool(),
+        read_only_root_filesystem: sc["readOnlyRootFilesystem"] == true,
+        seccomp: profile("seccompProfile"),
+        apparmor: profile("appArmorProfile"),
         mounts,
         readiness,
         name,
@@ -275,7 +312,12 @@ mod tests {
     fn the_manifests_pod_reads_with_its_mounts_and_probe() {
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml");
         let pod = node_agent(&manifest, "192.0.2.7", Path::new("/configmaps"));
-        assert!(pod.host_network && pod.host_pid);
+        assert!(pod.host_network);
+        assert!(
+            !pod.host_pid,
+            "the agent needs no hostPID: it reads /host/proc"
+        );
+        assert_eq!(pod.seccomp.as_deref(), Some("RuntimeDefault"));
         let [init] = &pod.init_containers[..] else {
             panic!("one init container: {pod:?}");
         };
@@ -283,6 +325,45 @@ mod tests {
             panic!("one container: {pod:?}");
         };
         assert_eq!(init.image, agent.image);
+        // Least privilege: nothing privileged, nothing gained, every capability dropped and only
+        // the agent's own added back, read-only roots, the runtime's default seccomp profile.
+        for c in [init, agent] {
+            assert!(!c.privileged, "{c:?}");
+            assert_eq!(c.allow_privilege_escalation, Some(false), "{c:?}");
+            assert!(c.read_only_root_filesystem, "{c:?}");
+            assert_eq!(c.capabilities_drop, ["ALL"], "{c:?}");
+            assert_eq!(c.seccomp.as_deref(), Some("RuntimeDefault"), "{c:?}");
+        }
+        assert!(init.capabilities_add.is_empty(), "{init:?}");
+        let mut added = agent.capabilities_add.clone();
+        added.sort();
+        assert_eq!(
+            added,
+            [
+                "DAC_OVERRIDE",
+                "NET_ADMIN",
+                "NET_RAW",
+                "SYS_ADMIN",
+                "SYS_PTRACE"
+            ]
+        );
+        let host_proc = agent
+            .mounts
+            .iter()
+            .find(|m| m.container_path == "/host/proc");
+        assert!(
+            host_proc.is_some_and(|m| m.host_path == "/proc" && m.read_only),
+            "the node's /proc, read-only: {:?}",
+            agent.mounts
+        );
+        assert!(agent
+            .env
+            .contains(&("CAPTURE_HOST_PROC".to_string(), "/host/proc".to_string())));
+        // Kubernetes takes Bidirectional from privileged containers only.
+        assert!(agent
+            .mounts
+            .iter()
+            .all(|m| m.propagation != "Bidirectional"));
         assert!(
             agent.argv.iter().any(|a| a.ends_with("192.0.2.7:15301")),
             "the node address expanded: {:?}",

@@ -30,7 +30,7 @@ impl Backend for IptablesBackend {
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), Self::Error> {
         // A netns that is gone took its rules with it.
-        if !record.netns.exists() {
+        if !crate::paths::on_node(&record.netns).exists() {
             return Ok(());
         }
         apply::remove(&record.netns, &record.config, record.iptables_flavour())

@@ -55,7 +55,7 @@ impl Backend for NftablesBackend {
 
     fn detach(&mut self, record: &PodRecord) -> Result<(), Self::Error> {
         // A netns that is gone took its tables with it.
-        if !record.netns.exists() {
+        if !crate::paths::on_node(&record.netns).exists() {
             return Ok(());
         }
         if record.config.interception_mode == InterceptionMode::Tproxy {

@@ -14,6 +14,12 @@
 //! own per kernel floor (5.10 has `iter/tcp`, but no way to reach the app's view from it); the
 //! descriptors give the app's view on every supported kernel.
 //!
+//! The holders are found in the node's /proc (`paths::host_proc`): the agent's container has the
+//! node's at /host/proc and a PID namespace of its own, where `pidfd_open` of a node's PID would
+//! name another process or none. There no descriptor is taken: each socket keeps its holder
+//! (PID as the node numbers it) and the kernel's view, and the report says why the app's is
+//! missing.
+//!
 //! The rule shown is the one the pod's configuration gives today (`capture explain`'s answer for
 //! the connection); where that disagrees with what happened, the connection says so.
 
@@ -22,7 +28,7 @@ pub mod render;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::BTreeMap, net::SocketAddr, os::unix::fs::MetadataExt as _};
+use std::{collections::BTreeMap, net::SocketAddr, os::unix::fs::MetadataExt as _, path::PathBuf};
 
 use aya::maps::{MapData, SkStorage};
 use capture_common::state::SockState;
@@ -37,8 +43,8 @@ use crate::{
     record::{self, Mode, PodSelector},
     sockdiag::{self, SockDiagError},
     socket_fds::{
-        fs_gid, held_sockets, is_gone, local_addr, netns_pids, original_dst, peer_addr,
-        socket_cookie, unmapped, Process,
+        command_in, fs_gid_in, held_sockets_in, is_gone, local_addr, netns_pids_in, original_dst,
+        peer_addr, pids_are_ours, socket_cookie, unmapped, Process,
     },
 };
 
@@ -77,6 +83,7 @@ pub enum Kind {
 /// The process holding a socket.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Holder {
+    /// As the node numbers it (the node's /proc).
     pub pid: u32,
     pub command: String,
 }
@@ -190,6 +197,12 @@ pub fn sockets(paths: &Paths, which: &PodSelector) -> Result<Report, SocketsErro
             looker.denied
         ));
     }
+    if looker.not_ours > 0 {
+        notes.push(format!(
+            "{} sockets show the kernel's addresses only, with no original destination and no state of the programs: the app's view is asked through a descriptor of each socket, which capture takes (pidfd_getfd) only from processes of its own PID namespace, and this process's is not the node's (an agent's container without hostPID); run `capture sockets` on the node for it",
+            looker.not_ours
+        ));
+    }
     let (connections, listeners, time_wait) = classify(&observed, &record.config, record.mode);
     Ok(Report {
         pod,
@@ -204,27 +217,37 @@ pub fn sockets(paths: &Paths, which: &PodSelector) -> Result<Report, SocketsErro
 
 /// Observes sockets through their holders' descriptors.
 struct Looker<'m> {
+    /// The node's /proc, where the holders are found.
+    proc: PathBuf,
+    /// Whether its PIDs are ours, so that descriptors may be taken from them.
+    pids_ours: bool,
     /// Socket inode → the process holding it and its descriptor number there.
     held: BTreeMap<u64, (u32, i32)>,
     /// Each holding process once: its descriptor taker, who it is, and its fs gid.
     processes: BTreeMap<u32, (Process, Holder, Option<u32>)>,
     states: Option<&'m SkStorage<MapData, SockState>>,
     denied: usize,
+    /// Held sockets whose descriptor was not taken: their holder's PID is not ours.
+    not_ours: usize,
 }
 
 impl<'m> Looker<'m> {
     fn new(netns_ino: u64, states: Option<&'m SkStorage<MapData, SockState>>) -> Self {
+        let proc = crate::paths::host_proc();
         let mut held = BTreeMap::new();
-        for pid in netns_pids(netns_ino) {
-            for (fd, inode) in held_sockets(pid) {
+        for pid in netns_pids_in(&proc, netns_ino) {
+            for (fd, inode) in held_sockets_in(&proc, pid) {
                 held.entry(inode).or_insert((pid, fd));
             }
         }
         Self {
+            pids_ours: pids_are_ours(&proc),
+            proc,
             held,
             processes: BTreeMap::new(),
             states,
             denied: 0,
+            not_ours: 0,
         }
     }
 
@@ -237,16 +260,20 @@ impl<'m> Looker<'m> {
         let Some(&(pid, fd)) = self.held.get(&seen.kernel.inode) else {
             return seen;
         };
+        let proc = &self.proc;
         let (process, holder, gid) = self.processes.entry(pid).or_insert_with(|| {
-            let process = Process::new(pid);
             let holder = Holder {
                 pid,
-                command: process.command(),
+                command: command_in(proc, pid),
             };
-            (process, holder, fs_gid(pid))
+            (Process::new(pid), holder, fs_gid_in(proc, pid))
         });
         seen.holder = Some(holder.clone());
         seen.fs_gid = *gid;
+        if !self.pids_ours {
+            self.not_ours += 1;
+            return seen;
+        }
         let socket = match process.take(fd) {
             Ok(s) => s,
             Err(e) => {

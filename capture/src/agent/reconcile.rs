@@ -421,8 +421,9 @@ fn pod_request(
         .netns
         .clone()
         .ok_or("the runtime does not say where its netns is")?;
-    // Before the addresses: a runtime gives none for a sandbox whose netns path is gone.
-    if !netns.exists() {
+    // Before the addresses: a runtime gives none for a sandbox whose netns path is gone. (A
+    // `/proc/<pid>/...` path is the node's pid's.)
+    if !crate::paths::on_node(&netns).exists() {
         return Err(format!(
             "its netns {} is gone (removed under the running pod); restart the pod",
             netns.display()

@@ -160,6 +160,24 @@ impl Cri {
         Ok((status.state, status.exit_code))
     }
 
+    /// The host PID of a running container's process (from the runtime's verbose status).
+    pub fn container_pid(&mut self, container: &str) -> Result<Option<u32>, Status> {
+        let req = k8s_cri::v1::ContainerStatusRequest {
+            container_id: container.to_string(),
+            verbose: true,
+        };
+        let info = self
+            .rt
+            .block_on(self.runtime.container_status(req))?
+            .into_inner()
+            .info;
+        Ok(info
+            .get("info")
+            .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+            .and_then(|i| u32::try_from(i["pid"].as_u64()?).ok())
+            .filter(|pid| *pid > 0))
+    }
+
     /// The ids of the containers of `pod`.
     pub fn containers_of(&mut self, pod: &str) -> Result<Vec<String>, Status> {
         let req = ListContainersRequest {

@@ -1,7 +1,8 @@
 //! The DaemonSet's own pod (deploy/capture.yaml, read by [`crate::daemonset`]) as kubelet would
-//! ask containerd for it: a sandbox in the node's network and PID namespaces, privileged; its
-//! init containers run to completion in order, then its containers; each with the manifest's
-//! command line, environment, security context and hostPath mounts.
+//! ask containerd for it: a sandbox in the node's namespaces the manifest names (network; PID
+//! only with hostPID), privileged only if a container is; its init containers run to completion
+//! in order, then its containers; each with the manifest's command line, environment, security
+//! context (capabilities, read-only root, seccomp and `AppArmor` profiles) and mounts.
 
 use std::{
     path::{Path, PathBuf},
@@ -9,9 +10,9 @@ use std::{
 };
 
 use k8s_cri::v1::{
-    Capability, ContainerConfig, Int64Value, KeyValue, LinuxContainerConfig,
-    LinuxContainerSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption,
-    PodSandboxConfig,
+    security_profile::ProfileType, Capability, ContainerConfig, Int64Value, KeyValue,
+    LinuxContainerConfig, LinuxContainerSecurityContext, Mount, MountPropagation, NamespaceMode,
+    NamespaceOption, PodSandboxConfig, SecurityProfile,
 };
 
 use super::{config::named_container, Containerd, PodSpec};
@@ -107,7 +108,9 @@ impl Containerd {
     /// for the DaemonSet's pod and its hostPath volumes: the node's CNI bin and configuration
     /// directories at /opt/cni/bin and /etc/cni/net.d, its capture state directory at
     /// /run/capture, and `bpffs` (a directory on the bpf filesystem) at /sys/fs/bpf, shared so
-    /// that a Bidirectional mount of it is allowed.
+    /// that a `HostToContainer` mount of it is allowed. Everything else (/proc among them, which
+    /// the DaemonSet mounts at /host/proc) is the host's: containerd's mount namespace is a copy
+    /// of the host's, and its PID namespace the host's.
     #[must_use]
     pub fn start_as_node(node: &Node, bpffs: &Path) -> Self {
         std::fs::create_dir_all(&node.dirs.state).expect("the node's state directory");
@@ -207,8 +210,8 @@ fn host_namespaces(pod: &NodeAgentPod) -> NamespaceOption {
     }
 }
 
-/// Turns a sandbox config into the DaemonSet pod's: the host's namespaces, and privileged (one
-/// of its containers is).
+/// Turns a sandbox config into the DaemonSet pod's: the host's namespaces the manifest asks for,
+/// privileged only if one of its containers is (kubelet's rule), and the pod's seccomp profile.
 pub fn sandbox(pod: &NodeAgentPod, mut config: PodSandboxConfig) -> PodSandboxConfig {
     // kubelet sends no hostname for a pod on the node's network (its UTS namespace is the
     // node's, which runc will not rename).
@@ -223,7 +226,23 @@ pub fn sandbox(pod: &NodeAgentPod, mut config: PodSandboxConfig) -> PodSandboxCo
         .iter()
         .chain(&pod.containers)
         .any(|c| c.privileged);
+    // The sandbox (the pause container) runs under the pod-level profile, as kubelet asks.
+    sc.seccomp = profile(pod.seccomp.as_deref());
     config
+}
+
+/// A `seccompProfile` or `appArmorProfile` type as the CRI's profile (None: the runtime's
+/// choice for an unset one).
+fn profile(kind: Option<&str>) -> Option<SecurityProfile> {
+    let profile_type = match kind? {
+        "RuntimeDefault" => ProfileType::RuntimeDefault,
+        "Unconfined" => ProfileType::Unconfined,
+        other => panic!("a profile of type {other} is not one the tests give"),
+    };
+    Some(SecurityProfile {
+        profile_type: profile_type as i32,
+        localhost_ref: String::new(),
+    })
 }
 
 /// One container of the pod, as kubelet sends it.
@@ -265,6 +284,9 @@ pub fn container(pod: &NodeAgentPod, c: &ContainerSpec) -> ContainerConfig {
                 }),
                 run_as_user: c.run_as_user.map(|value| Int64Value { value }),
                 no_new_privs: c.allow_privilege_escalation == Some(false),
+                readonly_rootfs: c.read_only_root_filesystem,
+                seccomp: profile(c.seccomp.as_deref()),
+                apparmor: profile(c.apparmor.as_deref()),
                 namespace_options: Some(host_namespaces(pod)),
                 ..Default::default()
             }),

@@ -104,6 +104,14 @@ fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards()
     let got = runtime.connect_from(&meshed, "app", &format!("{}:8080", plain.ip));
     got.assert_served_by("outbound", "the meshed pod's app to another pod");
     assert_eq!(got.orig(), Some(format!("{}:8080", plain.ip)));
+    let agent_cid = &agent
+        .containers
+        .iter()
+        .find(|(n, _)| n == "agent")
+        .unwrap()
+        .1;
+    assert_runs_restricted(&runtime, &pod, agent_cid);
+    sockets_seen_from_the_agents_container(&runtime, agent_cid);
 
     // The DaemonSet's pod goes (an upgrade, a node drain): captured pods stay captured.
     remove(&runtime, &agent.id);
@@ -152,6 +160,111 @@ fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards()
     assert!(!node.plugin_dir.join("capture-cni").exists());
     remove(&runtime, &removal.id);
     remove(&runtime, &agent.id);
+}
+
+/// The agent's process runs as the manifest asks, as the runtime applied it: with exactly the
+/// capabilities it adds, no way to gain more, the runtime's default seccomp filter, and a PID
+/// namespace of its own.
+fn assert_runs_restricted(runtime: &Containerd, pod: &daemonset::NodeAgentPod, cid: &str) {
+    // Bit numbers from linux/capability.h.
+    const BITS: [(&str, u32); 9] = [
+        ("CHOWN", 0),
+        ("DAC_OVERRIDE", 1),
+        ("FOWNER", 3),
+        ("NET_ADMIN", 12),
+        ("NET_RAW", 13),
+        ("SYS_PTRACE", 19),
+        ("SYS_ADMIN", 21),
+        ("PERFMON", 38),
+        ("BPF", 39),
+    ];
+    let pid = runtime
+        .cri()
+        .container_pid(cid)
+        .expect("ContainerStatus")
+        .expect("the agent runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| Some(l.strip_prefix(name)?.strip_prefix(':')?.trim()))
+            .unwrap_or_else(|| panic!("no {name} in {status}"))
+    };
+    let wanted: u64 = pod.containers[0]
+        .capabilities_add
+        .iter()
+        .map(|name| {
+            let bit = BITS.iter().find(|(n, _)| n == name).map(|(_, b)| *b);
+            1 << bit.unwrap_or_else(|| panic!("{name}: not a capability the test knows"))
+        })
+        .sum();
+    let effective = u64::from_str_radix(field("CapEff"), 16).expect("hex");
+    assert_eq!(effective, wanted, "CapEff {effective:x}, wanted {wanted:x}");
+    assert_eq!(
+        field("CapBnd"),
+        field("CapEff"),
+        "no capability beyond them"
+    );
+    assert_eq!(field("NoNewPrivs"), "1");
+    // 2: a seccomp filter (containerd's default profile) is in force.
+    assert_eq!(
+        field("Seccomp"),
+        "2",
+        "the runtime's default seccomp profile"
+    );
+    let ns = |p: String| std::fs::read_link(p).expect("a pid namespace");
+    assert_ne!(
+        ns(format!("/proc/{pid}/ns/pid")),
+        ns("/proc/self/ns/pid".into()),
+        "the agent has no hostPID"
+    );
+}
+
+/// `capture sockets` run in the agent's container (as `kubectl exec` runs it, with the
+/// container's environment): the meshed pod's listeners with their holders as the node numbers
+/// them, found through the node's /proc, and a note that says why their app view is missing.
+fn sockets_seen_from_the_agents_container(runtime: &Containerd, cid: &str) {
+    let out = runtime
+        .cri()
+        .exec(
+            cid,
+            &[
+                "/usr/local/bin/capture",
+                "sockets",
+                "--pod",
+                "default/meshed",
+                "--json",
+            ],
+        )
+        .expect("ExecSync");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.exit_code,
+        0,
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let holders: Vec<&serde_json::Value> = report["listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["holder"].as_object().map(|_| &l["holder"]))
+        .collect();
+    assert!(!holders.is_empty(), "listeners with holders: {report}");
+    for holder in holders {
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", holder["pid"]))
+            .expect("the holder, by the node's pid");
+        assert_eq!(holder["command"], comm.trim_end(), "{report}");
+    }
+    assert!(
+        report["notes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|n| n.as_str().is_some_and(|n| n.contains("PID namespace"))),
+        "a note on the app view: {report}"
+    );
 }
 
 fn remove(runtime: &Containerd, id: &str) {

@@ -82,12 +82,15 @@ fn the_daemonset_mounts_what_the_agent_needs() {
         "path: /opt/cni/bin",
         "path: /etc/cni/net.d",
         "path: /sys/fs/bpf",
-        "mountPropagation: Bidirectional",
+        "mountPropagation: HostToContainer",
         "path: /sys/fs/cgroup",
         "path: /var/run/netns",
         "path: /run/capture",
-        "hostPID: true",
-        "privileged: true",
+        "path: /proc\n",
+        "mountPath: /host/proc",
+        "name: CAPTURE_HOST_PROC",
+        "readOnlyRootFilesystem: true",
+        "type: RuntimeDefault",
         "path: /readyz",
         "path: /healthz",
         "fieldPath: status.hostIP",
@@ -101,6 +104,12 @@ fn the_daemonset_mounts_what_the_agent_needs() {
         "name: capture-annotation-policy",
     ] {
         assert!(yaml.contains(needle), "capture.yaml lacks {needle:?}");
+    }
+    // Least privilege (the pod's context is checked field by field in capture_tests::daemonset):
+    // no privileged container, no node PID namespace, and no Bidirectional mount, which
+    // Kubernetes allows only a privileged container.
+    for needle in ["privileged: true", "hostPID: true", "Bidirectional"] {
+        assert!(!yaml.contains(needle), "capture.yaml has {needle:?}");
     }
 }
 
