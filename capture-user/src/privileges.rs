@@ -131,21 +131,12 @@ pub fn refusal(missing: &[Need]) -> Option<String> {
     ))
 }
 
-/// What to add to an error that a refused operation caused (`EPERM`, `EACCES`), where this
-/// process lacks capabilities the agent holds: the kernel's own words name no capability.
+/// What to add to a failed command's error where this process lacks capabilities the agent
+/// holds: the kernel's refusal names none (`EPERM`, `EACCES`, or a tool's own words, such as
+/// iptables-legacy's "unable to initialize table"). `None` for a process that lacks none, as in
+/// the agent's container.
 #[must_use]
-pub fn hint_for(error: &str) -> Option<String> {
-    let refused = [
-        "Operation not permitted",
-        "Permission denied",
-        "EPERM",
-        "EACCES",
-    ]
-    .iter()
-    .any(|words| error.contains(words));
-    if !refused {
-        return None;
-    }
+pub fn hint() -> Option<String> {
     let lacking = missing(&Capabilities::of_this_process(), true, true);
     refusal(&lacking).map(|why| format!("this process is {why}"))
 }

@@ -30,7 +30,7 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // Library errors already carry their causes in their messages: print the top one only.
             eprintln!("capture: error: {e}");
-            if let Some(hint) = capture_user::privileges::hint_for(&e.to_string()) {
+            if let Some(hint) = capture_user::privileges::hint() {
                 eprintln!("capture: {hint}");
             }
             std::process::ExitCode::FAILURE

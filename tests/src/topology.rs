@@ -47,13 +47,17 @@ pub struct Topology {
     /// The netns every `capture` run starts in (the node's, as the agent's would be): the test's
     /// own when `None`.
     pub node_netns: Option<PathBuf>,
-    /// Every `capture` run starts in a PID namespace of its own, as an agent's container without
-    /// `hostPID` does: the pod's processes are out of its reach.
-    pub own_pid_namespace: bool,
+    /// A command every `capture` run goes through, with its arguments (empty: none): a PID
+    /// namespace of its own, say (`OWN_PID_NAMESPACE`), or fewer capabilities.
+    pub capture_wrapper: Vec<String>,
     /// The pod's addresses (`POD_IP4`, `POD_IP6` unless numbered).
     pub ip4: String,
     pub ip6: String,
 }
+
+/// `capture_wrapper` for a `capture` in a PID namespace of its own, as an agent's container
+/// without `hostPID` runs: the pod's processes are out of its reach.
+pub const OWN_PID_NAMESPACE: [&str; 5] = ["unshare", "--pid", "--fork", "--kill-child", "--"];
 
 /// The pod's address on the VM link, and the VM's.
 pub const POD_VM_IP: &str = "10.3.0.1";
@@ -134,7 +138,7 @@ impl Topology {
             vm: None,
             dirs,
             capture_env: Vec::new(),
-            own_pid_namespace: false,
+            capture_wrapper: Vec::new(),
             node_netns: None,
             ip4,
             ip6,
@@ -217,18 +221,16 @@ impl Topology {
     /// `capture` with this topology's directories, to spawn.
     #[must_use]
     pub fn capture_command(&self, args: &[&str]) -> Command {
-        let program = if self.own_pid_namespace {
-            PathBuf::from("unshare")
-        } else {
-            capture_bin()
+        let program = match self.capture_wrapper.first() {
+            Some(wrapper) => PathBuf::from(wrapper),
+            None => capture_bin(),
         };
         let mut cmd = match &self.node_netns {
             Some(netns) => crate::guards::in_netns(netns, program),
             None => Command::new(program),
         };
-        if self.own_pid_namespace {
-            cmd.args(["--pid", "--fork", "--kill-child", "--"])
-                .arg(capture_bin());
+        if !self.capture_wrapper.is_empty() {
+            cmd.args(&self.capture_wrapper[1..]).arg(capture_bin());
         }
         cmd.arg("--bpffs")
             .arg(&self.dirs.bpffs)

@@ -363,8 +363,16 @@ fn doctor(paths: &Paths, node: &NodeChoices, json: bool) -> anyhow::Result<()> {
     let limits = crate::ebpf::limits::node_limits(paths, node.sizing);
     let acceleration = crate::accel::node_report(paths);
     let iptables = node.iptables.choice();
+    let missing = capture_user::privileges::missing(
+        &capture_user::capabilities::Capabilities::of_this_process(),
+        true,
+        true,
+    );
+    let privileges = capture_user::privileges::refusal(&missing);
     if json {
+        let names: Vec<String> = missing.iter().map(|n| n.capability.name()).collect();
         let report = serde_json::json!({
+            "capabilities": {"missing": names, "reason": privileges},
             "probe": probe,
             "iptables": {"variant": iptables.flavour, "reason": iptables.reason},
             "builds": builds,
@@ -375,6 +383,10 @@ fn doctor(paths: &Paths, node: &NodeChoices, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render_probe(&probe));
+        match &privileges {
+            None => println!("  [ ok ] {:<34} every one the agent needs", "capabilities"),
+            Some(why) => println!("  [FAIL] {:<34} {why}", "capabilities"),
+        }
         println!(
             "iptables backend: the {} variant ({})",
             iptables.flavour.name(),

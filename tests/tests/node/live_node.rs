@@ -12,7 +12,10 @@ use capture_tests::{
     cni_neighbours::rewrite_whole,
     guards::ReadOnlyBind,
     probe::{Outcome, Who},
-    topology::{capture_bin, cgroup_programs, only_pod_links, Topology, POD_CGROUP_HOOKS, POD_IP4},
+    topology::{
+        capture_bin, cgroup_programs, only_pod_links, Topology, OWN_PID_NAMESPACE,
+        POD_CGROUP_HOOKS, POD_IP4,
+    },
 };
 use capture_user::ebpf::sys;
 
@@ -332,7 +335,7 @@ fn a_reuseport_group_keeps_inbound_working_while_one_listener_remains() {
 #[test]
 fn an_agent_outside_the_pods_pid_namespace_registers_the_listeners_that_predate_the_attach() {
     let mut topo = Topology::new();
-    topo.own_pid_namespace = true;
+    topo.capture_wrapper = OWN_PID_NAMESPACE.map(String::from).to_vec();
     topo.start_remote();
     topo.start_app();
     topo.start_proxy_on(&[("outbound", 15001)]);

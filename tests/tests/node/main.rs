@@ -3,6 +3,7 @@
 //! node agent's image. It needs a kernel that attaches (the host runs it in CI, every kernel of
 //! the matrix by hand), but its subject is capture's own state.
 
+mod capabilities;
 mod cgroup_v1;
 mod cni;
 mod explain;

@@ -1,0 +1,186 @@
+//! The agent's capabilities, measured rather than guessed: deploy/capture.yaml's
+//! `capabilities.add` is the set capture-user's `privileges::NEEDS` names (less those another of
+//! the set stands for); an agent holding that
+//! set and nothing else becomes ready and captures a pod both ways; an agent without any one of
+//! them stays not ready and names the capability and what it is for.
+
+use std::{path::PathBuf, process::Command};
+
+use capture_tests::{
+    cni::{CgroupDriver, Node, MESHED},
+    daemonset,
+    guards::{in_netns, ChildGuard},
+    probe::connect_with,
+    topology::{capture_bin, Topology, POD_IP4},
+};
+use capture_user::privileges::{to_add, NEEDS};
+
+/// The agent container's `capabilities.add`, as the manifest says it.
+fn manifest_capabilities(node: &Node) -> Vec<String> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml");
+    let config_maps = node.scratch_file("configmaps/none");
+    let pod = daemonset::node_agent(&manifest, "127.0.0.1", config_maps.parent().unwrap());
+    let agent = pod
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .expect("the agent container");
+    assert_eq!(
+        agent.capabilities_drop,
+        ["ALL"],
+        "the agent drops every capability first"
+    );
+    let mut added = agent.capabilities_add.clone();
+    added.sort();
+    added
+}
+
+/// `capture` run by setpriv with the bounding set (and so, for root, the capabilities it execs
+/// with) cut to `keep`, or to everything but `drop`; no inheritable ones carried over.
+fn agent_with(keep: Option<&[String]>, drop: Option<&str>) -> Command {
+    let bounding = match (keep, drop) {
+        (Some(keep), _) => std::iter::once("-all".to_string())
+            .chain(keep.iter().map(|c| format!("+{}", c.to_lowercase())))
+            .collect::<Vec<_>>()
+            .join(","),
+        (None, Some(drop)) => format!("-{}", drop.to_lowercase()),
+        (None, None) => "+all".to_string(),
+    };
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--inh-caps=-all",
+        &format!("--bounding-set={bounding}"),
+        "--",
+    ])
+    .arg(capture_bin());
+    cmd
+}
+
+#[test]
+fn the_manifest_adds_exactly_the_capabilities_the_agent_needs() {
+    let node = Node::new();
+    let mut needed: Vec<String> = to_add().iter().map(|c| c.name()).collect();
+    needed.sort();
+    assert_eq!(manifest_capabilities(&node), needed);
+    // CAP_BPF and CAP_PERFMON are needed, and CAP_SYS_ADMIN, which the agent holds for setns,
+    // stands for them.
+    for need in NEEDS.iter().filter(|n| n.instead.is_some()) {
+        assert!(needed.contains(&need.instead.unwrap().name()), "{need:?}");
+    }
+}
+
+#[test]
+fn an_agent_with_only_the_manifests_capabilities_captures_a_pod() {
+    let node = Node::new();
+    let keep = manifest_capabilities(&node);
+    let agent = node.spawn_agent_as(agent_with(Some(&keep), None), "auto", &[]);
+    agent.wait_ready();
+    let mut pod = node.pod("restricted", CgroupDriver::Cgroupfs, MESHED);
+    node.add(&mut pod).expect("ADD under the restricted agent");
+    let _servers = pod.start_servers();
+    let got = connect_with(node.client(), &format!("{}:8080", pod.ip()));
+    got.assert_served_by("inbound", "inbound under the restricted agent");
+    let got = connect_with(pod.app_client(), "10.0.0.9:80");
+    got.assert_served_by("outbound", "outbound under the restricted agent");
+    node.del(&pod).expect("DEL under the restricted agent");
+}
+
+#[test]
+fn an_agent_without_one_of_its_capabilities_names_it_and_stays_not_ready() {
+    let node = Node::new();
+    for capability in manifest_capabilities(&node) {
+        let agent = node.spawn_agent_as(agent_with(None, Some(&capability)), "auto", &[]);
+        let (code, body) = agent.wait_answer("/readyz");
+        assert_eq!(code, 503, "without {capability}: {body}");
+        assert!(
+            body.contains(&format!("CAP_{capability} (for ")),
+            "without {capability}, /readyz names it and what for: {body}"
+        );
+        assert!(
+            body.contains(&format!("add {capability}")),
+            "and says what to do: {body}"
+        );
+        drop(agent);
+    }
+}
+
+/// `setpriv` as a `capture_wrapper`: the capabilities `capture` execs with, less `drop`.
+fn without(drop: &str) -> Vec<String> {
+    [
+        "setpriv",
+        "--inh-caps=-all",
+        &format!("--bounding-set=-{}", drop.to_lowercase()),
+        "--",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Runs `attach` of a fresh pod through `capture` without `capability` (`extra` arguments, an
+/// environment variable) and checks that it fails and that its error names the capability.
+fn attach_fails_without(capability: &str, extra: &[&str], env: Option<(&'static str, &str)>) {
+    let mut topo = Topology::new();
+    topo.capture_wrapper = without(capability);
+    if let Some((key, value)) = env {
+        topo.capture_env.push((key, value.to_string()));
+    }
+    let out = topo.try_attach(extra);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "attach {extra:?} without {capability} succeeded: the capability is not needed for it"
+    );
+    assert!(
+        stderr.contains(&format!("CAP_{capability} (for ")),
+        "without {capability}, the error names it: {stderr}"
+    );
+}
+
+/// The operations the table names, run by the CLI (which checks nothing before it tries) without
+/// the capability they are listed under: each fails, and its error names the capability. So each
+/// of the manifest's capabilities is needed, not only listed.
+#[test]
+fn each_capability_is_needed_by_the_operation_it_is_for() {
+    // Attaching the programs to the pod's cgroup and entering the pod's netns.
+    attach_fails_without("NET_ADMIN", &[], None);
+    attach_fails_without("SYS_ADMIN", &[], None);
+    // iptables-legacy's tables, read and written through a raw socket.
+    attach_fails_without(
+        "NET_RAW",
+        &["--mode", "iptables"],
+        Some(("CAPTURE_IPTABLES", "legacy")),
+    );
+    // A netns named as a process of another uid's (a runtime's /proc/PID/ns/net).
+    let mut topo = Topology::new();
+    let holder = ChildGuard::spawn(in_netns(&topo.pod.netns.path(), "setpriv").args([
+        "--reuid=1000",
+        "--regid=1000",
+        "--clear-groups",
+        "sleep",
+        "60",
+    ]));
+    let netns = format!("/proc/{}/ns/net", holder.pid());
+    topo.capture_wrapper = without("SYS_PTRACE");
+    let cgroup = topo.pod.cgroup.path.to_str().unwrap().to_string();
+    let out = topo.capture(&[
+        "attach", "--netns", &netns, "--cgroup", &cgroup, "--pod-ip", POD_IP4,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "attach through {netns}: {stderr}");
+    assert!(stderr.contains("CAP_SYS_PTRACE (for "), "{stderr}");
+    // The kernel probe's scratch cgroup, where the cgroup2 root is read-only to its owner (systemd's
+    // hybrid layout, as on the CI machine); elsewhere root writes it without DAC_OVERRIDE.
+    let root = capture_user::cgroup::cgroup2_mount().expect("cgroup2");
+    let mode = std::fs::metadata(&root)
+        .expect("the cgroup2 root")
+        .permissions();
+    if std::os::unix::fs::PermissionsExt::mode(&mode) & 0o200 == 0 {
+        let mut doctor = Topology::new();
+        doctor.capture_wrapper = without("DAC_OVERRIDE");
+        let out = doctor.capture(&["doctor"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("Permission denied"), "{stdout}");
+        assert!(stdout.contains("[FAIL] capabilities"), "{stdout}");
+        assert!(stdout.contains("CAP_DAC_OVERRIDE (for "), "{stdout}");
+    }
+}
