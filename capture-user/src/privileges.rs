@@ -69,7 +69,8 @@ pub const NEEDS: &[Need] = &[
         instead: None,
         for_what: "creating the scratch cgroups of the kernel probe and of the netns-cookie \
                    reporter under a cgroup root its owner may not write (mode 555, as systemd \
-                   mounts the unified hierarchy of a hybrid node)",
+                   mounts the unified hierarchy of a hybrid node), and listing the descriptors \
+                   of other uids' processes (/proc/PID/fd, for `capture sockets`)",
         ebpf: true,
         rules: false,
     },

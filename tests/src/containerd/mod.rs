@@ -155,10 +155,19 @@ impl Containerd {
     fn start_inner(
         node: &Node,
         systemd: Option<SystemdNode>,
-        binds: Vec<(PathBuf, PathBuf)>,
+        mut binds: Vec<(PathBuf, PathBuf)>,
     ) -> Self {
         let dir = std::env::temp_dir().join(unique("capture-containerd"));
         std::fs::create_dir_all(&dir).expect("the containerd directory");
+        // A runtime that plays the node's: its socket where a node's containerd has it
+        // (/run/containerd/containerd.sock), for a pod that mounts the node's runtime directory
+        // (the DaemonSet's cri-socket volume). containerd makes that directory itself anyway.
+        if !binds.is_empty() {
+            // Noted first: a directory this test makes is removed with the others it made.
+            fixed_dirs_made_here();
+            std::fs::create_dir_all("/run/containerd").expect("the runtime's node directory");
+            binds.push((dir.clone(), PathBuf::from("/run/containerd")));
+        }
         for plugin in REFERENCE_PLUGINS {
             let link = node.plugin_dir.join(plugin);
             if !link.exists() {

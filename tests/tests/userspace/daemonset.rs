@@ -64,6 +64,17 @@ fn point_capture_cni_at_the_test_node(node: &Node, file: &std::path::Path) -> se
 fn node_with_the_daemonset(
     node: &Node,
 ) -> Option<(Containerd, daemonset::NodeAgentPod, NodeAgentRun, PathBuf)> {
+    let (runtime, pod, conflist) = node_before_the_daemonset(node)?;
+    let agent = runtime.run_node_agent(&pod, "capture-node-test")?;
+    wait_ready(node, &runtime, &pod);
+    Some((runtime, pod, agent, conflist))
+}
+
+/// A test node's runtime, the image imported and the network configured, with the DaemonSet's
+/// pod as the manifest gives it, not yet running.
+fn node_before_the_daemonset(
+    node: &Node,
+) -> Option<(Containerd, daemonset::NodeAgentPod, PathBuf)> {
     if !has_or_skip(
         Feature::WritableNodePaths,
         "the node paths of the DaemonSet's hostPath volumes cannot be made on this read-only \
@@ -82,9 +93,7 @@ fn node_with_the_daemonset(
     std::fs::write(&config_maps, ISTIOD_MESH).expect("the mesh configuration");
     let config_maps = config_maps.parent().unwrap().parent().unwrap();
     let pod = daemonset::node_agent(&manifest(), "127.0.0.1", config_maps);
-    let agent = runtime.run_node_agent(&pod, "capture-node-test")?;
-    wait_ready(node, &runtime, &pod);
-    Some((runtime, pod, agent, conflist))
+    Some((runtime, pod, conflist))
 }
 
 #[test]
@@ -104,14 +113,9 @@ fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards()
     let got = runtime.connect_from(&meshed, "app", &format!("{}:8080", plain.ip));
     got.assert_served_by("outbound", "the meshed pod's app to another pod");
     assert_eq!(got.orig(), Some(format!("{}:8080", plain.ip)));
-    let agent_cid = &agent
-        .containers
-        .iter()
-        .find(|(n, _)| n == "agent")
-        .unwrap()
-        .1;
-    assert_runs_restricted(&runtime, &pod, agent_cid);
-    sockets_seen_from_the_agents_container(&runtime, agent_cid);
+    let agent_cid = container_of(&agent, "agent");
+    assert_runs_restricted(&runtime, &pod, &agent_cid);
+    sockets_seen_from_the_agents_container(&runtime, &agent_cid);
 
     // The DaemonSet's pod goes (an upgrade, a node drain): captured pods stay captured.
     remove(&runtime, &agent.id);
@@ -265,6 +269,108 @@ fn sockets_seen_from_the_agents_container(runtime: &Containerd, cid: &str) {
             .any(|n| n.as_str().is_some_and(|n| n.contains("PID namespace"))),
         "a note on the app view: {report}"
     );
+}
+
+/// A meshed pod that started before the DaemonSet, on a node where capture-cni was not chained
+/// yet: the restricted agent's runtime reconcile captures it in place, and its proxy's
+/// listeners, which predate the attach and belong to processes outside the agent's PID
+/// namespace, are registered by the kernel, so a connection to the pod reaches the proxy's
+/// inbound port. What the agent did is readable from its container, as `kubectl exec` reads it.
+#[test]
+fn the_restricted_agent_captures_in_place_a_pod_that_predates_it() {
+    let node = Node::new();
+    let Some((runtime, pod, conflist)) = node_before_the_daemonset(&node) else {
+        return;
+    };
+    let early = run(&runtime, "early", MESHED);
+    let other = run(&runtime, "other", &[]);
+    let to_early = format!("{}:8080", early.ip);
+    runtime
+        .connect_from(&other, "app", &to_early)
+        .assert_served_by("app", "before the DaemonSet: nothing captures the pod");
+
+    let agent = runtime
+        .run_node_agent(&pod, "capture-node-test")
+        .expect("the agent's pod runs");
+    wait_ready(&node, &runtime, &pod);
+    point_capture_cni_at_the_test_node(&node, &conflist);
+    capture_tests::wait::wait_until(
+        std::time::Duration::from_mins(2),
+        "the early pod captured in place by the agent's reconcile",
+        || {
+            if super::reconcile::captured(&node, &early) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{}\n{}",
+                    node.status()["reconcile"],
+                    runtime.log_tail()
+                ))
+            }
+        },
+    );
+    let got = runtime.connect_from(&other, "app", &to_early);
+    got.assert_served_by("inbound", "a connection to the pod captured in place");
+    assert_eq!(got.orig(), Some(to_early.clone()));
+    let got = runtime.connect_from(&early, "app", &format!("{}:8080", other.ip));
+    got.assert_served_by("outbound", "the pod captured in place, outbound");
+
+    let agent_cid = container_of(&agent, "agent");
+    let status = exec_json(&runtime, &agent_cid, &["status", "--json"]);
+    let pods = status["pods"].as_array().cloned().unwrap_or_default();
+    assert!(
+        pods.iter()
+            .any(|p| p["pod"]["name"] == "early" && p["mode"] == "ebpf" && p["in_force"] == true),
+        "status from the agent's container: {status}"
+    );
+    let explained = exec_json(
+        &runtime,
+        &agent_cid,
+        &[
+            "explain",
+            "--pod",
+            "default/early",
+            "--to",
+            &to_early,
+            "--direction",
+            "inbound",
+            "--json",
+        ],
+    );
+    assert!(
+        explained.to_string().contains("15006"),
+        "explain from the agent's container: {explained}"
+    );
+    for p in [&early, &other] {
+        runtime.remove_pod(p).expect("removing a pod");
+    }
+    remove(&runtime, &agent.id);
+}
+
+/// The id of the DaemonSet pod's container `name`.
+fn container_of(agent: &NodeAgentRun, name: &str) -> String {
+    let (_, id) = agent
+        .containers
+        .iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no container {name}"));
+    id.clone()
+}
+
+/// `capture ARGS` run in the agent's container (`kubectl exec`'s position), its JSON answer.
+fn exec_json(runtime: &Containerd, cid: &str, args: &[&str]) -> serde_json::Value {
+    let argv: Vec<&str> = std::iter::once("/usr/local/bin/capture")
+        .chain(args.iter().copied())
+        .collect();
+    let out = runtime.cri().exec(cid, &argv).expect("ExecSync");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.exit_code,
+        0,
+        "capture {args:?} in the agent's container: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("capture {args:?}: {e}: {text}"))
 }
 
 fn remove(runtime: &Containerd, id: &str) {
