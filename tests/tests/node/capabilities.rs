@@ -4,14 +4,19 @@
 //! set and nothing else becomes ready and captures a pod both ways; an agent without any one of
 //! them stays not ready and names the capability and what it is for.
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use capture_tests::{
     cni::{CgroupDriver, Node, MESHED},
     daemonset,
     guards::{in_netns, ChildGuard},
-    probe::connect_with,
+    probe::{connect_with, Who},
     topology::{capture_bin, Topology, POD_IP4},
+    variant_capture_bin,
 };
 use capture_user::privileges::{to_add, NEEDS};
 
@@ -183,4 +188,92 @@ fn each_capability_is_needed_by_the_operation_it_is_for() {
         assert!(stdout.contains("[FAIL] capabilities"), "{stdout}");
         assert!(stdout.contains("CAP_DAC_OVERRIDE (for "), "{stdout}");
     }
+}
+
+/// The agent of `bin` as the manifest restricts it: a PID namespace of its own (unshare, whose
+/// process group the test signals, since unshare ignores SIGTERM itself) and only `keep`.
+fn restricted_agent(bin: &Path, keep: &[String]) -> Command {
+    let bounding = std::iter::once("-all".to_string())
+        .chain(keep.iter().map(|c| format!("+{}", c.to_lowercase())))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--",
+        "setpriv",
+        "--inh-caps=-all",
+    ])
+    .arg(format!("--bounding-set={bounding}"))
+    .arg("--")
+    .arg(bin)
+    .process_group(0);
+    cmd
+}
+
+/// Stops an agent started by `restricted_agent` as a rolling update does (SIGTERM to it).
+fn stop_restricted(agent: &mut capture_tests::cni::Agent) {
+    let group = nix::unistd::Pid::from_raw(i32::try_from(agent.pid()).expect("a pid"));
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
+    agent.stop();
+}
+
+/// An upgrade as the DaemonSet rolls it, both agents restricted as the manifest restricts them:
+/// the other build's agent takes the node over in place, a connection held across it keeps its
+/// path, and new connections both ways go through the proxy.
+#[test]
+fn a_restricted_agent_takes_the_node_over_from_another_build_keeping_its_connections() {
+    let node = Node::new();
+    let keep = manifest_capabilities(&node);
+    let topo = Topology::numbered(node.dirs.shared(), 1);
+    topo.attach(&[]);
+    let mut topo = topo;
+    topo.start_all();
+    let mut old = node.spawn_agent_as(restricted_agent(&capture_bin(), &keep), "ebpf", &[]);
+    old.wait_ready();
+    let held = topo.spawn_holder(&Who::app(), "10.0.0.5:80", false);
+
+    stop_restricted(&mut old);
+    let new_bin = variant_capture_bin();
+    let mut new = node.spawn_agent_as(restricted_agent(&new_bin, &keep), "ebpf", &[]);
+    new.wait_ready();
+    // Read by the new build: the old one cannot read the maps of another layout.
+    let status = status_of(&new_bin, &topo);
+    let (old_build, new_build) = (
+        status_of(&capture_bin(), &topo)["build"].to_string(),
+        status["build"].to_string(),
+    );
+    assert_ne!(old_build, new_build, "the variant is another build");
+    assert_eq!(status["node_build"], status["build"], "{status}");
+    let pod = &status["pods"][0];
+    assert_eq!(pod["in_force"], true, "{status}");
+    assert_eq!(pod["program_build"], status["build"], "{status}");
+
+    let out = held.release_and_wait("go\n");
+    let seen: serde_json::Value = serde_json::from_str(out.trim()).expect("the holder's JSON");
+    for phase in [&seen["first"], &seen["second"]] {
+        assert_eq!(phase["reply"]["server"], "outbound", "{seen}");
+        assert_eq!(phase["reply"]["orig"], "10.0.0.5:80", "{seen}");
+    }
+    let out = topo.tcp(&Who::app(), "10.0.0.5:80");
+    out.assert_served_by("outbound", "after the restricted takeover");
+    let to = format!("{}:8080", topo.ip4);
+    let inbound = topo.connect_from_remote(&to);
+    inbound.assert_served_by("inbound", "after the restricted takeover");
+    stop_restricted(&mut new);
+}
+
+/// `capture status --json` by the build `bin`, over `topo`'s node.
+fn status_of(bin: &Path, topo: &Topology) -> serde_json::Value {
+    let out = Command::new(bin)
+        .arg("--bpffs")
+        .arg(&topo.dirs.bpffs)
+        .arg("--state-dir")
+        .arg(&topo.dirs.state)
+        .args(["status", "--json"])
+        .output()
+        .expect("capture status");
+    serde_json::from_slice(&out.stdout).expect("status JSON")
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use capture_tests::{
     cni::{Node, MESHED},
     containerd::{
+        cri::Cri,
         node_agent::{http_status_in, NodeAgentRun},
         Containerd, CriPod, PodSpec,
     },
@@ -116,6 +117,7 @@ fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards()
     let agent_cid = container_of(&agent, "agent");
     assert_runs_restricted(&runtime, &pod, &agent_cid);
     sockets_seen_from_the_agents_container(&runtime, &agent_cid);
+    traced_from_the_agents_container(&runtime, &agent_cid, &meshed, &plain.ip);
 
     // The DaemonSet's pod goes (an upgrade, a node drain): captured pods stay captured.
     remove(&runtime, &agent.id);
@@ -347,6 +349,41 @@ fn the_restricted_agent_captures_in_place_a_pod_that_predates_it() {
     remove(&runtime, &agent.id);
 }
 
+/// `capture trace` run in the agent's container while the meshed pod's app connects: the
+/// decision is streamed there (the trace's lease and ring buffer are the node's pinned maps).
+fn traced_from_the_agents_container(runtime: &Containerd, cid: &str, meshed: &CriPod, ip: &str) {
+    let (socket, cid) = (runtime.socket().to_path_buf(), cid.to_string());
+    // A client of its own: the runtime's is busy with the connection meanwhile.
+    let tracer = std::thread::spawn(move || {
+        let mut cri = Cri::connect(&socket).expect("a second CRI client");
+        let argv = [
+            "/usr/local/bin/capture",
+            "trace",
+            "--pod",
+            "default/meshed",
+            "--json",
+            "--duration",
+            "4",
+        ];
+        cri.exec(&cid, &argv).expect("ExecSync")
+    });
+    // Connections until the trace ends: its start (an exec, then the lease) takes its time.
+    let to = format!("{ip}:9090");
+    while !tracer.is_finished() {
+        runtime
+            .connect_from(meshed, "app", &to)
+            .assert_served_by("outbound", "while traced");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let out = tracer.join().expect("the tracer");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|line| line.contains(&to)),
+        "the traced decision for {to}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The id of the DaemonSet pod's container `name`.
 fn container_of(agent: &NodeAgentRun, name: &str) -> String {
     let (_, id) = agent
@@ -394,6 +431,54 @@ fn wait_ready(node: &Node, runtime: &Containerd, pod: &daemonset::NodeAgentPod) 
     );
 }
 
+/// On a node whose own netns holds native nftables tables and no iptables rules, the agent in
+/// its image captures a TPROXY pod with the nftables backend (the manifest's `--fallback=auto`).
+#[test]
+fn the_agent_in_its_image_captures_a_tproxy_pod_with_nftables_on_an_nftables_node() {
+    let node = Node::new();
+    guards::run(guards::in_netns(&node.netns.path(), "nft").args([
+        "add",
+        "table",
+        "inet",
+        "node-firewall",
+    ]));
+    let Some((runtime, _pod, _agent, conflist)) = node_with_the_daemonset(&node) else {
+        return;
+    };
+    point_capture_cni_at_the_test_node(&node, &conflist);
+    let tproxy = run(&runtime, "tproxy", TPROXY);
+    let netns = sandbox_netns(&runtime, &tproxy);
+    let ruleset = guards::run(guards::in_netns(&netns, "nft").args(["list", "ruleset"]));
+    assert!(
+        ruleset.contains("tproxy") && ruleset.contains("15006"),
+        "capture's nftables rules in the pod: {ruleset}"
+    );
+    for variant in ["legacy", "nft"] {
+        let rules = guards::saved_rules(&netns, variant, &[]);
+        assert!(
+            !rules.contains("ISTIO"),
+            "no {variant} iptables rules: {rules}"
+        );
+    }
+    let status = node.status();
+    let pods = status["pods"].as_array().cloned().unwrap_or_default();
+    assert!(
+        pods.iter()
+            .any(|p| p["pod"]["name"] == "tproxy" && p["mode"] == "nftables"),
+        "{status}"
+    );
+    runtime.remove_pod(&tproxy).expect("removing the pod");
+}
+
+/// A pod's netns as the host reaches it: through its sandbox's process (containerd mounted the
+/// netns file in its own mount namespace).
+fn sandbox_netns(runtime: &Containerd, pod: &CriPod) -> PathBuf {
+    let status = runtime.cri().pod_status(&pod.id).expect("PodSandboxStatus");
+    let info: serde_json::Value =
+        serde_json::from_str(status.info.get("info").expect("verbose info")).expect("JSON");
+    PathBuf::from(format!("/proc/{}/ns/net", info["pid"]))
+}
+
 /// The agent in its image writes an iptables pod's rules with the node's own variant: a node
 /// whose netns holds legacy rules gets legacy rules in its pods, one on nft nft rules. (TPROXY
 /// pods are captured by iptables in the manifest's `auto` mode.)
@@ -418,15 +503,7 @@ fn the_agent_in_its_image_writes_iptables_rules_in_the_nodes_variant() {
         };
         point_capture_cni_at_the_test_node(&node, &conflist);
         let tproxy = run(&runtime, "tproxy", TPROXY);
-        // The pod's netns as the host reaches it: through its sandbox's process (containerd
-        // mounted the netns file in its own mount namespace).
-        let status = runtime
-            .cri()
-            .pod_status(&tproxy.id)
-            .expect("PodSandboxStatus");
-        let info: serde_json::Value =
-            serde_json::from_str(status.info.get("info").expect("verbose info")).expect("JSON");
-        let netns = PathBuf::from(format!("/proc/{}/ns/net", info["pid"]));
+        let netns = sandbox_netns(&runtime, &tproxy);
         let rules = |v: &str| guards::saved_rules(&netns, v, &[]);
         let agent_log = std::fs::read_to_string(
             std::path::Path::new(&agent.config.log_directory).join("agent.log"),
