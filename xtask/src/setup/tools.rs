@@ -69,6 +69,8 @@ pub const TEST_TOOLS: &[Tool] = &[
     // The systemd cgroup driver's test: systemd as PID 1 of namespaces that unshare makes (from
     // a bash script), driven with systemctl.
     tool("unshare", "util-linux"),
+    // The capabilities tests run the agent and the CLI with a cut bounding set.
+    tool("setpriv", "util-linux"),
     tool("bash", "bash"),
     tool("/lib/systemd/systemd", "systemd"),
     tool("systemctl", "systemd"),
