@@ -178,6 +178,23 @@ fn hold_from(
     to: &str,
     secs: u64,
 ) -> std::thread::JoinHandle<Value> {
+    let remote = to.to_owned();
+    hold_from_in(runtime, pod, &pod.netns, to, secs, move |s| {
+        s.remote.to_string() == remote
+    })
+}
+
+/// As `hold_from`, with the pod's netns reached at `netns` (a runtime in a mount namespace of
+/// its own keeps the netns files there: the host reaches it through the sandbox's process), and
+/// the held connection known by `held` (a captured one's kernel peer is the proxy).
+pub(super) fn hold_from_in(
+    runtime: &Containerd,
+    pod: &CriPod,
+    netns: &std::path::Path,
+    to: &str,
+    secs: u64,
+    held: impl Fn(&capture_user::sockdiag::KernelSocket) -> bool,
+) -> std::thread::JoinHandle<Value> {
     let mut cri = Cri::connect(runtime.socket()).expect("a second CRI client");
     let container = pod.container("app").to_owned();
     let target = to.to_owned();
@@ -190,11 +207,16 @@ fn hold_from(
         serde_json::from_str(stdout.lines().last().unwrap_or_default())
             .unwrap_or_else(|e| panic!("hold printed {stdout:?}: {e}"))
     });
-    let netns = Netns::open(&pod.netns).expect("the pod's netns");
+    let netns = Netns::open(netns).expect("the pod's netns");
     wait_until(PATIENCE, "the held connection established", || {
         let open = open_connections(&netns).map_err(|e| e.to_string())?;
-        if open.iter().any(|s| s.remote.to_string() == to) {
+        if open.iter().any(&held) {
             Ok(())
+        } else if handle.is_finished() {
+            // Its panic (the probe's output) comes with the join: say so rather than wait on.
+            Err(format!(
+                "the hold ended before its connection was seen: {open:?}"
+            ))
         } else {
             Err(format!("{open:?}"))
         }

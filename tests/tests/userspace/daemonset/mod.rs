@@ -6,17 +6,24 @@
 //! DaemonSet's pod leaves it captured, and `capture uninstall-cni` from the image takes the
 //! plugin out again.
 
+mod inside;
+mod upgrade;
+
 use std::path::PathBuf;
 
 use capture_tests::{
     cni::{Node, MESHED},
     containerd::{
-        cri::Cri,
         node_agent::{http_status_in, NodeAgentRun},
         Containerd, CriPod, PodSpec,
     },
     daemonset, guards,
     kernel::{has_or_skip, Feature},
+};
+
+use self::inside::{
+    assert_runs_restricted, container_of, exec_json, sockets_seen_from_the_agents_container,
+    traced_from_the_agents_container,
 };
 
 /// The `mesh` key of the `istio` ConfigMap as istiod's chart writes it, with DNS capture on.
@@ -26,7 +33,7 @@ fn manifest() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/capture.yaml")
 }
 
-fn run(
+pub(super) fn run(
     runtime: &Containerd,
     name: &str,
     annotations: &'static [(&'static str, &'static str)],
@@ -45,7 +52,10 @@ fn run(
 /// The conflist after the init container chained capture-cni into it, with what the test's
 /// kubelet layout needs: capture-cni told where this node's pod cgroups are (a node's kubelet
 /// keeps them where capture-cni looks by default), and a minute for the agent's answer.
-fn point_capture_cni_at_the_test_node(node: &Node, file: &std::path::Path) -> serde_json::Value {
+pub(super) fn point_capture_cni_at_the_test_node(
+    node: &Node,
+    file: &std::path::Path,
+) -> serde_json::Value {
     let mut list: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(file).expect("the conflist")).expect("JSON");
     let plugins = list["plugins"].as_array_mut().expect("plugins");
@@ -62,7 +72,7 @@ fn point_capture_cni_at_the_test_node(node: &Node, file: &std::path::Path) -> se
 /// A test node whose containerd runs the DaemonSet's pod from the image, its agent ready: the
 /// runtime, the pod as the manifest gives it, the running pod and the chained conflist's path.
 /// None where the runtime cannot run containers here (the test skips, saying why).
-fn node_with_the_daemonset(
+pub(super) fn node_with_the_daemonset(
     node: &Node,
 ) -> Option<(Containerd, daemonset::NodeAgentPod, NodeAgentRun, PathBuf)> {
     let (runtime, pod, conflist) = node_before_the_daemonset(node)?;
@@ -168,111 +178,6 @@ fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards()
     remove(&runtime, &agent.id);
 }
 
-/// The agent's process runs as the manifest asks, as the runtime applied it: with exactly the
-/// capabilities it adds, no way to gain more, the runtime's default seccomp filter, and a PID
-/// namespace of its own.
-fn assert_runs_restricted(runtime: &Containerd, pod: &daemonset::NodeAgentPod, cid: &str) {
-    // Bit numbers from linux/capability.h.
-    const BITS: [(&str, u32); 9] = [
-        ("CHOWN", 0),
-        ("DAC_OVERRIDE", 1),
-        ("FOWNER", 3),
-        ("NET_ADMIN", 12),
-        ("NET_RAW", 13),
-        ("SYS_PTRACE", 19),
-        ("SYS_ADMIN", 21),
-        ("PERFMON", 38),
-        ("BPF", 39),
-    ];
-    let pid = runtime
-        .cri()
-        .container_pid(cid)
-        .expect("ContainerStatus")
-        .expect("the agent runs");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| Some(l.strip_prefix(name)?.strip_prefix(':')?.trim()))
-            .unwrap_or_else(|| panic!("no {name} in {status}"))
-    };
-    let wanted: u64 = pod.containers[0]
-        .capabilities_add
-        .iter()
-        .map(|name| {
-            let bit = BITS.iter().find(|(n, _)| n == name).map(|(_, b)| *b);
-            1 << bit.unwrap_or_else(|| panic!("{name}: not a capability the test knows"))
-        })
-        .sum();
-    let effective = u64::from_str_radix(field("CapEff"), 16).expect("hex");
-    assert_eq!(effective, wanted, "CapEff {effective:x}, wanted {wanted:x}");
-    assert_eq!(
-        field("CapBnd"),
-        field("CapEff"),
-        "no capability beyond them"
-    );
-    assert_eq!(field("NoNewPrivs"), "1");
-    // 2: a seccomp filter (containerd's default profile) is in force.
-    assert_eq!(
-        field("Seccomp"),
-        "2",
-        "the runtime's default seccomp profile"
-    );
-    let ns = |p: String| std::fs::read_link(p).expect("a pid namespace");
-    assert_ne!(
-        ns(format!("/proc/{pid}/ns/pid")),
-        ns("/proc/self/ns/pid".into()),
-        "the agent has no hostPID"
-    );
-}
-
-/// `capture sockets` run in the agent's container (as `kubectl exec` runs it, with the
-/// container's environment): the meshed pod's listeners with their holders as the node numbers
-/// them, found through the node's /proc, and a note that says why their app view is missing.
-fn sockets_seen_from_the_agents_container(runtime: &Containerd, cid: &str) {
-    let out = runtime
-        .cri()
-        .exec(
-            cid,
-            &[
-                "/usr/local/bin/capture",
-                "sockets",
-                "--pod",
-                "default/meshed",
-                "--json",
-            ],
-        )
-        .expect("ExecSync");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.exit_code,
-        0,
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    let holders: Vec<&serde_json::Value> = report["listeners"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|l| l["holder"].as_object().map(|_| &l["holder"]))
-        .collect();
-    assert!(!holders.is_empty(), "listeners with holders: {report}");
-    for holder in holders {
-        let comm = std::fs::read_to_string(format!("/proc/{}/comm", holder["pid"]))
-            .expect("the holder, by the node's pid");
-        assert_eq!(holder["command"], comm.trim_end(), "{report}");
-    }
-    assert!(
-        report["notes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|n| n.as_str().is_some_and(|n| n.contains("PID namespace"))),
-        "a note on the app view: {report}"
-    );
-}
-
 /// A meshed pod that started before the DaemonSet, on a node where capture-cni was not chained
 /// yet: the restricted agent's runtime reconcile captures it in place, and its proxy's
 /// listeners, which predate the attach and belong to processes outside the agent's PID
@@ -300,7 +205,7 @@ fn the_restricted_agent_captures_in_place_a_pod_that_predates_it() {
         std::time::Duration::from_mins(2),
         "the early pod captured in place by the agent's reconcile",
         || {
-            if super::reconcile::captured(&node, &early) {
+            if crate::reconcile::captured(&node, &early) {
                 Ok(())
             } else {
                 Err(format!(
@@ -349,74 +254,13 @@ fn the_restricted_agent_captures_in_place_a_pod_that_predates_it() {
     remove(&runtime, &agent.id);
 }
 
-/// `capture trace` run in the agent's container while the meshed pod's app connects: the
-/// decision is streamed there (the trace's lease and ring buffer are the node's pinned maps).
-fn traced_from_the_agents_container(runtime: &Containerd, cid: &str, meshed: &CriPod, ip: &str) {
-    let (socket, cid) = (runtime.socket().to_path_buf(), cid.to_string());
-    // A client of its own: the runtime's is busy with the connection meanwhile.
-    let tracer = std::thread::spawn(move || {
-        let mut cri = Cri::connect(&socket).expect("a second CRI client");
-        let argv = [
-            "/usr/local/bin/capture",
-            "trace",
-            "--pod",
-            "default/meshed",
-            "--json",
-            "--duration",
-            "4",
-        ];
-        cri.exec(&cid, &argv).expect("ExecSync")
-    });
-    // Connections until the trace ends: its start (an exec, then the lease) takes its time.
-    let to = format!("{ip}:9090");
-    while !tracer.is_finished() {
-        runtime
-            .connect_from(meshed, "app", &to)
-            .assert_served_by("outbound", "while traced");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    let out = tracer.join().expect("the tracer");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.lines().any(|line| line.contains(&to)),
-        "the traced decision for {to}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The id of the DaemonSet pod's container `name`.
-fn container_of(agent: &NodeAgentRun, name: &str) -> String {
-    let (_, id) = agent
-        .containers
-        .iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no container {name}"));
-    id.clone()
-}
-
-/// `capture ARGS` run in the agent's container (`kubectl exec`'s position), its JSON answer.
-fn exec_json(runtime: &Containerd, cid: &str, args: &[&str]) -> serde_json::Value {
-    let argv: Vec<&str> = std::iter::once("/usr/local/bin/capture")
-        .chain(args.iter().copied())
-        .collect();
-    let out = runtime.cri().exec(cid, &argv).expect("ExecSync");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        out.exit_code,
-        0,
-        "capture {args:?} in the agent's container: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("capture {args:?}: {e}: {text}"))
-}
-
-fn remove(runtime: &Containerd, id: &str) {
+pub(super) fn remove(runtime: &Containerd, id: &str) {
     runtime.cri().stop_pod(id).expect("StopPodSandbox");
     runtime.cri().remove_pod(id).expect("RemovePodSandbox");
 }
 
 /// Waits until the agent answers the manifest's readiness probe.
-fn wait_ready(node: &Node, runtime: &Containerd, pod: &daemonset::NodeAgentPod) {
+pub(super) fn wait_ready(node: &Node, runtime: &Containerd, pod: &daemonset::NodeAgentPod) {
     let probe = pod.containers[0]
         .readiness
         .clone()
@@ -472,7 +316,7 @@ fn the_agent_in_its_image_captures_a_tproxy_pod_with_nftables_on_an_nftables_nod
 
 /// A pod's netns as the host reaches it: through its sandbox's process (containerd mounted the
 /// netns file in its own mount namespace).
-fn sandbox_netns(runtime: &Containerd, pod: &CriPod) -> PathBuf {
+pub(super) fn sandbox_netns(runtime: &Containerd, pod: &CriPod) -> PathBuf {
     let status = runtime.cri().pod_status(&pod.id).expect("PodSandboxStatus");
     let info: serde_json::Value =
         serde_json::from_str(status.info.get("info").expect("verbose info")).expect("JSON");
