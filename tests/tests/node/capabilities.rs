@@ -1,8 +1,9 @@
 //! The agent's capabilities, measured rather than guessed: deploy/capture.yaml's
 //! `capabilities.add` is the set capture-user's `privileges::NEEDS` names (less those another of
-//! the set stands for); an agent holding that
-//! set and nothing else becomes ready and captures a pod both ways; an agent without any one of
-//! them stays not ready and names the capability and what it is for.
+//! the set stands for); an agent holding that set and nothing else (and `SYS_RESOURCE` on kernels
+//! before 5.11, as the docs say) becomes ready, captures a pod both ways and takes a node over
+//! from another build; an agent without any one of them stays not ready and names it; and the
+//! operation each is for fails without it.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -38,6 +39,18 @@ fn manifest_capabilities(node: &Node) -> Vec<String> {
     let mut added = agent.capabilities_add.clone();
     added.sort();
     added
+}
+
+/// What the agent holds on this node as the manifest and docs say to run it: the manifest's
+/// list, and `SYS_RESOURCE` on kernels before 5.11 (which count BPF memory against
+/// `RLIMIT_MEMLOCK`; docs/how-it-works/compatibility.md).
+fn restricted_set(node: &Node) -> Vec<String> {
+    let mut set = manifest_capabilities(node);
+    let release = capture_user::accel::kernel_release();
+    if !capture_user::privileges::kernel_charges_memcg(&release) {
+        set.push("SYS_RESOURCE".to_string());
+    }
+    set
 }
 
 /// `capture` run by setpriv with the bounding set (and so, for root, the capabilities it execs
@@ -77,7 +90,7 @@ fn the_manifest_adds_exactly_the_capabilities_the_agent_needs() {
 #[test]
 fn an_agent_with_only_the_manifests_capabilities_captures_a_pod() {
     let node = Node::new();
-    let keep = manifest_capabilities(&node);
+    let keep = restricted_set(&node);
     let agent = node.spawn_agent_as(agent_with(Some(&keep), None), "auto", &[]);
     agent.wait_ready();
     let mut pod = node.pod("restricted", CgroupDriver::Cgroupfs, MESHED);
@@ -226,7 +239,7 @@ fn stop_restricted(agent: &mut capture_tests::cni::Agent) {
 #[test]
 fn a_restricted_agent_takes_the_node_over_from_another_build_keeping_its_connections() {
     let node = Node::new();
-    let keep = manifest_capabilities(&node);
+    let keep = restricted_set(&node);
     let topo = Topology::numbered(node.dirs.shared(), 1);
     topo.attach(&[]);
     let mut topo = topo;

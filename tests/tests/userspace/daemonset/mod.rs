@@ -124,6 +124,10 @@ fn the_daemonsets_pod_runs_from_the_image_and_captures_pods_created_afterwards()
     let got = runtime.connect_from(&meshed, "app", &format!("{}:8080", plain.ip));
     got.assert_served_by("outbound", "the meshed pod's app to another pod");
     assert_eq!(got.orig(), Some(format!("{}:8080", plain.ip)));
+    let to_meshed = format!("{}:8080", meshed.ip);
+    let got = runtime.connect_from(&plain, "app", &to_meshed);
+    got.assert_served_by("inbound", "another pod to the meshed pod");
+    assert_eq!(got.orig(), Some(to_meshed));
     let agent_cid = container_of(&agent, "agent");
     assert_runs_restricted(&runtime, &pod, &agent_cid);
     sockets_seen_from_the_agents_container(&runtime, &agent_cid);
