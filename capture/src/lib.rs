@@ -2,6 +2,7 @@
 //! (`cli`) and the node agent (`agent`), which the CLI's `agent` command runs.
 
 pub mod agent;
+pub mod build_info;
 pub mod cli;
 
 // The layers below, under the names this crate's code uses.

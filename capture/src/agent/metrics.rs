@@ -69,6 +69,33 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// The agent's build, twice: `capture_agent_build` (its name on a node) and
+/// `capture_build_info` (what `capture version` prints).
+fn register_build(registry: &mut Registry) {
+    let one = |labels: Vec<(&'static str, String)>| {
+        let family = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        family.get_or_create(&labels).set(1);
+        family
+    };
+    registry.register(
+        "capture_agent_build",
+        "This agent's build (package version and kernel-program object id)",
+        one(vec![("build", crate::ebpf::loader::build_name())]),
+    );
+    let info = crate::build_info::this();
+    registry.register(
+        "capture_build_info",
+        "What this agent is built from: version, commit, kernel programs, target, rustc (always 1)",
+        one(vec![
+            ("version", info.version.to_string()),
+            ("commit", info.commit.to_string()),
+            ("programs", info.programs),
+            ("target", info.target.to_string()),
+            ("rustc", info.rustc.to_string()),
+        ]),
+    );
+}
+
 impl Metrics {
     /// The registry for an agent in `mode` that found `kernel_checks` at start; `read_node`
     /// gives the node's status at each scrape (None leaves the node series out).
@@ -86,15 +113,7 @@ impl Metrics {
             "The capture backend this agent uses (1 for the active one)",
             mode_gauges(mode),
         );
-        let build = Family::<Vec<(&'static str, String)>, Gauge>::default();
-        build
-            .get_or_create(&vec![("build", crate::ebpf::loader::build_name())])
-            .set(1);
-        registry.register(
-            "capture_agent_build",
-            "This agent's build (package version and kernel-program object id)",
-            build,
-        );
+        register_build(&mut registry);
         let ready = Gauge::default();
         registry.register(
             "capture_agent_ready",

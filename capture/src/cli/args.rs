@@ -14,7 +14,7 @@ use crate::{
 #[derive(Debug, Parser)]
 #[command(
     name = "capture",
-    version,
+    version = env!("CAPTURE_VERSION"),
     about = "eBPF traffic capture for service-mesh sidecars"
 )]
 pub struct Cli {
@@ -137,6 +137,13 @@ pub enum Command {
         #[command(flatten)]
         pod: PodArgs,
         /// One JSON object (stable field names: `connections`, `listeners`, `notes`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// What this binary is built from: its version (`<version>` for a release, else
+    /// `<version>-dev.<commit>`), the commit, the kernel programs' build, the target and rustc.
+    Version {
+        /// One JSON object (`version`, `commit`, `programs`, `build`, `target`, `rustc`).
         #[arg(long)]
         json: bool,
     },

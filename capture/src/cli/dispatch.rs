@@ -69,6 +69,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         )?,
         Command::UninstallCni { dirs } => uninstall_cni(dirs)?,
         Command::Doctor { json } => doctor(&paths, &node, json)?,
+        Command::Version { json } => {
+            let info = crate::build_info::this();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                print!("{info}");
+            }
+        }
         Command::AccelCheck {
             json,
             allow,

@@ -17,3 +17,4 @@ mod sizing;
 mod sockets;
 mod upgrade;
 mod validate;
+mod version;

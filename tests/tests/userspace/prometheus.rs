@@ -26,6 +26,12 @@ const LABELS: &[&str] = &[
     "check",
     "optional",
     "build",
+    // capture_build_info's: one value each per build, as `build`'s.
+    "version",
+    "commit",
+    "programs",
+    "target",
+    "rustc",
     "cause",
     "op",
     "result",
