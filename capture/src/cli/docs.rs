@@ -44,7 +44,7 @@ fn write_man_pages(cmd: &clap::Command, dir: &Path, written: &mut Vec<PathBuf>) 
     // Every page's footer names the program and its version, as the root page's does by default
     // (a subcommand's would name only itself, with no version).
     let page =
-        clap_mangen::Man::new(cmd.clone()).source(format!("{BIN} {}", env!("CARGO_PKG_VERSION")));
+        clap_mangen::Man::new(cmd.clone()).source(format!("{BIN} {}", env!("CAPTURE_VERSION")));
     written.push(page.generate_to(dir)?);
     for subcommand in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
         write_man_pages(subcommand, dir, written)?;
@@ -61,7 +61,7 @@ const BIN: &str = "capture";
 /// version, description, arguments and subcommands.
 fn as_shown(cmd: &clap::Command) -> clap::Command {
     let mut shown = clap::Command::new(BIN)
-        .version(env!("CARGO_PKG_VERSION"))
+        .version(env!("CAPTURE_VERSION"))
         .subcommand_required(cmd.is_subcommand_required_set())
         .args(cmd.get_arguments().cloned())
         .subcommands(cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
