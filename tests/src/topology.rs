@@ -288,6 +288,21 @@ impl Topology {
         self.capture(&["detach", "--netns", self.pod.netns.path().to_str().unwrap()])
     }
 
+    /// `capture status --json` by the build `bin` (another build than this one's, say), over
+    /// this topology's directories.
+    pub fn status_by(&self, bin: &std::path::Path) -> serde_json::Value {
+        let out = Command::new(bin)
+            .arg("--bpffs")
+            .arg(&self.dirs.bpffs)
+            .arg("--state-dir")
+            .arg(&self.dirs.state)
+            .args(["status", "--json"])
+            .output()
+            .expect("capture status");
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
     /// `capture status --json`.
     pub fn status(&self) -> serde_json::Value {
         let out = self.capture(&["status", "--json"]);

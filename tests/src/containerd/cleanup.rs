@@ -62,3 +62,27 @@ pub fn kill_shims_of(socket: &Path) {
         }
     }
 }
+
+/// Where containerd 1.6 makes directories whatever its configuration says, deepest first: its
+/// shims' sockets, the containers' FIFOs, and its CNI library's cache of each network's result.
+const FIXED_DIRS: &[&str] = &[
+    "/run/containerd/s",
+    "/run/containerd/fifo",
+    "/run/containerd",
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+];
+
+/// The [`FIXED_DIRS`] that did not exist when this test process first started a containerd.
+/// Every runtime's drop removes those that are empty, so whichever of the tests running at once
+/// ends last leaves none behind, while one in use (a shim's socket, a cached result inside) stays.
+pub(super) fn fixed_dirs_made_here() -> &'static [&'static Path] {
+    static MADE: std::sync::OnceLock<Vec<&'static Path>> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        FIXED_DIRS
+            .iter()
+            .map(Path::new)
+            .filter(|d| !d.exists())
+            .collect()
+    })
+}

@@ -37,7 +37,10 @@ use serde_json::Value;
 use tonic::Status;
 
 use self::{
-    cleanup::{cgroup_v1_mounts, kill_shims_of, mounts_under, remove_cgroup_everywhere},
+    cleanup::{
+        cgroup_v1_mounts, fixed_dirs_made_here, kill_shims_of, mounts_under,
+        remove_cgroup_everywhere,
+    },
     config::{
         allow_slow_attaches, container_config, containerd_config, namespaces, pod_slice,
         setup_tools_path,
@@ -106,30 +109,6 @@ pub struct Containerd {
     /// Test directories containerd sees at a node's paths (source, node path): it then runs in a
     /// mount namespace of its own, and so do its shims, containers and CNI plugins.
     binds: Vec<(PathBuf, PathBuf)>,
-}
-
-/// Where containerd 1.6 makes directories whatever its configuration says, deepest first: its
-/// shims' sockets, the containers' FIFOs, and its CNI library's cache of each network's result.
-const FIXED_DIRS: &[&str] = &[
-    "/run/containerd/s",
-    "/run/containerd/fifo",
-    "/run/containerd",
-    "/var/lib/cni/results",
-    "/var/lib/cni",
-];
-
-/// The [`FIXED_DIRS`] that did not exist when this test process first started a containerd.
-/// Every runtime's drop removes those that are empty, so whichever of the tests running at once
-/// ends last leaves none behind, while one in use (a shim's socket, a cached result inside) stays.
-fn fixed_dirs_made_here() -> &'static [&'static Path] {
-    static MADE: std::sync::OnceLock<Vec<&'static Path>> = std::sync::OnceLock::new();
-    MADE.get_or_init(|| {
-        FIXED_DIRS
-            .iter()
-            .map(Path::new)
-            .filter(|d| !d.exists())
-            .collect()
-    })
 }
 
 impl Containerd {

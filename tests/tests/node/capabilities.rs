@@ -53,24 +53,34 @@ fn restricted_set(node: &Node) -> Vec<String> {
     set
 }
 
-/// `capture` run by setpriv with the bounding set (and so, for root, the capabilities it execs
-/// with) cut to `keep`, or to everything but `drop`; no inheritable ones carried over.
-fn agent_with(keep: Option<&[String]>, drop: Option<&str>) -> Command {
-    let bounding = match (keep, drop) {
+/// setpriv's `--bounding-set` for exactly `keep`, or for everything but `drop`.
+fn bounding_set(keep: Option<&[String]>, drop: Option<&str>) -> String {
+    match (keep, drop) {
         (Some(keep), _) => std::iter::once("-all".to_string())
             .chain(keep.iter().map(|c| format!("+{}", c.to_lowercase())))
             .collect::<Vec<_>>()
             .join(","),
         (None, Some(drop)) => format!("-{}", drop.to_lowercase()),
         (None, None) => "+all".to_string(),
-    };
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--inh-caps=-all",
-        &format!("--bounding-set={bounding}"),
-        "--",
-    ])
-    .arg(capture_bin());
+    }
+}
+
+/// setpriv with the bounding set (and so, for root, the capabilities the next program execs
+/// with) cut as `bounding_set` says, no inheritable ones carried over; the program follows.
+fn setpriv(keep: Option<&[String]>, drop: Option<&str>) -> Vec<String> {
+    vec![
+        "setpriv".to_string(),
+        "--inh-caps=-all".to_string(),
+        format!("--bounding-set={}", bounding_set(keep, drop)),
+        "--".to_string(),
+    ]
+}
+
+/// `capture` run through `setpriv(keep, drop)`.
+fn agent_with(keep: Option<&[String]>, drop: Option<&str>) -> Command {
+    let wrapper = setpriv(keep, drop);
+    let mut cmd = Command::new(&wrapper[0]);
+    cmd.args(&wrapper[1..]).arg(capture_bin());
     cmd
 }
 
@@ -124,14 +134,7 @@ fn an_agent_without_one_of_its_capabilities_names_it_and_stays_not_ready() {
 
 /// `setpriv` as a `capture_wrapper`: the capabilities `capture` execs with, less `drop`.
 fn without(drop: &str) -> Vec<String> {
-    [
-        "setpriv",
-        "--inh-caps=-all",
-        &format!("--bounding-set=-{}", drop.to_lowercase()),
-        "--",
-    ]
-    .map(String::from)
-    .to_vec()
+    setpriv(None, Some(drop))
 }
 
 /// Runs `attach` of a fresh pod through `capture` without `capability` (`extra` arguments, an
@@ -206,23 +209,11 @@ fn each_capability_is_needed_by_the_operation_it_is_for() {
 /// The agent of `bin` as the manifest restricts it: a PID namespace of its own (unshare, whose
 /// process group the test signals, since unshare ignores SIGTERM itself) and only `keep`.
 fn restricted_agent(bin: &Path, keep: &[String]) -> Command {
-    let bounding = std::iter::once("-all".to_string())
-        .chain(keep.iter().map(|c| format!("+{}", c.to_lowercase())))
-        .collect::<Vec<_>>()
-        .join(",");
     let mut cmd = Command::new("unshare");
-    cmd.args([
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--",
-        "setpriv",
-        "--inh-caps=-all",
-    ])
-    .arg(format!("--bounding-set={bounding}"))
-    .arg("--")
-    .arg(bin)
-    .process_group(0);
+    cmd.args(["--pid", "--fork", "--kill-child", "--"])
+        .args(setpriv(Some(keep), None))
+        .arg(bin)
+        .process_group(0);
     cmd
 }
 
@@ -253,9 +244,9 @@ fn a_restricted_agent_takes_the_node_over_from_another_build_keeping_its_connect
     let mut new = node.spawn_agent_as(restricted_agent(&new_bin, &keep), "ebpf", &[]);
     new.wait_ready();
     // Read by the new build: the old one cannot read the maps of another layout.
-    let status = status_of(&new_bin, &topo);
+    let status = topo.status_by(&new_bin);
     let (old_build, new_build) = (
-        status_of(&capture_bin(), &topo)["build"].to_string(),
+        topo.status_by(&capture_bin())["build"].to_string(),
         status["build"].to_string(),
     );
     assert_ne!(old_build, new_build, "the variant is another build");
@@ -276,17 +267,4 @@ fn a_restricted_agent_takes_the_node_over_from_another_build_keeping_its_connect
     let inbound = topo.connect_from_remote(&to);
     inbound.assert_served_by("inbound", "after the restricted takeover");
     stop_restricted(&mut new);
-}
-
-/// `capture status --json` by the build `bin`, over `topo`'s node.
-fn status_of(bin: &Path, topo: &Topology) -> serde_json::Value {
-    let out = Command::new(bin)
-        .arg("--bpffs")
-        .arg(&topo.dirs.bpffs)
-        .arg("--state-dir")
-        .arg(&topo.dirs.state)
-        .args(["status", "--json"])
-        .output()
-        .expect("capture status");
-    serde_json::from_slice(&out.stdout).expect("status JSON")
 }

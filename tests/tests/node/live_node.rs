@@ -10,7 +10,7 @@ use std::{
 use capture_tests::{
     cni::{error_code as code, CgroupDriver, Node, MESHED},
     cni_neighbours::rewrite_whole,
-    guards::ReadOnlyBind,
+    guards::{ChildGuard, ReadOnlyBind},
     probe::{Outcome, Who},
     topology::{
         capture_bin, cgroup_programs, only_pod_links, Topology, OWN_PID_NAMESPACE,
@@ -292,19 +292,25 @@ fn a_running_proxy_survives_attach_detach_and_attach_again() {
     assert_proxy_reached_both_ways(&topo, "attached again");
 }
 
+/// The pod's remote, app and outbound proxy, and an inbound proxy of two `SO_REUSEPORT` listeners
+/// (`inbound-0`, `inbound-1`), each on 0.0.0.0 and [::].
+fn start_proxy_with_a_reuseport_group(topo: &mut Topology) -> Vec<ChildGuard> {
+    topo.start_remote();
+    topo.start_app();
+    topo.start_proxy_on(&[("outbound", 15001)]);
+    vec![
+        topo.spawn_reuseport_listener("inbound-0", 15006),
+        topo.spawn_reuseport_listener("inbound-1", 15006),
+    ]
+}
+
 /// Envoy listens with `SO_REUSEPORT`, one socket per worker. Every one of the group is registered,
 /// whether it predates the attach or not, so inbound keeps working while any of them remains;
 /// with none left, inbound is refused, never passed to the app.
 #[test]
 fn a_reuseport_group_keeps_inbound_working_while_one_listener_remains() {
     let mut topo = Topology::new();
-    topo.start_remote();
-    topo.start_app();
-    topo.start_proxy_on(&[("outbound", 15001)]);
-    let mut group = vec![
-        topo.spawn_reuseport_listener("inbound-0", 15006),
-        topo.spawn_reuseport_listener("inbound-1", 15006),
-    ];
+    let mut group = start_proxy_with_a_reuseport_group(&mut topo);
     topo.attach(&[]);
     group.push(topo.spawn_reuseport_listener("inbound-2", 15006));
     group.push(topo.spawn_reuseport_listener("inbound-3", 15006));
@@ -336,13 +342,7 @@ fn a_reuseport_group_keeps_inbound_working_while_one_listener_remains() {
 fn an_agent_outside_the_pods_pid_namespace_registers_the_listeners_that_predate_the_attach() {
     let mut topo = Topology::new();
     topo.capture_wrapper = OWN_PID_NAMESPACE.map(String::from).to_vec();
-    topo.start_remote();
-    topo.start_app();
-    topo.start_proxy_on(&[("outbound", 15001)]);
-    let mut group = vec![
-        topo.spawn_reuseport_listener("inbound-0", 15006),
-        topo.spawn_reuseport_listener("inbound-1", 15006),
-    ];
+    let mut group = start_proxy_with_a_reuseport_group(&mut topo);
     topo.attach(&[]);
     // Two members each on 0.0.0.0 and on [::].
     assert_eq!(

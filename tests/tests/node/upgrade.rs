@@ -45,16 +45,6 @@ fn capture_of(bin: &Path, topo: &Topology) -> Command {
     cmd
 }
 
-/// `capture status --json` by `bin` over the node's directories.
-fn status_by(bin: &Path, topo: &Topology) -> Value {
-    let out = capture_of(bin, topo)
-        .args(["status", "--json"])
-        .output()
-        .expect("capture status");
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_slice(&out.stdout).expect("status JSON")
-}
-
 /// The kernel's ids of the programs, maps or links pinned in `dir` (`kind` names which, as
 /// bpftool does).
 fn pinned_ids(kind: &str, dir: &Path) -> Vec<u64> {
@@ -122,7 +112,7 @@ fn pod_link_names(bpffs: &Path) -> Vec<String> {
 
 /// Checks the whole node after a takeover by `bin`: every pod in force, every ebpf pod on `build`.
 fn assert_node_on(bin: &Path, pods: &[Topology], build: &str, phase: &str) {
-    let status = status_by(bin, &pods[0]);
+    let status = pods[0].status_by(bin);
     assert_eq!(status["node_build"], build, "{phase}: {status}");
     let listed = status["pods"].as_array().expect("pods");
     assert_eq!(listed.len(), pods.len(), "{phase}: {status}");
@@ -252,11 +242,11 @@ fn a_node_upgrades_and_rolls_back_under_traffic_without_losing_a_connection() {
         topo.start_all();
         topo.start_dns_proxy();
     }
-    let old_build = status_by(&old_bin, &pods[0])["build"]
+    let old_build = pods[0].status_by(&old_bin)["build"]
         .as_str()
         .expect("build")
         .to_string();
-    let new_build = status_by(&new_bin, &pods[0])["build"]
+    let new_build = pods[0].status_by(&new_bin)["build"]
         .as_str()
         .expect("build")
         .to_string();
@@ -453,7 +443,7 @@ fn a_build_that_meets_a_newer_layout_leaves_the_programs_in_force_and_says_why()
     let agent = node.spawn_agent_of(&new_bin, "ebpf", &[]);
     agent.wait_ready();
     exchange(&topo).expect("captured after the takeover");
-    let status = status_by(&new_bin, &topo);
+    let status = topo.status_by(&new_bin);
     assert_eq!(status["node_build"], status["build"], "{status}");
     assert_eq!(
         status["pods"][0]["program_build"], status["build"],
@@ -492,7 +482,7 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
     let legacy_programs = pinned_ids("prog", &node.dirs.bpffs.join("programs"));
     let links = link_ids(&node.dirs.bpffs);
     let held = hold_connections(&pods);
-    let build = status_by(&current, &pods[0])["build"]
+    let build = pods[0].status_by(&current)["build"]
         .as_str()
         .expect("build")
         .to_string();
