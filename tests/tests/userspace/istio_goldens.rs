@@ -334,7 +334,11 @@ fn list_both(
     let cgroup = CgroupGuard::new("capture-golden");
     let dirs = CaptureDirs::new();
     let mut attach = with_groups(Command::new(capture_bin()), groups);
+    // The variant the listings read (the unsuffixed tools), not the one detected from the host's
+    // netns, where a test beside this one may hold rules of either: the variant's choice has
+    // tests of its own (hooks/iptables_variant.rs).
     attach
+        .env("CAPTURE_IPTABLES", "plain")
         .arg("--bpffs")
         .arg(&dirs.bpffs)
         .arg("--state-dir")

@@ -123,6 +123,7 @@ pub(super) fn traced_from_the_agents_container(
     meshed: &CriPod,
     ip: &str,
 ) {
+    let cid_of_tracer = cid.to_string();
     let (socket, cid) = (runtime.socket().to_path_buf(), cid.to_string());
     // A client of its own: the runtime's is busy with the connection meanwhile.
     let tracer = std::thread::spawn(move || {
@@ -151,8 +152,20 @@ pub(super) fn traced_from_the_agents_container(
     let stderr = String::from_utf8_lossy(&out.stderr);
     // A pod `--mode auto` gave a rule backend has no kernel decisions to stream: trace says so
     // and names netfilter's tracing instead (seen once in a full CI run; its cause is open).
+    // Such a pod must be a fallback the node explains, never a silent one.
     if stderr.contains("backend, whose decisions are netfilter's") {
         assert_ne!(out.exit_code, 0, "{stderr}");
+        let status = exec_json(runtime, &cid_of_tracer, &["status", "--all", "--json"]);
+        let pod = status["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["pod"]["name"] == "meshed")
+            .unwrap_or_else(|| panic!("the meshed pod in capture status --all: {status}"));
+        assert!(
+            pod["fallback_cause"].is_string() && pod["fallback_reason"].is_string(),
+            "a meshed pod on a rule backend under --mode auto says why: {pod}"
+        );
         return;
     }
     assert!(
