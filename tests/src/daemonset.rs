@@ -248,7 +248,7 @@ fn container(
         period_seconds: probe["periodSeconds"].as_u64().unwrap_or(10),
     });
     ContainerSpec {
-        image: c["image"].as_str().unwrap_or_default().to_string(),
+        image: built_image_for(c["image"].as_str().unwrap_or_default()),
         argv,
         env,
         privileged: sc["privileged"] == true,
@@ -380,5 +380,15 @@ mod tests {
         for m in init.mounts.iter().chain(&agent.mounts) {
             assert!(m.host_path.starts_with('/'), "{m:?}");
         }
+    }
+}
+
+/// The image a container runs here: the built archive's for the manifest's
+/// `localhost/capture:<release>` (a development build is tagged `<release>-dev.<commit>`),
+/// anything else as written.
+fn built_image_for(image: &str) -> String {
+    match image.strip_prefix("localhost/capture:") {
+        Some(_) => crate::image_name(),
+        None => image.to_string(),
     }
 }

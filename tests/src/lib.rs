@@ -105,16 +105,43 @@ pub fn image_archive() -> PathBuf {
     if let Some(p) = std::env::var_os("CAPTURE_IMAGE_ARCHIVE") {
         return p.into();
     }
-    let archive = target_and_profile().0.join(format!(
-        "image/capture-{}.oci.tar",
-        env!("CARGO_PKG_VERSION")
-    ));
+    let archive = target_and_profile().0.join("image/capture.oci.tar");
     assert!(
         archive.is_file(),
         "{} is not built; run `cargo xtask test` or `cargo xtask image`, or set CAPTURE_IMAGE_ARCHIVE",
         archive.display()
     );
     archive
+}
+
+/// The name the archive's image carries (`localhost/capture:<version>`, the version as its
+/// `capture version` says), which a manifest's `localhost/capture:<release>` stands for in the
+/// tests (`daemonset::node_agent`).
+pub fn image_name() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let archive = image_archive();
+        let images = capture_oci::read_archive(&archive)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", archive.display()));
+        images
+            .first()
+            .unwrap_or_else(|| panic!("no image in {}", archive.display()))
+            .name
+            .clone()
+    })
+    .clone()
+}
+
+/// The release `cargo xtask test` writes (`cargo xtask release`) for the tests to check.
+#[must_use]
+pub fn release_dir() -> PathBuf {
+    let dir = target_and_profile().0.join("dist/release");
+    assert!(
+        dir.join("SHA256SUMS").is_file(),
+        "{} holds no release; run `cargo xtask test` or `cargo xtask release --out {0}`",
+        dir.display()
+    );
+    dir
 }
 
 /// The `capture` binary of the next-layout variant (`--features capture-user/layout-next`), which

@@ -65,11 +65,11 @@ pub struct Options {
 /// Builds the image twice, compiling `capture` and `capture-cni` afresh for the second, and fails
 /// unless both archives carry the same digest.
 pub fn check_reproducible() -> Result<()> {
-    let version = env!("CARGO_PKG_VERSION");
-    let first_path = archive_path(version).with_extension("first.tar");
+    let first_path = archive_path().with_extension("first.tar");
     let first = build(&Options {
         out: Some(first_path.clone()),
-    })?;
+    })?
+    .digest;
     run(cargo().env("CARGO_TARGET_DIR", static_target_dir()).args([
         "clean",
         "--release",
@@ -87,7 +87,7 @@ pub fn check_reproducible() -> Result<()> {
         STATIC_TARGET,
     ]))?;
     // The kernel programs too: the first build may have taken them from the shared directory.
-    let second = build_image(&Options { out: None }, KernelPrograms::Afresh)?;
+    let second = build_image(&Options { out: None }, KernelPrograms::Afresh)?.digest;
     std::fs::remove_file(&first_path)?;
     if first != second {
         bail!("two builds of one tree gave two images: {first} and {second}");
@@ -105,24 +105,41 @@ enum KernelPrograms {
     Afresh,
 }
 
-/// Builds the image, prints its name, digest and size, and returns its digest.
-pub fn build(opts: &Options) -> Result<String> {
+/// What a build of the image made: its name, version and digest, where the archive is, and
+/// what went into its layer (for the release's SBOM).
+pub struct Built {
+    /// `localhost/capture:<version>`.
+    pub name: String,
+    /// What `capture version` says (`<package version>` on a tagged release commit, else
+    /// `<package version>-dev.<commit>`), and so the tag.
+    pub version: String,
+    /// The image manifest's digest, `sha256:…`.
+    pub digest: String,
+    pub archive: PathBuf,
+    /// The static `capture` and `capture-cni` the layer holds.
+    pub binaries: Vec<PathBuf>,
+    /// Every other file of the layer, as `(path in the image, path on this machine)`.
+    pub host_files: Vec<(String, String)>,
+}
+
+/// Builds the image and prints its name, digest and size.
+pub fn build(opts: &Options) -> Result<Built> {
     build_image(opts, KernelPrograms::Shared)
 }
 
-fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<String> {
-    // The workspace's version, which every crate shares.
-    let version = env!("CARGO_PKG_VERSION");
-    let name = format!("{REPOSITORY}:{version}");
-    let out = opts.out.clone().unwrap_or_else(|| archive_path(version));
+fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
+    let out = opts.out.clone().unwrap_or_else(archive_path);
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let binaries = static_binaries(kernel)?;
+    // The tag is what the binary says it is: one rule (capture/build.rs) for both.
+    let version = binary_version(&binaries[0])?;
+    let name = format!("{REPOSITORY}:{version}");
     let commit = Commit::head()?;
 
     let (layer, host_files) = layer(&binaries)?;
-    let packages = package_versions(host_files.into_iter())?;
+    let packages = package_versions(host_files.iter().map(|(_, host)| host.clone()))?;
     let image = Image {
         name: name.clone(),
         config: json!({
@@ -163,12 +180,30 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<String> {
         "load it on a node: ctr -n k8s.io images import {}",
         out.display()
     );
-    Ok(digest.clone())
+    Ok(Built {
+        name,
+        version,
+        digest: digest.clone(),
+        archive: out,
+        binaries,
+        host_files,
+    })
+}
+
+/// The version a `capture` binary says it is (`capture version --json`).
+fn binary_version(capture: &Path) -> Result<String> {
+    let json = output(Command::new(capture).args(["version", "--json"]))?;
+    let info: serde_json::Value =
+        serde_json::from_str(&json).with_context(|| format!("capture version --json: {json}"))?;
+    info["version"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no version in {json}"))
 }
 
 /// The image's layer: the static binaries, the tools and what they load, the directories and
-/// links a container expects; and the host files it took (for their packages' versions).
-fn layer(binaries: &[PathBuf]) -> Result<(Layer, Vec<String>)> {
+/// links a container expects; and the host files it took, as `(path in the image, path here)`.
+fn layer(binaries: &[PathBuf]) -> Result<(Layer, Vec<(String, String)>)> {
     let mut layer = Layer::new();
     for (link, target) in [
         ("/bin", "usr/bin"),
@@ -191,10 +226,10 @@ fn layer(binaries: &[PathBuf]) -> Result<(Layer, Vec<String>)> {
             0o755,
         );
     }
-    let mut elves = Vec::new();
+    let mut taken = Vec::new();
     for path in ELF_TOOLS {
         copy_host_file(&mut layer, path, path)?;
-        elves.push(PathBuf::from(path));
+        taken.push((path.to_string(), path.to_string()));
     }
     for name in IPTABLES_NAMES {
         for variant in ["nft", "legacy"] {
@@ -220,23 +255,22 @@ fn layer(binaries: &[PathBuf]) -> Result<(Layer, Vec<String>)> {
         {
             let image_path = format!("{XTABLES_DIR}/{file}");
             copy_host_file(&mut layer, &image_path, &path.to_string_lossy())?;
-            elves.push(path);
+            taken.push((image_path, path.to_string_lossy().into_owned()));
         }
     }
     let mut libraries = BTreeSet::new();
-    for elf in &elves {
-        libraries.extend(capture_oci::shared_libraries(elf)?);
+    for (_, elf) in &taken {
+        libraries.extend(capture_oci::shared_libraries(Path::new(elf))?);
     }
-    for lib in &libraries {
-        copy_host_file(&mut layer, &image_path(lib)?, lib)?;
+    for lib in libraries {
+        let in_image = image_path(&lib)?;
+        copy_host_file(&mut layer, &in_image, &lib)?;
+        taken.push((in_image, lib));
     }
-
-    let host_files = elves
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .chain(libraries)
-        .collect();
-    Ok((layer, host_files))
+    // One entry per file of the image: two names the loader gives may be one file there.
+    taken.sort();
+    taken.dedup_by(|a, b| a.0 == b.0);
+    Ok((layer, taken))
 }
 
 /// Debian's name of an iptables program in one variant: `iptables-save` in `legacy` is
@@ -248,9 +282,10 @@ fn of_variant(name: &str, variant: &str) -> String {
     }
 }
 
-/// Where the archive goes by default (and where the tests look for it).
-pub fn archive_path(version: &str) -> PathBuf {
-    crate::builds::target_dir().join(format!("image/capture-{version}.oci.tar"))
+/// Where the archive goes by default (and where the tests look for it): one name whatever the
+/// version, which is inside (a release names its copy by version).
+pub fn archive_path() -> PathBuf {
+    crate::builds::target_dir().join("image/capture.oci.tar")
 }
 
 /// The static builds' own target directory: their flags differ from every other build's.
@@ -258,8 +293,9 @@ fn static_target_dir() -> PathBuf {
     crate::builds::target_dir().join("image-build")
 }
 
-/// `capture` and `capture-cni`, release builds linked statically, in their own target directory
-/// (the flags differ from every other build's).
+/// `capture` and `capture-cni`, release builds linked statically and carrying their dependency
+/// list (cargo-auditable), in their own target directory (the flags differ from every other
+/// build's).
 fn static_binaries(kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
     let dir = static_target_dir();
     let mut cmd = cargo();
@@ -275,7 +311,10 @@ fn static_binaries(kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
             "-C target-feature=+crt-static",
         )
         .env("CARGO_TARGET_DIR", &dir)
+        // cargo-auditable records every crate compiled in, in the binary's `.dep-v0` section,
+        // where scanners (syft, trivy, grype) read it.
         .args([
+            "auditable",
             "build",
             "--release",
             "--locked",
@@ -335,18 +374,7 @@ fn image_path(host_path: &str) -> Result<String> {
 fn package_versions(paths: impl Iterator<Item = String>) -> Result<Vec<String>> {
     let mut packages = BTreeSet::new();
     for path in paths {
-        // dpkg knows a file by the path its package ships it at, which on a merged-/usr system
-        // may be the other side of the /usr link.
-        let alias = path
-            .strip_prefix("/usr")
-            .map_or_else(|| format!("/usr{path}"), str::to_string);
-        let owner = output(Command::new("dpkg-query").args(["-S", &path]))
-            .or_else(|_| output(Command::new("dpkg-query").args(["-S", &alias])))
-            .with_context(|| format!("which Debian package holds {path}"))?;
-        // `libc6:amd64: /lib/x86_64-linux-gnu/libc.so.6`
-        if let Some((package, _)) = owner.lines().next().and_then(|l| l.split_once(": ")) {
-            packages.insert(package.to_string());
-        }
+        packages.insert(owning_package(&path)?);
     }
     let mut versions = Vec::new();
     for package in packages {
@@ -357,6 +385,25 @@ fn package_versions(paths: impl Iterator<Item = String>) -> Result<Vec<String>> 
         ]))?);
     }
     Ok(versions)
+}
+
+/// The Debian package (`name:arch` where dpkg says so) that holds the host file `path`.
+pub fn owning_package(path: &str) -> Result<String> {
+    // dpkg knows a file by the path its package ships it at, which on a merged-/usr system may be
+    // the other side of the /usr link.
+    let alias = path
+        .strip_prefix("/usr")
+        .map_or_else(|| format!("/usr{path}"), str::to_string);
+    let owner = output(Command::new("dpkg-query").args(["-S", path]))
+        .or_else(|_| output(Command::new("dpkg-query").args(["-S", &alias])))
+        .with_context(|| format!("which Debian package holds {path}"))?;
+    // `libc6:amd64: /lib/x86_64-linux-gnu/libc.so.6`
+    owner
+        .lines()
+        .next()
+        .and_then(|l| l.split_once(": "))
+        .map(|(package, _)| package.to_string())
+        .with_context(|| format!("dpkg-query -S {path} said {owner:?}"))
 }
 
 /// The commit an image is built from: its time stamps every entry.

@@ -1,5 +1,5 @@
 //! `cargo xtask lint`: rustfmt, the import-cycle check (cycles.rs), the docs' relative links
-//! (doclinks.rs), and clippy `-D warnings` over the user side (with and without the test-only
+//! (doclinks.rs), the dependency policy (deny.rs), and clippy `-D warnings` over the user side (with and without the test-only
 //! switches), the fuzz crate and the kernel side.
 
 use std::process::Command;
@@ -13,6 +13,7 @@ pub fn lint() -> Result<()> {
     crate::cycles::check(&crate::workspace())?;
     crate::doclinks::check(&crate::workspace())?;
     crate::layers::check(&crate::workspace())?;
+    crate::deny::check()?;
     run(cargo()
         .args(["clippy", "--all-targets", "--locked"])
         .args(TEST_FEATURES)

@@ -1,5 +1,5 @@
 //! capture's developer tasks:
-//! `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm|image|completions`.
+//! `cargo xtask setup|setup-check|build|test|lint|fuzz|demo|bench|vm|image|release|completions`.
 //!
 //! Every task that needs the toolchain runs `setup` first, so a fresh machine needs nothing but
 //! rustup, cargo and root.
@@ -8,11 +8,13 @@ mod builds;
 mod ci;
 mod completions;
 mod cycles;
+mod deny;
 mod doclinks;
 mod fuzz;
 mod image;
 mod layers;
 mod lint;
+mod release;
 mod setup;
 mod testing;
 mod vm;
@@ -89,13 +91,24 @@ enum Task {
     /// iptables variants, ip and nsenter) as an OCI archive that containerd imports; prints its
     /// name, digest and size. Two builds of one commit give the same digest.
     Image {
-        /// Where to write the archive (default target/image/capture-<version>.oci.tar).
+        /// Where to write the archive (default target/image/capture.oci.tar).
         #[arg(long)]
         out: Option<std::path::PathBuf>,
         /// Build it twice, compiling the binaries afresh for the second, and fail unless both
         /// give the same digest.
         #[arg(long, conflicts_with = "out")]
         check_reproducible: bool,
+    },
+    /// Write everything a release publishes into one directory: the image archive, the static
+    /// binaries, man pages and completions, deploy/'s manifests with the image pinned by tag and
+    /// digest, a CycloneDX SBOM, the release note and SHA256SUMS (docs/using/install.md).
+    Release {
+        /// The directory (emptied first).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// The image's repository as the manifests name it (where you push the archive).
+        #[arg(long, default_value = image::REPOSITORY)]
+        repository: String,
     },
     /// Write shell completions (capture.bash, _capture for zsh, capture.fish) and man pages
     /// (man/capture.1 and one per subcommand: capture-attach.1, ...) for the `capture` CLI,
@@ -217,7 +230,8 @@ fn run_task(task: Task) -> Result<()> {
             require_root("cargo xtask test")?;
             setup::setup()?;
             build_all()?;
-            image::build(&image::Options { out: None })?;
+            // The release the tests check (tests/userspace/release.rs), its image among it.
+            release::write(&release::Options::for_tests())?;
             testing::test(&args, repeat)
         }
         Task::Lint => {
@@ -248,6 +262,10 @@ fn run_task(task: Task) -> Result<()> {
             } else {
                 image::build(&image::Options { out }).map(|_| ())
             }
+        }
+        Task::Release { out, repository } => {
+            setup::setup()?;
+            release::write(&release::Options { out, repository }).map(|_| ())
         }
         Task::Completions { out } => {
             setup::kernel_build_setup()?;

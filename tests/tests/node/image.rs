@@ -84,9 +84,25 @@ impl Drop for Root {
 #[test]
 fn the_archive_holds_one_image_of_this_version_with_static_binaries() {
     let (root, image) = Root::unpack();
+    // Tagged with what its binary says it is: the release on a tagged commit, else a
+    // development version of it that names the commit (capture/build.rs).
+    let said: serde_json::Value = serde_json::from_str(&root.run_ok(
+        None,
+        &["/usr/local/bin/capture", "version", "--json"],
+        "",
+    ))
+    .expect("capture version --json");
+    let version = said["version"].as_str().expect("a version");
+    assert_eq!(image.name, format!("localhost/capture:{version}"));
+    let commit = said["commit"].as_str().expect("a commit");
+    assert!(
+        version == env!("CARGO_PKG_VERSION")
+            || version == format!("{}-dev.{}", env!("CARGO_PKG_VERSION"), &commit[..12]),
+        "{version} (commit {commit})"
+    );
     assert_eq!(
-        image.name,
-        format!("localhost/capture:{}", env!("CARGO_PKG_VERSION"))
+        image.config["config"]["Labels"]["org.opencontainers.image.version"],
+        version
     );
     assert_eq!(image.config["os"], "linux");
     assert_eq!(

@@ -16,3 +16,4 @@ mod prometheus;
 mod proxy_identity;
 mod proxy_settings;
 mod reconcile;
+mod release;

@@ -22,7 +22,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use budget::StepTime;
 
-use crate::{builds, fuzz, image, lint, setup, testing, vm};
+use crate::{builds, fuzz, image, lint, release, setup, testing, vm};
 
 /// The kernel matrix on every submission: 5.10, whose programs take other paths than the
 /// host's (it lacks the 5.15 features), runs what those programs answer (`HOOKS_SUBJECTS`, on
@@ -274,7 +274,7 @@ fn steps(run: &mut Run) -> Result<()> {
         })?;
         run.step("build", |_| {
             builds::build_all()?;
-            image::build(&image::Options { out: None }).map(|_| ())
+            release::write(&release::Options::for_tests()).map(|_| ())
         })?;
         run.step("test", |_| testing::test(&[], 1))?;
         run.step("image check", |_| image::check_reproducible())

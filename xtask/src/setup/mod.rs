@@ -23,6 +23,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The newest cargo-fuzz, which builds on the stable toolchain here (it runs the fuzz build itself
 /// on nightly).
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
+const CARGO_AUDITABLE_VERSION: &str = "0.7.7";
+const CARGO_DENY_VERSION: &str = "0.20.2";
 /// Where the nightly's libLLVM is linked for bpf-linker (its runpath points here).
 const LLVM_PREFIX: &str = "/opt/capture-llvm";
 
@@ -128,6 +130,34 @@ fn cargo_fuzz() -> Result<()> {
         // Unoptimized: it only drives cargo (15 s to build, against 25 s optimized).
         "--debug",
     ]))
+}
+
+/// cargo-auditable, which the image's static binaries are built with (their dependency list in
+/// a `.dep-v0` section, which scanners and the release's SBOM read), and cargo-deny, which lint
+/// checks the dependency graph's licences and sources with (deny.toml).
+fn cargo_plugins() -> Result<()> {
+    // cargo-auditable has no version of its own to print (it hands every argument to cargo), so
+    // cargo's list of what it installed decides.
+    let installed = output(Command::new("cargo").args(["install", "--list"])).unwrap_or_default();
+    for (package, version, took) in [
+        ("cargo-auditable", CARGO_AUDITABLE_VERSION, "about 30 s"),
+        ("cargo-deny", CARGO_DENY_VERSION, "about 2 minutes"),
+    ] {
+        if installed.contains(&format!("{package} v{version}:")) {
+            continue;
+        }
+        println!("setup: installing {package} {version} ({took})");
+        run(Command::new("cargo").args([
+            "install",
+            package,
+            "--version",
+            version,
+            "--locked",
+            // Unoptimized: both only drive cargo and read its metadata.
+            "--debug",
+        ]))?;
+    }
+    Ok(())
 }
 
 /// What building capture-user needs, and no more (its build.rs builds the kernel programs): the
@@ -257,5 +287,6 @@ pub fn rust_tools() -> Result<()> {
     prerequisites()?;
     nightly()?;
     bpf_linker()?;
-    cargo_fuzz()
+    cargo_fuzz()?;
+    cargo_plugins()
 }

@@ -47,6 +47,8 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("nsenter", "util-linux"),
     // capture reads a user-namespaced pod's id maps from inside its namespace (userns.rs).
     tool("cat", "coreutils"),
+    // The release test verifies SHA256SUMS as a user would.
+    tool("sha256sum", "coreutils"),
     tool("sysctl", "procps"),
     tool("/usr/lib/cni/bridge", "containernetworking-plugins"),
     tool("/usr/lib/cni/host-local", "containernetworking-plugins"),

@@ -1,0 +1,167 @@
+//! `cargo xtask release --out DIR`: everything a release publishes, in one directory.
+//!
+//! - `capture-<version>.oci.tar`: the node agent's image (`cargo xtask image`);
+//! - `bin/capture-<version>-linux-<arch>` and `bin/capture-cni-…`: the static binaries the image
+//!   holds, each carrying its dependency list (cargo-auditable);
+//! - `share/`: man pages and shell completions (`capture generate-docs`);
+//! - `manifests/`: deploy/'s files, the DaemonSet's image named by tag and digest;
+//! - `capture-<version>.cdx.json`: the SBOM (sbom.rs);
+//! - `RELEASE-NOTES.md`: the CHANGELOG's section for the version;
+//! - `SHA256SUMS`: every other file's digest, as `sha256sum -c` reads it.
+//!
+//! Nothing here needs the network: signing (cosign) happens where the release is published
+//! (docs/using/install.md).
+
+mod notes;
+mod sbom;
+mod sums;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{image, run};
+
+pub struct Options {
+    pub out: PathBuf,
+    /// Where the release's image is pushed (`registry.example/capture`): the manifests name it.
+    pub repository: String,
+}
+
+impl Options {
+    /// The release `cargo xtask test` writes for its tests to check, under the target directory.
+    pub fn for_tests() -> Self {
+        Self {
+            out: crate::builds::target_dir().join("dist/release"),
+            repository: image::REPOSITORY.to_string(),
+        }
+    }
+}
+
+/// Writes the release into `opts.out` (emptied first) and returns the image's build.
+pub fn write(opts: &Options) -> Result<image::Built> {
+    let out = &opts.out;
+    if out.exists() {
+        std::fs::remove_dir_all(out).with_context(|| format!("emptying {}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("bin"))?;
+    let built = image::build(&image::Options { out: None })?;
+    let version = &built.version;
+    if version.contains("-dev.") {
+        println!(
+            "release: {version} is a development build (HEAD is not tagged v{}); a release is \
+             cut from the tagged commit",
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+    link_or_copy(
+        &built.archive,
+        &out.join(format!("capture-{version}.oci.tar")),
+    )?;
+    let arch = capture_oci::oci_architecture();
+    for binary in &built.binaries {
+        let name = binary
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        link_or_copy(
+            binary,
+            &out.join("bin")
+                .join(format!("{name}-{version}-linux-{arch}")),
+        )?;
+    }
+    run(std::process::Command::new(&built.binaries[0])
+        .arg("generate-docs")
+        .arg("--out")
+        .arg(out.join("share")))?;
+    write_manifests(&out.join("manifests"), &opts.repository, &built)?;
+    let bom = sbom::generate(&built)?;
+    std::fs::write(out.join(format!("capture-{version}.cdx.json")), bom)?;
+    let changelog = std::fs::read_to_string("CHANGELOG.md").context("reading CHANGELOG.md")?;
+    std::fs::write(
+        out.join("RELEASE-NOTES.md"),
+        notes::release_notes(&changelog, version, &built)?,
+    )?;
+    sums::write(out)?;
+    println!("release: {}", out.display());
+    Ok(built)
+}
+
+/// deploy/'s files, with the DaemonSet's image named `repository:version@digest`.
+fn write_manifests(dir: &Path, repository: &str, built: &image::Built) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let reference = format!("{repository}:{}@{}", built.version, built.digest);
+    for entry in std::fs::read_dir("deploy").context("reading deploy/")? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path)?;
+        let text = if name == "capture.yaml" {
+            with_image(&text, &reference)?
+        } else {
+            text
+        };
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+/// `manifest` with every `image: localhost/capture:…` line naming `reference` instead.
+fn with_image(manifest: &str, reference: &str) -> Result<String> {
+    let prefix = format!("image: {}:", image::REPOSITORY);
+    let mut replaced = 0;
+    let lines: Vec<String> = manifest
+        .lines()
+        .map(|line| match line.find(&prefix) {
+            // Only the key itself, after its indent or a list item's dash.
+            Some(at) if line[..at].trim_start_matches([' ', '-']).is_empty() => {
+                replaced += 1;
+                format!("{}image: {reference}", &line[..at])
+            }
+            _ => line.to_string(),
+        })
+        .collect();
+    if replaced == 0 {
+        bail!("deploy/capture.yaml names no `{prefix}…` image to pin");
+    }
+    Ok(lines.join("\n") + "\n")
+}
+
+/// A hard link where the file system allows one (the archive is tens of MiB), else a copy.
+fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(to);
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_image_of_the_repository_is_pinned_and_nothing_else_moves() {
+        let manifest = "spec:\n  initContainers:\n    - image: localhost/capture:0.2.0\n      \
+                        name: install\n  containers:\n    - name: agent\n      image: \
+                        localhost/capture:0.2.0\n    - image: other/sidecar:1\n";
+        let pinned = with_image(manifest, "reg.example/capture:0.2.0@sha256:ab").unwrap();
+        assert_eq!(
+            pinned
+                .matches("image: reg.example/capture:0.2.0@sha256:ab")
+                .count(),
+            2
+        );
+        assert!(
+            pinned.contains("    - image: other/sidecar:1\n"),
+            "{pinned}"
+        );
+        assert!(
+            pinned.contains("      image: reg.example"),
+            "indent kept: {pinned}"
+        );
+        assert!(with_image("kind: ConfigMap\n", "x").is_err());
+    }
+}
