@@ -5,6 +5,7 @@
 pub mod accel;
 pub mod accepted;
 pub mod cni_neighbours;
+pub mod dashboard;
 pub mod flood;
 pub mod guards;
 pub mod haproxy;

@@ -2,13 +2,11 @@
 //! (deploy/capture.yaml serves it on the node's address) and read back through Prometheus' query
 //! API, as a dashboard or an alert would read them.
 
-use std::time::Duration;
-
 use capture_tests::{
     agent::http_request,
     cni::{CgroupDriver, Node, MESHED},
     probe::connect_with,
-    prometheus::Prometheus,
+    prometheus::{free_loopback_addr, start_agent_with_metrics, Prometheus, SCRAPED},
 };
 
 /// Every label a capture series may carry: each names one of a bounded set of values (a pod's
@@ -39,8 +37,6 @@ const LABELS: &[&str] = &[
     "map",
 ];
 
-const SCRAPED: Duration = Duration::from_mins(1);
-
 #[test]
 #[expect(
     clippy::float_cmp,
@@ -48,10 +44,8 @@ const SCRAPED: Duration = Duration::from_mins(1);
 )]
 fn prometheus_scrapes_the_agent_and_reads_pod_counters_back() {
     let node = Node::new();
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let metrics = free.local_addr().unwrap();
-    drop(free);
-    let agent = node.start_agent_with("ebpf", &["--metrics", &metrics.to_string()]);
+    let metrics = free_loopback_addr();
+    let agent = start_agent_with_metrics(&node, metrics, "ebpf", &[]);
 
     // The metrics listener serves /metrics and nothing else: health stays on --http.
     for (path, code) in [("/metrics", 200), ("/healthz", 404), ("/readyz", 404)] {
@@ -72,9 +66,7 @@ fn prometheus_scrapes_the_agent_and_reads_pod_counters_back() {
     }
 
     let prometheus = Prometheus::start(&[metrics]);
-    prometheus.wait_for("up{job=\"capture\"}", SCRAPED, |s| {
-        s.len() == 1 && s[0].value == 1.0
-    });
+    prometheus.wait_scraped();
     prometheus.wait_for("capture_pods", SCRAPED, |s| {
         s.len() == 1 && s[0].value == 2.0
     });
