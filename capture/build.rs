@@ -6,6 +6,8 @@
 
 use std::{env, path::Path, process::Command};
 
+include!("src/version_rule.rs");
+
 fn main() {
     // A commit or a tag changes what the version says (git names where each lives, in a
     // worktree too).
@@ -20,15 +22,11 @@ fn main() {
     }
     let package = env::var("CARGO_PKG_VERSION").expect("CARGO_PKG_VERSION");
     let commit = run("git", &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let tagged = run("git", &["tag", "--points-at", "HEAD"])
-        .is_some_and(|tags| tags.lines().any(|t| t == format!("v{package}")));
-    let version = if tagged {
-        package
-    } else {
-        format!("{package}-dev.{}", &commit[..commit.len().min(12)])
-    };
+    let tags = run("git", &["tag", "--points-at", "HEAD"]);
+    let version = version_of(&package, &commit, tags.as_deref());
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let rustc = run(&rustc, &["--version"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rerun-if-changed=src/version_rule.rs");
     println!("cargo:rustc-env=CAPTURE_VERSION={version}");
     println!("cargo:rustc-env=CAPTURE_COMMIT={commit}");
     println!(

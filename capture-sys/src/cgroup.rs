@@ -120,14 +120,14 @@ pub struct ScratchCgroup {
 }
 
 impl ScratchCgroup {
-    /// `capture-PURPOSE-PID-N` under the cgroup2 mount.
+    /// `capture-PURPOSE-PID-N` under the cgroup2 mount, PID as the node numbers this process.
     pub fn create(purpose: &str) -> io::Result<Self> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let root = cgroup2_mount().map_err(io::Error::other)?;
         let path = root.join(format!(
             "capture-{purpose}-{}-{}",
-            std::process::id(),
+            node_pid(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         fs::create_dir(&path)?;
@@ -230,9 +230,20 @@ impl CgroupJoin {
     }
 }
 
+/// This process's PID in the node's numbering: `self` in the node's /proc (`paths::host_proc`)
+/// names whoever reads it as that /proc's PID namespace numbers it. An agent in a PID namespace
+/// of its own would otherwise name its scratch cgroups by a PID (1, say) that means another
+/// process on the node, and judge others' cgroups by PIDs it cannot see.
+fn node_pid() -> u32 {
+    fs::read_link(crate::paths::host_proc().join("self"))
+        .ok()
+        .and_then(|pid| pid.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id)
+}
+
 /// Removes the scratch cgroups of processes that died without removing them (an agent killed
-/// during a probe or a check): `capture-PURPOSE-PID-N` whose PID is gone. Only empty cgroups can
-/// be removed, so a cgroup still in use stays.
+/// during a probe or a check): `capture-PURPOSE-PID-N` whose PID the node's /proc no longer
+/// lists. Only empty cgroups can be removed, so a cgroup still in use stays.
 pub fn remove_stale_scratch() {
     let Ok(root) = cgroup2_mount() else {
         return;
@@ -249,8 +260,9 @@ pub fn remove_stale_scratch() {
         let Ok(pid) = pid.parse::<i32>() else {
             continue;
         };
-        // SAFETY: signal 0 only asks whether the process exists.
-        if unsafe { libc::kill(pid, 0) } != 0 {
+        // Not kill(pid, 0): that asks this process's PID namespace, where the node's other
+        // processes (the previous agent mid-probe, a CLI run on the node) do not exist.
+        if !crate::paths::host_proc().join(pid.to_string()).exists() {
             let _ = fs::remove_dir(entry.path());
         }
     }

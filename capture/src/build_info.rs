@@ -64,4 +64,33 @@ mod tests {
         assert!(info.rustc.starts_with("rustc "), "{info:?}");
         assert!(info.to_string().contains(info.commit));
     }
+
+    mod rule {
+        include!("version_rule.rs");
+
+        #[test]
+        fn only_the_commit_tagged_with_the_release_is_the_release() {
+            let commit = "0123456789abcdef0123456789abcdef01234567";
+            assert_eq!(version_of("0.2.0", commit, Some("v0.2.0")), "0.2.0");
+            assert_eq!(
+                version_of(
+                    "0.2.0",
+                    commit,
+                    Some(
+                        "nightly
+v0.2.0
+"
+                    )
+                ),
+                "0.2.0"
+            );
+            for tags in [None, Some("v0.1.0"), Some("0.2.0"), Some("v0.2.0-rc1")] {
+                assert_eq!(
+                    version_of("0.2.0", commit, tags),
+                    "0.2.0-dev.0123456789ab",
+                    "{tags:?}"
+                );
+            }
+        }
+    }
 }

@@ -293,6 +293,16 @@ fn expand(arg: &str, env: &[(String, String)]) -> String {
     out
 }
 
+/// The image a container runs here: the built archive's for the manifest's
+/// `localhost/capture:<release>` (a development build is tagged `<release>-dev.<commit>`),
+/// anything else (or with no archive built) as written.
+fn built_image_for(image: &str) -> String {
+    match image.strip_prefix("localhost/capture:") {
+        Some(_) => crate::image_name().unwrap_or_else(|| image.to_string()),
+        None => image.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,15 +390,5 @@ mod tests {
         for m in init.mounts.iter().chain(&agent.mounts) {
             assert!(m.host_path.starts_with('/'), "{m:?}");
         }
-    }
-}
-
-/// The image a container runs here: the built archive's for the manifest's
-/// `localhost/capture:<release>` (a development build is tagged `<release>-dev.<commit>`),
-/// anything else as written.
-fn built_image_for(image: &str) -> String {
-    match image.strip_prefix("localhost/capture:") {
-        Some(_) => crate::image_name(),
-        None => image.to_string(),
     }
 }

@@ -103,10 +103,7 @@ pub fn built_binary(name: &str, env: &str) -> PathBuf {
 /// The node agent's image archive, which `cargo xtask test` builds (`cargo xtask image`) into
 /// `target/image/`. `$CAPTURE_IMAGE_ARCHIVE` overrides it.
 pub fn image_archive() -> PathBuf {
-    if let Some(p) = std::env::var_os("CAPTURE_IMAGE_ARCHIVE") {
-        return p.into();
-    }
-    let archive = target_and_profile().0.join("image/capture.oci.tar");
+    let archive = image_archive_path();
     assert!(
         archive.is_file(),
         "{} is not built; run `cargo xtask test` or `cargo xtask image`, or set CAPTURE_IMAGE_ARCHIVE",
@@ -115,20 +112,30 @@ pub fn image_archive() -> PathBuf {
     archive
 }
 
+fn image_archive_path() -> PathBuf {
+    std::env::var_os("CAPTURE_IMAGE_ARCHIVE").map_or_else(
+        || target_and_profile().0.join("image/capture.oci.tar"),
+        PathBuf::from,
+    )
+}
+
 /// The name the archive's image carries (`localhost/capture:<version>`, the version as its
 /// `capture version` says), which a manifest's `localhost/capture:<release>` stands for in the
 /// tests (`daemonset::node_agent`).
-pub fn image_name() -> String {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// None where no archive is built (a test that reads the manifest's arguments alone needs none).
+pub fn image_name() -> Option<String> {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     NAME.get_or_init(|| {
-        let archive = image_archive();
+        let archive = image_archive_path();
+        if !archive.is_file() {
+            return None;
+        }
         let images = capture_oci::read_archive(&archive)
             .unwrap_or_else(|e| panic!("reading {}: {e}", archive.display()));
-        images
+        let first = images
             .first()
-            .unwrap_or_else(|| panic!("no image in {}", archive.display()))
-            .name
-            .clone()
+            .unwrap_or_else(|| panic!("no image in {}", archive.display()));
+        Some(first.name.clone())
     })
     .clone()
 }

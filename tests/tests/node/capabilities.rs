@@ -16,7 +16,7 @@ use capture_tests::{
     daemonset,
     guards::{in_netns, ChildGuard},
     probe::{connect_with, Who},
-    topology::{capture_bin, Topology, POD_IP4},
+    topology::{capture_bin, Topology, OWN_PID_NAMESPACE, POD_IP4},
     variant_capture_bin,
 };
 use capture_user::privileges::{to_add, NEEDS};
@@ -267,4 +267,43 @@ fn a_restricted_agent_takes_the_node_over_from_another_build_keeping_its_connect
     let inbound = topo.connect_from_remote(&to);
     inbound.assert_served_by("inbound", "after the restricted takeover");
     stop_restricted(&mut new);
+}
+
+/// An agent in a PID namespace of its own sweeps only the scratch cgroups of processes the node
+/// no longer runs: another process's (a previous agent mid-probe, a CLI run on the node, here
+/// this test), named by its node PID, stays; a dead one's goes. Judged by the agent's own PID
+/// namespace, where no other process exists, both went: a CI run lost a test's cgroup so.
+#[test]
+fn an_agent_in_its_own_pid_namespace_sweeps_only_the_scratch_cgroups_of_dead_processes() {
+    let root = capture_user::cgroup::cgroup2_mount().expect("cgroup2");
+    let mut finished = Command::new("cat").arg("/dev/null").spawn().expect("cat");
+    let dead = finished.id();
+    finished.wait().expect("cat exits");
+    let scratch = |pid: u32| root.join(format!("capture-sweep-{pid}-0"));
+    let (live, gone) = (scratch(std::process::id()), scratch(dead));
+    for dir in [&live, &gone] {
+        std::fs::create_dir(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    }
+    let node = Node::new();
+    let mut cmd = Command::new(OWN_PID_NAMESPACE[0]);
+    cmd.args(&OWN_PID_NAMESPACE[1..]).arg(capture_bin());
+    let agent = node.start_agent_as(cmd, "ebpf");
+    // The sweep runs as the agent starts, then every 10 s.
+    let swept = capture_tests::wait::poll_until(std::time::Duration::from_secs(15), || {
+        if gone.exists() {
+            Err(())
+        } else {
+            Ok(())
+        }
+    });
+    let kept = live.exists();
+    drop(agent);
+    let _ = std::fs::remove_dir(&live);
+    let _ = std::fs::remove_dir(&gone);
+    assert!(
+        swept.is_ok(),
+        "the dead process's {} was swept",
+        gone.display()
+    );
+    assert!(kept, "this live process's {} was kept", live.display());
 }
