@@ -121,6 +121,10 @@ pub fn record_skip(feature: Feature, reason: &str) {
             .append(true)
             .open(&path)
             .unwrap_or_else(|e| panic!("opening CAPTURE_SKIP_LOG {}: {e}", path.display()));
-        writeln!(log, "{test}\t{}\t{reason}", feature.name()).expect("writing the skip log");
+        // One write per record: `writeln!` on a file writes each piece on its own, and the
+        // records of tests skipping side by side then interleave.
+        let record = format!("{test}\t{}\t{reason}\n", feature.name());
+        log.write_all(record.as_bytes())
+            .expect("writing the skip log");
     }
 }

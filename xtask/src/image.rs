@@ -16,7 +16,7 @@
 //! - `/tmp`, `/run` and the merged-/usr links. Nothing else: no shell, no package manager.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -120,6 +120,8 @@ pub struct Built {
     pub binaries: Vec<PathBuf>,
     /// Every other file of the layer, as `(path in the image, path on this machine)`.
     pub host_files: Vec<(String, String)>,
+    /// The Debian package (`name:arch`) of each host file, by its path on this machine.
+    pub owners: BTreeMap<String, String>,
 }
 
 /// Builds the image and prints its name, digest and size.
@@ -139,7 +141,8 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
     let commit = Commit::head()?;
 
     let (layer, host_files) = layer(&binaries)?;
-    let packages = package_versions(host_files.iter().map(|(_, host)| host.clone()))?;
+    let owners = owning_packages(host_files.iter().map(|(_, host)| host.as_str()))?;
+    let packages = package_versions(&owners)?;
     let image = Image {
         name: name.clone(),
         config: json!({
@@ -187,6 +190,7 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
         archive: out,
         binaries,
         host_files,
+        owners,
     })
 }
 
@@ -370,40 +374,60 @@ fn image_path(host_path: &str) -> Result<String> {
     Ok(dir.join(file).to_string_lossy().into_owned())
 }
 
-/// `package=version` of the Debian packages that hold `paths`, sorted.
-fn package_versions(paths: impl Iterator<Item = String>) -> Result<Vec<String>> {
-    let mut packages = BTreeSet::new();
-    for path in paths {
-        packages.insert(owning_package(&path)?);
-    }
+/// `package=version` of the Debian packages `owners` names, sorted.
+fn package_versions(owners: &BTreeMap<String, String>) -> Result<Vec<String>> {
+    let packages: BTreeSet<&String> = owners.values().collect();
     let mut versions = Vec::new();
     for package in packages {
         versions.push(output(Command::new("dpkg-query").args([
             "-W",
             "-f=${Package}=${Version}",
-            &package,
+            package,
         ]))?);
     }
     Ok(versions)
 }
 
-/// The Debian package (`name:arch` where dpkg says so) that holds the host file `path`.
-pub fn owning_package(path: &str) -> Result<String> {
+/// The Debian package (`name:arch` where dpkg says so) that holds each host file of `paths`,
+/// asked of dpkg once for them all (once per file took seconds).
+pub fn owning_packages<'a>(
+    paths: impl Iterator<Item = &'a str> + Clone,
+) -> Result<BTreeMap<String, String>> {
     // dpkg knows a file by the path its package ships it at, which on a merged-/usr system may be
     // the other side of the /usr link.
-    let alias = path
-        .strip_prefix("/usr")
-        .map_or_else(|| format!("/usr{path}"), str::to_string);
-    let owner = output(Command::new("dpkg-query").args(["-S", path]))
-        .or_else(|_| output(Command::new("dpkg-query").args(["-S", &alias])))
-        .with_context(|| format!("which Debian package holds {path}"))?;
-    // `libc6:amd64: /lib/x86_64-linux-gnu/libc.so.6`
-    owner
-        .lines()
-        .next()
-        .and_then(|l| l.split_once(": "))
-        .map(|(package, _)| package.to_string())
-        .with_context(|| format!("dpkg-query -S {path} said {owner:?}"))
+    let alias = |path: &str| {
+        path.strip_prefix("/usr")
+            .map_or_else(|| format!("/usr{path}"), str::to_string)
+    };
+    let asked: Vec<String> = paths
+        .clone()
+        .flat_map(|p| [p.to_string(), alias(p)])
+        .collect();
+    // Exits 1 when any path (an alias, always) is unknown; what it found is still printed.
+    let out = Command::new("dpkg-query")
+        .arg("-S")
+        .args(&asked)
+        .output()
+        .context("running dpkg-query -S")?;
+    let mut owner = BTreeMap::new();
+    // `libc6:amd64: /lib/x86_64-linux-gnu/libc.so.6`; `diversion by …` lines name no owner.
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some((packages, path)) = line.split_once(": ") {
+            if !line.starts_with("diversion by ") {
+                let first = packages.split(", ").next().unwrap_or(packages);
+                owner.insert(path.to_string(), first.to_string());
+            }
+        }
+    }
+    paths
+        .map(|path| {
+            let package = owner
+                .get(path)
+                .or_else(|| owner.get(&alias(path)))
+                .with_context(|| format!("which Debian package holds {path}: dpkg knows none"))?;
+            Ok((path.to_string(), package.clone()))
+        })
+        .collect()
 }
 
 /// The commit an image is built from: its time stamps every entry.

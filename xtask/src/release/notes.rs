@@ -65,6 +65,7 @@ mod tests {
             archive: "a.tar".into(),
             binaries: Vec::new(),
             host_files: Vec::new(),
+            owners: std::collections::BTreeMap::new(),
         }
     }
 

@@ -59,7 +59,7 @@ pub fn generate(built: &Built) -> Result<Vec<u8>> {
                 .or_insert(c);
         }
     }
-    for package in debian_packages(&built.host_files)? {
+    for package in debian_packages(&built.host_files, &built.owners)? {
         top.push(package.bom_ref.clone().unwrap_or_default());
         components.insert(package.bom_ref.clone().unwrap_or_default(), package);
     }
@@ -371,13 +371,16 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// The Debian packages the image's other files come from, each file a component of its package.
-fn debian_packages(files: &[(String, String)]) -> Result<Vec<Component>> {
-    let mut by_package: BTreeMap<String, Vec<&(String, String)>> = BTreeMap::new();
+fn debian_packages(
+    files: &[(String, String)],
+    owners: &BTreeMap<String, String>,
+) -> Result<Vec<Component>> {
+    let mut by_package: BTreeMap<&String, Vec<&(String, String)>> = BTreeMap::new();
     for file in files {
-        by_package
-            .entry(crate::image::owning_package(&file.1)?)
-            .or_default()
-            .push(file);
+        let owner = owners
+            .get(&file.1)
+            .with_context(|| format!("no Debian package known for {}", file.1))?;
+        by_package.entry(owner).or_default().push(file);
     }
     let release = os_release_id()?;
     let mut packages = Vec::new();
@@ -385,7 +388,7 @@ fn debian_packages(files: &[(String, String)]) -> Result<Vec<Component>> {
         let fields = output(Command::new("dpkg-query").args([
             "-W",
             "-f=${Package}\t${Version}\t${Architecture}\t${source:Package}",
-            &package,
+            package,
         ]))?;
         let [name, version, arch, source] = fields.split('\t').collect::<Vec<_>>()[..] else {
             bail!("dpkg-query -W {package} said {fields:?}");
