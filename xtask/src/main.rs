@@ -103,7 +103,7 @@ enum Task {
     /// binaries, man pages and completions, deploy/'s manifests with the image pinned by tag and
     /// digest, a CycloneDX SBOM, the release note and SHA256SUMS (docs/using/install.md).
     Release {
-        /// The directory (emptied first).
+        /// The directory: new, empty, or a previous release (replaced); anything else is refused.
         #[arg(long)]
         out: std::path::PathBuf,
         /// The image's repository as the manifests name it (where you push the archive).

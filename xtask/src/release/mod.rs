@@ -38,13 +38,11 @@ impl Options {
     }
 }
 
-/// Writes the release into `opts.out` (emptied first) and returns the image's build.
+/// Writes the release into `opts.out` (a previous release there is replaced; any other content
+/// is refused, never deleted) and returns the image's build.
 pub fn write(opts: &Options) -> Result<image::Built> {
     let out = &opts.out;
-    if out.exists() {
-        std::fs::remove_dir_all(out).with_context(|| format!("emptying {}", out.display()))?;
-    }
-    std::fs::create_dir_all(out.join("bin"))?;
+    prepare_out(out)?;
     let built = image::build(&image::Options { out: None })?;
     let version = &built.version;
     if version.contains("-dev.") {
@@ -85,6 +83,26 @@ pub fn write(opts: &Options) -> Result<image::Built> {
     sums::write(out)?;
     println!("release: {}", out.display());
     Ok(built)
+}
+
+/// Makes `out` an empty directory with `bin/`: a previous release there goes, anything else stays
+/// and is refused (`--out ~` must not cost a home directory).
+fn prepare_out(out: &Path) -> Result<()> {
+    let holds_anything = std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some());
+    if holds_anything {
+        if !out.join(sums::FILE).is_file() {
+            bail!(
+                "{} is not empty and holds no release (no {}): give --out an empty or new \
+                 directory",
+                out.display(),
+                sums::FILE
+            );
+        }
+        std::fs::remove_dir_all(out)
+            .with_context(|| format!("replacing the release in {}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("bin"))?;
+    Ok(())
 }
 
 /// deploy/'s files, with the DaemonSet's image named `repository:version@digest`.
@@ -163,5 +181,22 @@ mod tests {
             "indent kept: {pinned}"
         );
         assert!(with_image("kind: ConfigMap\n", "x").is_err());
+    }
+
+    #[test]
+    fn only_a_previous_release_is_replaced_anything_else_is_refused() {
+        let dir = std::env::temp_dir().join(format!("capture-release-out-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        let err = prepare_out(&dir).unwrap_err();
+        assert!(err.to_string().contains("holds no release"), "{err}");
+        assert!(dir.join("notes.txt").is_file(), "nothing of it deleted");
+        std::fs::remove_file(dir.join("notes.txt")).unwrap();
+        std::fs::write(dir.join(sums::FILE), "").unwrap();
+        std::fs::write(dir.join("capture-0.1.0.oci.tar"), "old").unwrap();
+        prepare_out(&dir).unwrap();
+        assert!(!dir.join("capture-0.1.0.oci.tar").exists() && dir.join("bin").is_dir());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
