@@ -54,6 +54,14 @@ fn image(release: &Path) -> (String, String, BTreeMap<String, Vec<u8>>) {
     (image.name, image.digest, files)
 }
 
+/// Where the release publishes the static binary `bin` of `version`.
+fn published_binary(release: &Path, bin: &str, version: &str) -> PathBuf {
+    let arch = capture_oci::oci_architecture();
+    release
+        .join("bin")
+        .join(format!("{bin}-{version}-linux-{arch}"))
+}
+
 fn sbom(release: &Path, version: &str) -> Value {
     let path = release.join(format!("capture-{version}.cdx.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -155,11 +163,8 @@ fn the_manifest_names_the_image_by_tag_and_digest_and_the_note_by_version() {
     assert!(note.contains(&digest), "{note}");
     // The binaries published beside the image are the image's own.
     for bin in ["capture", "capture-cni"] {
-        let published = std::fs::read(release.join("bin").join(format!(
-            "{bin}-{version}-linux-{}",
-            capture_oci::oci_architecture()
-        )))
-        .expect("a published binary");
+        let published =
+            std::fs::read(published_binary(&release, bin, &version)).expect("a published binary");
         assert!(
             files[&format!("/usr/local/bin/{bin}")] == published,
             "{bin}"
@@ -226,10 +231,7 @@ fn the_sbom_names_every_crate_each_binary_lists_and_the_kernel_objects() {
     let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
         .expect("Cargo.lock");
     for bin in ["capture", "capture-cni"] {
-        let path = release.join("bin").join(format!(
-            "{bin}-{version}-linux-{}",
-            capture_oci::oci_architecture()
-        ));
+        let path = published_binary(&release, bin, version);
         let listed = auditable_packages(&path);
         assert!(
             listed.iter().any(|(n, _, _)| n == "aya") || bin == "capture-cni",

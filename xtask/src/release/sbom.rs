@@ -38,18 +38,13 @@ pub fn generate(built: &Built) -> Result<Vec<u8>> {
     let mut components = BTreeMap::new();
     let mut dependencies = Vec::new();
     let mut top = Vec::new();
+    // The binaries and the kernel objects, each with the crates it is compiled from.
+    let mut built_from = Vec::new();
     for binary in &built.binaries {
-        let (component, uses) = binary_component(binary, &built.version, &crates)?;
-        top.push(component.bom_ref.clone().unwrap_or_default());
-        dependencies.push(depends(&component, &uses));
-        components.insert(component.bom_ref.clone().unwrap_or_default(), component);
-        for c in uses {
-            components
-                .entry(c.bom_ref.clone().unwrap_or_default())
-                .or_insert(c);
-        }
+        built_from.push(binary_component(binary, &built.version, &crates)?);
     }
-    for (component, uses) in kernel_objects(&crates, &built.binaries[0])? {
+    built_from.extend(kernel_objects(&crates, &built.binaries[0])?);
+    for (component, uses) in built_from {
         top.push(component.bom_ref.clone().unwrap_or_default());
         dependencies.push(depends(&component, &uses));
         components.insert(component.bom_ref.clone().unwrap_or_default(), component);
