@@ -160,7 +160,10 @@ pub fn write_archive(
     }
     let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests}))?;
 
-    let mut archive = tar::Builder::new(std::fs::File::create(out)?);
+    // Written beside `out` and renamed over it: a new file, never the old one rewritten, so a
+    // link to the previous archive (a release's copy of it) keeps the bytes it was published with.
+    let partial = out.with_extension("partial");
+    let mut archive = tar::Builder::new(std::fs::File::create(&partial)?);
     append(
         &mut archive,
         "oci-layout",
@@ -186,6 +189,7 @@ pub fn write_archive(
         )?;
     }
     archive.into_inner()?.flush()?;
+    std::fs::rename(&partial, out)?;
     Ok(Written {
         manifests: written,
         layer_bytes,
@@ -431,6 +435,37 @@ mod tests {
         assert_eq!(read[1].digest, w.manifests[1].1);
         assert_eq!(read[0].config["created"], "2026-12-01T00:00:00+00:00");
         assert_eq!(read[0].layers, vec![l.tar(7).unwrap()]);
+    }
+
+    #[test]
+    fn writing_again_leaves_a_link_to_the_previous_archive_as_it_was() {
+        let dir = std::env::temp_dir().join(format!("capture-oci-relink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("image.tar");
+        let write = |content: &[u8]| {
+            let mut l = Layer::new();
+            l.file("/f", content.to_vec(), 0o644);
+            let image = Image {
+                name: "localhost/t:1".into(),
+                config: json!({}),
+            };
+            write_archive(&out, &l, Compression::None, 0, None, &[image]).unwrap();
+        };
+        write(b"first");
+        let published = dir.join("published.tar");
+        std::fs::hard_link(&out, &published).unwrap();
+        let before = std::fs::read(&published).unwrap();
+        write(b"second");
+        let (after, rewritten) = (
+            std::fs::read(&published).unwrap(),
+            std::fs::read(&out).unwrap(),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            after, before,
+            "the published link still holds the first archive"
+        );
+        assert_ne!(rewritten, before, "the archive itself is the second");
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub fn write(opts: &Options) -> Result<image::Built> {
             env!("CARGO_PKG_VERSION")
         );
     }
-    link_or_copy(
+    copy_out(
         &built.archive,
         &out.join(format!("capture-{version}.oci.tar")),
     )?;
@@ -62,7 +62,7 @@ pub fn write(opts: &Options) -> Result<image::Built> {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        link_or_copy(
+        copy_out(
             binary,
             &out.join("bin")
                 .join(format!("{name}-{version}-linux-{arch}")),
@@ -146,13 +146,11 @@ fn with_image(manifest: &str, reference: &str) -> Result<String> {
     Ok(lines.join("\n") + "\n")
 }
 
-/// A hard link where the file system allows one (the archive is tens of MiB), else a copy.
-fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
-    let _ = std::fs::remove_file(to);
-    if std::fs::hard_link(from, to).is_err() {
-        std::fs::copy(from, to)
-            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-    }
+/// A copy, never a link: a build that later rewrote its output in place (a linker, an archive
+/// writer) would change a linked file after its checksum was published.
+fn copy_out(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok(())
 }
 
