@@ -4,6 +4,8 @@
 //! the archive with `ctr images import`, skopeo with `oci-archive:`.
 
 mod host;
+mod read;
+mod write;
 
 use std::{
     collections::BTreeMap,
@@ -14,7 +16,13 @@ use std::{
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 
-pub use self::host::shared_libraries;
+pub use self::{
+    host::shared_libraries,
+    read::{read_archive, ReadImage},
+    write::{
+        write_archive, write_index_archive, Compression, Image, PlatformImage, Written, WrittenIndex,
+    },
+};
 
 /// One filesystem layer, built up in memory.
 #[derive(Default)]
@@ -82,191 +90,6 @@ impl Layer {
     }
 }
 
-/// How the layer is stored in the archive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Compression {
-    /// A plain tar: cheapest to write and to unpack (the containerd tests).
-    None,
-    /// gzip at its best level (what registries and runtimes expect of a shipped image).
-    Gzip,
-}
-
-/// One image of the archive: its name (as containerd will know it) and the image config's
-/// `config` object (Entrypoint, Env, Labels, ...).
-pub struct Image {
-    pub name: String,
-    pub config: Value,
-}
-
-/// What `write_archive` wrote.
-#[derive(Debug)]
-pub struct Written {
-    /// Each image's name and manifest digest (`sha256:…`), in the order given.
-    pub manifests: Vec<(String, String)>,
-    /// The layer's stored (possibly compressed) size, bytes.
-    pub layer_bytes: u64,
-    /// The archive's size, bytes.
-    pub archive_bytes: u64,
-}
-
-/// Writes an OCI image layout archive to `out`: `layer` (stamped with `mtime`, seconds since the
-/// epoch) shared by every image in `images`. `created` (RFC 3339) goes into each image config.
-pub fn write_archive(
-    out: &Path,
-    layer: &Layer,
-    compression: Compression,
-    mtime: u64,
-    created: Option<&str>,
-    images: &[Image],
-) -> io::Result<Written> {
-    let tar = layer.tar(mtime)?;
-    let diff_id = sha256(&tar);
-    let (blob, media_type) = match compression {
-        Compression::None => (tar, "application/vnd.oci.image.layer.v1.tar"),
-        Compression::Gzip => (gzip(&tar)?, "application/vnd.oci.image.layer.v1.tar+gzip"),
-    };
-    let layer_descriptor = descriptor(media_type, &blob);
-    let layer_bytes = blob.len() as u64;
-    let mut blobs: Vec<Vec<u8>> = vec![blob];
-    let mut manifests = Vec::new();
-    let mut written = Vec::new();
-    for image in images {
-        let mut config = json!({
-            "architecture": oci_architecture(),
-            "os": "linux",
-            "config": image.config,
-            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-        });
-        if let Some(created) = created {
-            config["created"] = json!(created);
-        }
-        let config = serde_json::to_vec(&config)?;
-        let manifest = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": descriptor("application/vnd.oci.image.config.v1+json", &config),
-            "layers": [layer_descriptor],
-        }))?;
-        let mut entry = descriptor("application/vnd.oci.image.manifest.v1+json", &manifest);
-        let tag = image.name.rsplit_once(':').map_or("latest", |(_, t)| t);
-        entry["annotations"] = json!({
-            "io.containerd.image.name": image.name,
-            "org.opencontainers.image.ref.name": tag,
-        });
-        written.push((image.name.clone(), format!("sha256:{}", sha256(&manifest))));
-        manifests.push(entry);
-        blobs.push(config);
-        blobs.push(manifest);
-    }
-    let index = serde_json::to_vec(&json!({"schemaVersion": 2, "manifests": manifests}))?;
-
-    // Written beside `out` and renamed over it: a new file, never the old one rewritten, so a
-    // link to the previous archive (a release's copy of it) keeps the bytes it was published with.
-    let partial = out.with_extension("partial");
-    let mut archive = tar::Builder::new(std::fs::File::create(&partial)?);
-    append(
-        &mut archive,
-        "oci-layout",
-        br#"{"imageLayoutVersion":"1.0.0"}"#,
-        0o644,
-        mtime,
-    )?;
-    append(&mut archive, "index.json", &index, 0o644, mtime)?;
-    append_dir(&mut archive, "blobs", 0o755, mtime)?;
-    append_dir(&mut archive, "blobs/sha256", 0o755, mtime)?;
-    // Blobs by digest, each once (images share their layer, and may share a config).
-    let mut by_digest: BTreeMap<String, &[u8]> = BTreeMap::new();
-    for blob in &blobs {
-        by_digest.insert(sha256(blob), blob);
-    }
-    for (digest, blob) in by_digest {
-        append(
-            &mut archive,
-            &format!("blobs/sha256/{digest}"),
-            blob,
-            0o644,
-            mtime,
-        )?;
-    }
-    archive.into_inner()?.flush()?;
-    std::fs::rename(&partial, out)?;
-    Ok(Written {
-        manifests: written,
-        layer_bytes,
-        archive_bytes: std::fs::metadata(out)?.len(),
-    })
-}
-
-/// One image read back from an archive.
-pub struct ReadImage {
-    /// `io.containerd.image.name`.
-    pub name: String,
-    /// `sha256:…` of its manifest.
-    pub digest: String,
-    /// The whole image config (architecture, os, config, rootfs, ...).
-    pub config: Value,
-    /// Its layers, uncompressed, in order.
-    pub layers: Vec<Vec<u8>>,
-}
-
-/// Reads every image of an OCI archive, checking each blob against its digest.
-pub fn read_archive(path: &Path) -> io::Result<Vec<ReadImage>> {
-    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut archive = tar::Archive::new(std::fs::File::open(path)?);
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        let name = entry.path()?.to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        io::Read::read_to_end(&mut entry, &mut data)?;
-        files.insert(name, data);
-    }
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-    let blob = |descriptor: &Value| -> io::Result<&Vec<u8>> {
-        let digest = descriptor["digest"].as_str().unwrap_or_default();
-        let hex = digest.strip_prefix("sha256:").unwrap_or_default();
-        let data = files
-            .get(&format!("blobs/sha256/{hex}"))
-            .ok_or_else(|| invalid(format!("no blob {digest}")))?;
-        if sha256(data) != hex {
-            return Err(invalid(format!("blob {digest} does not match its digest")));
-        }
-        Ok(data)
-    };
-    let index: Value = serde_json::from_slice(
-        files
-            .get("index.json")
-            .ok_or_else(|| invalid("no index.json".into()))?,
-    )?;
-    let mut images = Vec::new();
-    for entry in index["manifests"].as_array().into_iter().flatten() {
-        let manifest: Value = serde_json::from_slice(blob(entry)?)?;
-        let config: Value = serde_json::from_slice(blob(&manifest["config"])?)?;
-        let mut layers = Vec::new();
-        for layer in manifest["layers"].as_array().into_iter().flatten() {
-            let data = blob(layer)?;
-            if layer["mediaType"]
-                .as_str()
-                .is_some_and(|m| m.ends_with("+gzip"))
-            {
-                let mut tar = Vec::new();
-                io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&data[..]), &mut tar)?;
-                layers.push(tar);
-            } else {
-                layers.push(data.clone());
-            }
-        }
-        images.push(ReadImage {
-            name: entry["annotations"]["io.containerd.image.name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            digest: entry["digest"].as_str().unwrap_or_default().to_string(),
-            config,
-            layers,
-        });
-    }
-    Ok(images)
-}
 
 fn relative(path: &str) -> String {
     path.trim_start_matches('/')
@@ -466,6 +289,67 @@ mod tests {
             "the published link still holds the first archive"
         );
         assert_ne!(rewritten, before, "the archive itself is the second");
+    fn an_index_names_one_image_per_platform_and_reads_back_by_platform() {
+        let mut amd = Layer::new();
+        amd.file("/usr/bin/x", b"amd64".to_vec(), 0o755);
+        let mut arm = Layer::new();
+        arm.file("/usr/bin/x", b"arm64".to_vec(), 0o755);
+        let dir = std::env::temp_dir().join(format!("capture-oci-index-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("multi.tar");
+        let config = json!({"Entrypoint": ["/usr/bin/x"]});
+        let written = write_index_archive(
+            &out,
+            "localhost/multi:1",
+            Compression::Gzip,
+            7,
+            None,
+            &[
+                PlatformImage {
+                    architecture: "amd64",
+                    variant: None,
+                    layer: &amd,
+                    config: config.clone(),
+                },
+                PlatformImage {
+                    architecture: "arm64",
+                    variant: Some("v8"),
+                    layer: &arm,
+                    config,
+                },
+            ],
+        )
+        .unwrap();
+        let read = read_archive(&out).unwrap();
+        let mut layout = tar::Archive::new(std::fs::File::open(&out).unwrap());
+        let index: Value = layout
+            .entries()
+            .unwrap()
+            .map(Result::unwrap)
+            .find(|e| e.path().unwrap().to_string_lossy() == "index.json")
+            .map(|e| serde_json::from_reader(e).unwrap())
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The name points at the index; the index entries carry the platforms.
+        assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            index["manifests"][0]["mediaType"],
+            "application/vnd.oci.image.index.v1+json"
+        );
+        assert_eq!(index["manifests"][0]["digest"], written.index.as_str());
+        assert_eq!(read.len(), 2);
+        for (image, (platform, digest, _)) in read.iter().zip(&written.manifests) {
+            assert_eq!(image.name, "localhost/multi:1");
+            assert_eq!(image.index.as_deref(), Some(written.index.as_str()));
+            assert_eq!(image.platform.as_deref(), Some(platform.as_str()));
+            assert_eq!(&image.digest, digest);
+        }
+        assert_eq!(read[1].platform.as_deref(), Some("linux/arm64/v8"));
+        assert_eq!(read[1].config["architecture"], "arm64");
+        assert_eq!(read[1].config["variant"], "v8");
+        assert_eq!(read[1].layers, vec![arm.tar(7).unwrap()]);
+        assert_eq!(read[0].config["architecture"], "amd64");
+        assert_eq!(read[0].layers, vec![amd.tar(7).unwrap()]);
     }
 
     #[test]

@@ -210,6 +210,7 @@ fn run_task(task: Task) -> Result<()> {
             let mut tools = Vec::new();
             if debian_only {
                 tools.extend_from_slice(setup::tools::TEST_TOOLS);
+                tools.extend(setup::cross_compilers());
             } else {
                 setup::setup()?;
             }

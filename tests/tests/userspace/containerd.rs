@@ -400,3 +400,60 @@ fn status_all_tells_meshed_pods_capture_never_saw_and_records_whose_pod_is_gone(
         runtime.remove_pod(pod).expect("RemovePodSandbox");
     }
 }
+
+/// The image archive as containerd reads it: the name points at the image index (both platforms
+/// listed), and containerd takes each platform's manifest from it by the index's platform fields:
+/// the image mounted for linux/arm64 holds an arm64 capture, for this machine's platform this
+/// machine's. This is how an arm64 node's containerd would choose, checked without one.
+#[test]
+fn containerd_takes_each_platforms_image_from_the_index() {
+    let node = Node::new();
+    let runtime = Containerd::start(&node);
+    let archive = capture_tests::image_archive();
+    let images = capture_oci::read_archive(&archive).expect("the image archive");
+    let name = images[0].name.clone();
+    let index = images[0].index.clone().expect("an image index");
+    let ctr = |args: &[&str]| {
+        let out = std::process::Command::new("ctr")
+            .arg("--address")
+            .arg(runtime.socket())
+            .args(["--namespace", "capture-platforms"])
+            .args(args)
+            .output()
+            .expect("ctr");
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let host = match capture_oci::oci_architecture() {
+        "arm64" => ("linux/arm64/v8", 183_u16),
+        _ => ("linux/amd64", 62),
+    };
+    for (platform, machine) in [("linux/arm64/v8", 183_u16), host] {
+        ctr(&["images", "import", "--platform", platform, &archive.to_string_lossy()]);
+        let listed = ctr(&["images", "ls"]);
+        let line = listed
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not imported: {listed}"));
+        assert!(line.contains("application/vnd.oci.image.index.v1+json"), "{line}");
+        assert!(line.contains(&index), "{line}");
+        assert!(line.contains("linux/amd64") && line.contains("linux/arm64"), "{line}");
+        let mount = std::env::temp_dir().join(capture_tests::unique("capture-platform-mount"));
+        std::fs::create_dir_all(&mount).expect("a mount point");
+        let mount_path = mount.to_string_lossy().into_owned();
+        ctr(&["images", "mount", "--platform", platform, &name, &mount_path]);
+        let capture = std::fs::read(mount.join("usr/local/bin/capture"));
+        ctr(&["images", "unmount", "--rm", &mount_path]);
+        let _ = std::fs::remove_dir(&mount);
+        let capture = capture.expect("capture in the mounted image");
+        assert_eq!(
+            u16::from_le_bytes([capture[18], capture[19]]),
+            machine,
+            "the capture containerd mounts for {platform}"
+        );
+    }
+}

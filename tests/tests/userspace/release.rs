@@ -28,38 +28,64 @@ fn files_under(dir: &Path) -> BTreeSet<String> {
     files
 }
 
-/// The release's image: its name, digest and the files of its layer (path → content).
-fn image(release: &Path) -> (String, String, BTreeMap<String, Vec<u8>>) {
+/// One platform's image of the release.
+struct PlatformImage {
+    /// `linux/arm64/v8`, as the index says.
+    platform: String,
+    /// OCI's architecture: `amd64`, `arm64`.
+    architecture: String,
+    /// The files of its layer (path → content).
+    files: BTreeMap<String, Vec<u8>>,
+}
+
+/// The release's image: its name, the digest the name points at (the index), and each
+/// platform's image.
+fn image(release: &Path) -> (String, String, Vec<PlatformImage>) {
     let archives: Vec<PathBuf> = std::fs::read_dir(release)
         .expect("the release")
         .map(|e| e.expect("an entry").path())
         .filter(|p| p.to_string_lossy().ends_with(".oci.tar"))
         .collect();
     assert_eq!(archives.len(), 1, "one image archive: {archives:?}");
-    let mut images = capture_oci::read_archive(&archives[0]).expect("the archive");
-    let image = images.remove(0);
-    let mut files = BTreeMap::new();
-    for layer in &image.layers {
-        let mut tar = tar::Archive::new(&layer[..]);
-        for entry in tar.entries().expect("the layer's entries") {
-            let mut entry = entry.expect("an entry");
-            if entry.header().entry_type().is_file() {
-                let path = format!("/{}", entry.path().expect("a path").display());
-                let mut data = Vec::new();
-                std::io::Read::read_to_end(&mut entry, &mut data).expect("its content");
-                files.insert(path, data);
+    let images = capture_oci::read_archive(&archives[0]).expect("the archive");
+    let name = images[0].name.clone();
+    let index = images[0].index.clone().expect("the name points at an image index");
+    let mut platforms = Vec::new();
+    for image in images {
+        assert_eq!(image.name, name, "one name over every platform");
+        assert_eq!(image.index.as_deref(), Some(index.as_str()));
+        let mut files = BTreeMap::new();
+        for layer in &image.layers {
+            let mut tar = tar::Archive::new(&layer[..]);
+            for entry in tar.entries().expect("the layer's entries") {
+                let mut entry = entry.expect("an entry");
+                if entry.header().entry_type().is_file() {
+                    let path = format!("/{}", entry.path().expect("a path").display());
+                    let mut data = Vec::new();
+                    std::io::Read::read_to_end(&mut entry, &mut data).expect("its content");
+                    files.insert(path, data);
+                }
             }
         }
+        platforms.push(PlatformImage {
+            platform: image.platform.clone().expect("a platform"),
+            architecture: image.config["architecture"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            files,
+        });
     }
-    (image.name, image.digest, files)
+    let architectures: Vec<&str> = platforms.iter().map(|p| p.architecture.as_str()).collect();
+    assert_eq!(architectures, ["amd64", "arm64"]);
+    (name, index, platforms)
 }
 
-/// Where the release publishes the static binary `bin` of `version`.
-fn published_binary(release: &Path, bin: &str, version: &str) -> PathBuf {
-    let arch = capture_oci::oci_architecture();
+/// Where the release publishes the static binary `bin` of `version` for `architecture`.
+fn published_binary(release: &Path, bin: &str, version: &str, architecture: &str) -> PathBuf {
     release
         .join("bin")
-        .join(format!("{bin}-{version}-linux-{arch}"))
+        .join(format!("{bin}-{version}-linux-{architecture}"))
 }
 
 fn sbom(release: &Path, version: &str) -> Value {
@@ -131,7 +157,7 @@ fn every_file_of_the_release_is_in_its_checksums_and_matches_them() {
 #[test]
 fn the_manifest_names_the_image_by_tag_and_digest_and_the_note_by_version() {
     let release = capture_tests::release_dir();
-    let (name, digest, files) = image(&release);
+    let (name, digest, platforms) = image(&release);
     let version = name.rsplit_once(':').expect("a tag").1.to_string();
     let manifest = std::fs::read_to_string(release.join("manifests/capture.yaml")).unwrap();
     let images: Vec<&str> = manifest
@@ -161,21 +187,28 @@ fn the_manifest_names_the_image_by_tag_and_digest_and_the_note_by_version() {
         "{note}"
     );
     assert!(note.contains(&digest), "{note}");
-    // The binaries published beside the image are the image's own.
-    for bin in ["capture", "capture-cni"] {
-        let published =
-            std::fs::read(published_binary(&release, bin, &version)).expect("a published binary");
-        assert!(
-            files[&format!("/usr/local/bin/{bin}")] == published,
-            "{bin}"
-        );
+    for platform in &platforms {
+        assert!(note.contains(&platform.platform), "{note}");
+    }
+    // The binaries published beside the image are each platform's own.
+    for platform in &platforms {
+        for bin in ["capture", "capture-cni"] {
+            let path = published_binary(&release, bin, &version, &platform.architecture);
+            let published = std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("a published binary {}: {e}", path.display()));
+            assert!(
+                platform.files[&format!("/usr/local/bin/{bin}")] == published,
+                "{}",
+                path.display()
+            );
+        }
     }
 }
 
 #[test]
-fn the_sbom_names_every_file_of_the_image_with_its_debian_package() {
+fn the_sbom_names_every_file_of_each_platforms_image_with_its_debian_package() {
     let release = capture_tests::release_dir();
-    let (name, digest, files) = image(&release);
+    let (name, digest, platforms) = image(&release);
     let version = name.rsplit_once(':').expect("a tag").1;
     let bom = sbom(&release, version);
     assert_eq!(bom["bomFormat"], "CycloneDX");
@@ -185,35 +218,57 @@ fn the_sbom_names_every_file_of_the_image_with_its_debian_package() {
         sha256_of(&bom["metadata"]["component"]),
         digest.strip_prefix("sha256:")
     );
-    let by_name: BTreeMap<&str, (&Value, Option<&Value>)> = components(&bom)
-        .into_iter()
-        .filter(|(c, _)| c["type"] == "file" || c["type"] == "application")
-        .filter_map(|(c, p)| Some((c["name"].as_str()?, (c, p))))
-        .collect();
-    for (path, data) in &files {
-        let file = path.strip_prefix("/usr/local/bin/").unwrap_or(path);
-        let (component, package) = by_name
-            .get(file)
-            .unwrap_or_else(|| panic!("{path} of the image is not in the SBOM"));
-        assert_eq!(
-            sha256_of(component),
-            Some(capture_oci::sha256(data).as_str()),
-            "{path}"
-        );
-        if path.starts_with("/usr/local/bin/") {
-            continue;
+    for platform in &platforms {
+        let image = components(&bom)
+            .into_iter()
+            .map(|(c, _)| c)
+            .find(|c| c["type"] == "container" && property(c, "capture:platform") == Some(&platform.platform))
+            .unwrap_or_else(|| panic!("no image of {} in the SBOM", platform.platform));
+        let held = components(image);
+        let by_name: BTreeMap<&str, (&Value, Option<&Value>)> = held
+            .into_iter()
+            .filter(|(c, _)| c["type"] == "file" || c["type"] == "application")
+            .filter_map(|(c, p)| Some((c["name"].as_str()?, (c, p))))
+            .collect();
+        for (path, data) in &platform.files {
+            let file = path.strip_prefix("/usr/local/bin/").unwrap_or(path);
+            let (component, package) = by_name.get(file).unwrap_or_else(|| {
+                panic!("{path} of the {} image is not in the SBOM", platform.platform)
+            });
+            assert_eq!(
+                sha256_of(component),
+                Some(capture_oci::sha256(data).as_str()),
+                "{} {path}",
+                platform.platform
+            );
+            if path.starts_with("/usr/local/bin/") {
+                continue;
+            }
+            let package = package.unwrap_or_else(|| panic!("{path} has no Debian package"));
+            let purl = package["purl"].as_str().unwrap_or_default();
+            assert!(purl.starts_with("pkg:deb/debian/"), "{path}: {package}");
+            assert!(
+                purl.contains(&format!("arch={}", platform.architecture))
+                    || purl.contains("arch=all"),
+                "{path}: {purl}"
+            );
+            assert!(package["version"].as_str().is_some_and(|v| !v.is_empty()));
+            assert!(
+                package["licenses"]
+                    .as_array()
+                    .is_some_and(|l| !l.is_empty()),
+                "{path}: {package}"
+            );
         }
-        let package = package.unwrap_or_else(|| panic!("{path} has no Debian package"));
-        let purl = package["purl"].as_str().unwrap_or_default();
-        assert!(purl.starts_with("pkg:deb/debian/"), "{path}: {package}");
-        assert!(package["version"].as_str().is_some_and(|v| !v.is_empty()));
-        assert!(
-            package["licenses"]
-                .as_array()
-                .is_some_and(|l| !l.is_empty()),
-            "{path}: {package}"
-        );
     }
+}
+
+fn property<'a>(component: &'a Value, name: &str) -> Option<&'a str> {
+    component["properties"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == name)?["value"]
+        .as_str()
 }
 
 #[test]
@@ -230,8 +285,11 @@ fn the_sbom_names_every_crate_each_binary_lists_and_the_kernel_objects() {
         .collect();
     let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
         .expect("Cargo.lock");
-    for bin in ["capture", "capture-cni"] {
-        let path = published_binary(&release, bin, version);
+    let binaries = ["amd64", "arm64"]
+        .iter()
+        .flat_map(|a| ["capture", "capture-cni"].map(|bin| (bin, *a)));
+    for (bin, architecture) in binaries {
+        let path = published_binary(&release, bin, version, architecture);
         let listed = auditable_packages(&path);
         assert!(
             listed.iter().any(|(n, _, _)| n == "aya") || bin == "capture-cni",

@@ -245,6 +245,9 @@ fn steps(run: &mut Run) -> Result<()> {
         let rust = setup::rust_tools();
         apt.join(run)?;
         rust?;
+        // After the background apt: the cross compiler is a Debian package too (one dpkg at a
+        // time).
+        setup::image_platforms()?;
         setup::python_tools()
     })?;
     let beside = Background::start(

@@ -1,8 +1,9 @@
 //! `cargo xtask release --out DIR`: everything a release publishes, in one directory.
 //!
 //! - `capture-<version>.oci.tar`: the node agent's image (`cargo xtask image`);
-//! - `bin/capture-<version>-linux-<arch>` and `bin/capture-cni-…`: the static binaries the image
-//!   holds, each carrying its dependency list (cargo-auditable);
+//! - `bin/capture-<version>-linux-<arch>` and `bin/capture-cni-…`: the static binaries each
+//!   platform's image holds (amd64 and arm64), each carrying its dependency list
+//!   (cargo-auditable);
 //! - `share/`: man pages and shell completions (`capture generate-docs`);
 //! - `manifests/`: deploy/'s files, the DaemonSet's image named by tag and digest;
 //! - `capture-<version>.cdx.json`: the SBOM (sbom.rs);
@@ -56,19 +57,20 @@ pub fn write(opts: &Options) -> Result<image::Built> {
         &built.archive,
         &out.join(format!("capture-{version}.oci.tar")),
     )?;
-    let arch = capture_oci::oci_architecture();
-    for binary in &built.binaries {
-        let name = binary
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        copy_out(
-            binary,
-            &out.join("bin")
-                .join(format!("{name}-{version}-linux-{arch}")),
-        )?;
+    for platform in &built.platforms {
+        for binary in &platform.binaries {
+            let name = binary
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            copy_out(
+                binary,
+                &out.join("bin")
+                    .join(format!("{name}-{version}-linux-{}", platform.arch.oci)),
+            )?;
+        }
     }
-    run(std::process::Command::new(&built.binaries[0])
+    run(std::process::Command::new(&built.host().binaries[0])
         .arg("generate-docs")
         .arg("--out")
         .arg(out.join("share")))?;

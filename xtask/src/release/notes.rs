@@ -24,9 +24,16 @@ pub fn release_notes(changelog: &str, version: &str, built: &Built) -> Result<St
         );
     }
     note.push_str(&format!(
-        "- Image: `{}`, digest `{}`\n- Verify: `sha256sum -c SHA256SUMS`; the SBOM is \
+        "- Image: `{}`, digest `{}`, for {}\n- Verify: `sha256sum -c SHA256SUMS`; the SBOM is \
          `capture-{version}.cdx.json` (docs/using/install.md)\n\n",
-        built.name, built.digest
+        built.name,
+        built.digest,
+        built
+            .platforms
+            .iter()
+            .map(|p| p.arch.platform())
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     note.push_str(section.trim());
     note.push('\n');
@@ -63,9 +70,7 @@ mod tests {
             version: version.into(),
             digest: "sha256:ab".into(),
             archive: "a.tar".into(),
-            binaries: Vec::new(),
-            host_files: Vec::new(),
-            owners: std::collections::BTreeMap::new(),
+            platforms: Vec::new(),
         }
     }
 

@@ -6,6 +6,10 @@
 //! - the kernel objects the binaries embed, and the crates compiled into them;
 //! - every other file of the image, under the Debian package it was copied from, with that
 //!   package's version and the licences its copyright file names.
+//!
+//! The subject is the image index; each platform's image is a component of its own, nesting its
+//! binaries and its Debian packages (whose files nest in turn), so that one name (`capture`,
+//! `/usr/sbin/nft`) may appear once per platform.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,7 +31,10 @@ use cyclonedx_bom::{
 };
 use serde_json::Value;
 
-use crate::{image::Built, output};
+use crate::{
+    image::{Built, BuiltPlatform, LayerFile},
+    output,
+};
 
 /// The kernel objects capture-user's build embeds (capture-ebpf's binaries), by name.
 const KERNEL_OBJECTS: [&str; 3] = ["capture", "netns-cookie", "adopt-listeners"];
@@ -35,28 +42,50 @@ const KERNEL_OBJECTS: [&str; 3] = ["capture", "netns-cookie", "adopt-listeners"]
 /// The SBOM of `built`, as JSON.
 pub fn generate(built: &Built) -> Result<Vec<u8>> {
     let crates = CrateFacts::read()?;
+    // Top-level components by bom-ref: the platforms' images (nesting what each holds), the
+    // kernel objects and every crate compiled into a binary or an object.
     let mut components = BTreeMap::new();
     let mut dependencies = Vec::new();
-    let mut top = Vec::new();
-    // The binaries and the kernel objects, each with the crates it is compiled from.
-    let mut built_from = Vec::new();
-    for binary in &built.binaries {
-        built_from.push(binary_component(binary, &built.version, &crates)?);
-    }
-    built_from.extend(kernel_objects(&crates, &built.binaries[0])?);
-    for (component, uses) in built_from {
-        top.push(component.bom_ref.clone().unwrap_or_default());
+    let mut add_built = |component: Component, uses: Vec<Component>, nest: Option<&mut Vec<_>>| {
         dependencies.push(depends(&component, &uses));
-        components.insert(component.bom_ref.clone().unwrap_or_default(), component);
         for c in uses {
-            components
-                .entry(c.bom_ref.clone().unwrap_or_default())
-                .or_insert(c);
+            components.entry(bom_ref(&c)).or_insert(c);
         }
+        match nest {
+            Some(nested) => nested.push(component),
+            None => {
+                components.insert(bom_ref(&component), component);
+            }
+        }
+    };
+    // One set of kernel objects: built once, embedded in every platform's capture.
+    let mut object_refs = Vec::new();
+    for (object, uses) in kernel_objects(&crates, &built.host().binaries[0])? {
+        object_refs.push(bom_ref(&object));
+        add_built(object, uses, None);
     }
-    for package in debian_packages(&built.host_files, &built.owners)? {
-        top.push(package.bom_ref.clone().unwrap_or_default());
-        components.insert(package.bom_ref.clone().unwrap_or_default(), package);
+    let mut images = Vec::new();
+    for platform in &built.platforms {
+        let mut nested = Vec::new();
+        for binary in &platform.binaries {
+            let (component, uses) = binary_component(binary, &built.version, platform, &crates)?;
+            add_built(component, uses, Some(&mut nested));
+        }
+        nested.extend(debian_packages(platform)?);
+        let mut image = platform_component(built, platform);
+        let mut holds: Vec<String> = nested.iter().map(bom_ref).collect();
+        holds.extend(object_refs.iter().cloned());
+        image.components = Some(Components(nested));
+        images.push((image, holds));
+    }
+    let mut top = Vec::new();
+    for (image, holds) in images {
+        top.push(bom_ref(&image));
+        dependencies.push(Dependency {
+            dependency_ref: bom_ref(&image),
+            dependencies: holds,
+        });
+        components.insert(bom_ref(&image), image);
     }
     let image = image_component(built);
     dependencies.push(Dependency {
@@ -92,6 +121,10 @@ pub fn generate(built: &Built) -> Result<Vec<u8>> {
     Ok(json)
 }
 
+fn bom_ref(component: &Component) -> String {
+    component.bom_ref.clone().unwrap_or_default()
+}
+
 fn depends(component: &Component, uses: &[Component]) -> Dependency {
     Dependency {
         dependency_ref: component.bom_ref.clone().unwrap_or_default(),
@@ -99,7 +132,33 @@ fn depends(component: &Component, uses: &[Component]) -> Dependency {
     }
 }
 
-/// The image itself: the SBOM's subject.
+/// One platform's image, by its manifest's digest.
+fn platform_component(built: &Built, platform: &BuiltPlatform) -> Component {
+    let mut image = Component::new(
+        Classification::Container,
+        "capture",
+        &built.version,
+        Some(format!("image:{}", platform.digest)),
+    );
+    let repository = crate::image::REPOSITORY;
+    image.purl = Purl::from_str(&format!(
+        "pkg:oci/capture@{}?arch={}&repository_url={repository}&tag={}",
+        platform.digest.replace(':', "%3A"),
+        platform.arch.oci,
+        built.version
+    ))
+    .ok();
+    image.hashes = Some(Hashes(vec![sha256_hash(
+        platform.digest.trim_start_matches("sha256:"),
+    )]));
+    image.properties = Some(Properties(vec![Property::new(
+        "capture:platform",
+        &platform.arch.platform(),
+    )]));
+    image
+}
+
+/// The image index: the SBOM's subject, the name's target.
 fn image_component(built: &Built) -> Component {
     let mut image = Component::new(
         Classification::Container,
@@ -269,6 +328,7 @@ fn lock_checksums(lock: &str) -> BTreeMap<String, String> {
 fn binary_component(
     binary: &std::path::Path,
     version: &str,
+    platform: &BuiltPlatform,
     crates: &CrateFacts,
 ) -> Result<(Component, Vec<Component>)> {
     let json = auditable_info::json_from_file(binary, auditable_info::Limits::default())
@@ -296,14 +356,14 @@ fn binary_component(
         Classification::Application,
         name,
         version,
-        Some(format!("binary:{name}")),
+        Some(format!("binary:{}:{name}", platform.arch.platform())),
     );
     c.hashes = Some(Hashes(vec![file_hash(binary)?]));
     c.licenses = Some(Licenses(vec![LicenseChoice::expression("Apache-2.0")]));
-    c.properties = Some(Properties(vec![Property::new(
-        "capture:image-path",
-        &format!("/usr/local/bin/{name}"),
-    )]));
+    c.properties = Some(Properties(vec![
+        Property::new("capture:image-path", &format!("/usr/local/bin/{name}")),
+        Property::new("capture:platform", &platform.arch.platform()),
+    ]));
     Ok((c, uses))
 }
 
@@ -365,34 +425,22 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The Debian packages the image's other files come from, each file a component of its package.
-fn debian_packages(
-    files: &[(String, String)],
-    owners: &BTreeMap<String, String>,
-) -> Result<Vec<Component>> {
-    let mut by_package: BTreeMap<&String, Vec<&(String, String)>> = BTreeMap::new();
-    for file in files {
-        let owner = owners
-            .get(&file.1)
-            .with_context(|| format!("no Debian package known for {}", file.1))?;
-        by_package.entry(owner).or_default().push(file);
+/// The Debian packages a platform's other files come from, each file a component of its package.
+fn debian_packages(platform: &BuiltPlatform) -> Result<Vec<Component>> {
+    let mut by_package: BTreeMap<&str, Vec<&LayerFile>> = BTreeMap::new();
+    for file in &platform.files {
+        by_package.entry(&file.package.name).or_default().push(file);
     }
     let release = os_release_id()?;
     let mut packages = Vec::new();
-    for (package, files) in by_package {
-        let fields = output(Command::new("dpkg-query").args([
-            "-W",
-            "-f=${Package}\t${Version}\t${Architecture}\t${source:Package}",
-            package,
-        ]))?;
-        let [name, version, arch, source] = fields.split('\t').collect::<Vec<_>>()[..] else {
-            bail!("dpkg-query -W {package} said {fields:?}");
-        };
+    for files in by_package.into_values() {
+        let package = &files[0].package;
+        let (name, version, arch) = (&package.name, &package.version, &package.architecture);
         let mut c = Component::new(
             Classification::Library,
             name,
             version,
-            Some(format!("deb:{name}@{version}")),
+            Some(format!("deb:{name}:{arch}@{version}")),
         );
         c.purl = Purl::from_str(&format!(
             "pkg:deb/debian/{name}@{}?arch={arch}&distro={release}",
@@ -400,24 +448,24 @@ fn debian_packages(
         ))
         .ok();
         c.licenses = Some(Licenses(
-            debian_licences(name)
+            debian_licences(&package.copyright)
                 .iter()
                 .map(|l| LicenseChoice::license(l))
                 .collect(),
         ));
         c.properties = Some(Properties(vec![Property::new(
             "capture:debian-source",
-            source,
+            &package.source,
         )]));
         let mut nested = Vec::new();
-        for (in_image, host) in files {
+        for file in files {
             let mut f = Component::new(
                 Classification::File,
-                in_image,
+                &file.in_image,
                 version,
-                Some(format!("file:{in_image}")),
+                Some(format!("file:{}:{}", platform.arch.platform(), file.in_image)),
             );
-            f.hashes = Some(Hashes(vec![file_hash(std::path::Path::new(host))?]));
+            f.hashes = Some(Hashes(vec![file_hash(&file.source)?]));
             nested.push(f);
         }
         c.components = Some(Components(nested));
@@ -428,9 +476,8 @@ fn debian_packages(
 
 /// The licences a Debian package's machine-readable copyright file names (`License:` fields),
 /// or the file's path where it is not machine-readable.
-fn debian_licences(package: &str) -> Vec<String> {
-    let path = format!("/usr/share/doc/{package}/copyright");
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
+fn debian_licences(copyright: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(copyright).unwrap_or_default();
     let names: BTreeSet<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("License:"))
@@ -438,7 +485,11 @@ fn debian_licences(package: &str) -> Vec<String> {
         .filter(|l| !l.is_empty())
         .collect();
     if names.is_empty() {
-        vec![format!("see {path}")]
+        let shown = copyright
+            .to_string_lossy()
+            .split_once("/usr/share/doc/")
+            .map_or_else(|| copyright.display().to_string(), |(_, p)| format!("/usr/share/doc/{p}"));
+        vec![format!("see {shown}")]
     } else {
         names.into_iter().collect()
     }

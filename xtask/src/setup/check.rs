@@ -40,7 +40,12 @@ pub fn run_check(work: &Path) -> Result<()> {
         .arg(&mirror))?;
     let bootstrapped = started.elapsed();
 
-    let every_tool = [tools::TEST_TOOLS, tools::VM_TOOLS].concat();
+    let every_tool = [
+        tools::TEST_TOOLS,
+        tools::VM_TOOLS,
+        &super::cross_compilers(),
+    ]
+    .concat();
     let packages = tools::packages(&every_tool);
     let admindir = root.path.join("var/lib/dpkg");
     let lacking = dpkg::missing(&packages, Some(&admindir))?;

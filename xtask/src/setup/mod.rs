@@ -4,6 +4,7 @@
 //! install (rustup, python3 with pip, dpkg and apt) is checked before anything else starts.
 
 pub mod apt_sources;
+pub mod private_apt;
 pub mod check;
 mod dpkg;
 mod services;
@@ -278,7 +279,37 @@ pub fn python_tools() -> Result<()> {
 pub fn setup() -> Result<()> {
     rust_tools()?;
     install(tools::TEST_TOOLS)?;
+    image_platforms()?;
     python_tools()
+}
+
+/// Debian's C cross compilers for the image's other platforms (their static binaries link with
+/// them).
+pub fn cross_compilers() -> Vec<Tool> {
+    crate::image::arch::Arch::foreign()
+        .map(|arch| Tool {
+            command: arch.gcc,
+            package: arch.gcc_package,
+        })
+        .collect()
+}
+
+/// What the image's other platforms (arm64 on an amd64 machine) need: the Rust target and
+/// Debian's cross compiler for their static binaries, and their Debian packages of the tools the
+/// agent runs, fetched and unpacked under target/debian (image/sources.rs).
+pub fn image_platforms() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    for arch in crate::image::arch::Arch::foreign() {
+        if !installed.lines().any(|t| t.trim() == arch.rust_target) {
+            println!("setup: adding the Rust target {}", arch.rust_target);
+            run(Command::new("rustup").args(["target", "add", arch.rust_target]))?;
+        }
+    }
+    install(&cross_compilers())?;
+    for arch in crate::image::arch::Arch::foreign() {
+        crate::image::sources::PackageRoot::prepare(arch)?;
+    }
+    Ok(())
 }
 
 /// What setup cannot install checked, then the Rust pieces: the nightly's rust-src, bpf-linker

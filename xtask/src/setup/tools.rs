@@ -52,6 +52,9 @@ pub const TEST_TOOLS: &[Tool] = &[
     tool("sysctl", "procps"),
     tool("/usr/lib/cni/bridge", "containernetworking-plugins"),
     tool("/usr/lib/cni/host-local", "containernetworking-plugins"),
+    // The image test runs the arm64 image's programs from its root under user-mode emulation
+    // (named on the command line: qemu-user registers no binfmt handler).
+    tool("qemu-aarch64", "qemu-user"),
     tool("promtool", "prometheus"),
     tool("prometheus", "prometheus"),
     // The upgrade tests build the previous release from the repository's history.

@@ -14,7 +14,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{output, run, setup::apt_sources};
+use crate::{
+    output, run,
+    setup::{apt_sources, private_apt::PrivateApt},
+};
 
 /// Written last into a kernel's cache directory: the release whose tree is complete and depmod'ed.
 const STAMP: &str = "ready";
@@ -65,8 +68,8 @@ pub fn prepare(cache: &Path, line: &Line) -> Result<Kernel> {
         line.label, line.suite
     );
     fs::create_dir_all(&dir)?;
-    let apt_dir = dir.join("apt");
-    let name = newest_image(&apt_dir, line)?;
+    let apt = PrivateApt::own_sources(&dir.join("apt"))?;
+    let name = newest_image(&apt, line)?;
     let release = name
         .strip_prefix("linux-image-")
         .context("package name without linux-image- prefix")?
@@ -76,7 +79,8 @@ pub fn prepare(cache: &Path, line: &Line) -> Result<Kernel> {
             fs::remove_file(old.path())?;
         }
     }
-    run(apt(&apt_dir, "apt-get")
+    run(apt
+        .command("apt-get")
         .args(["-q", "download", &name])
         .current_dir(&dir))?;
     let deb = fs::read_dir(&dir)?
@@ -123,19 +127,16 @@ fn cached(dir: &Path) -> Option<Kernel> {
 
 /// Refreshes the private package lists for `line`'s suite and names its newest generic kernel
 /// image package.
-fn newest_image(apt_dir: &Path, line: &Line) -> Result<String> {
-    for sub in ["lists/partial", "cache/archives/partial"] {
-        fs::create_dir_all(apt_dir.join(sub))?;
-    }
+fn newest_image(apt: &PrivateApt, line: &Line) -> Result<String> {
     // The archive this machine installs from serves every suite of the matrix.
     let mirror = apt_sources::debian_mirror(&apt_sources::codename()?)?;
     fs::write(
-        apt_dir.join("sources.list"),
+        apt.sources_list(),
         format!("deb {mirror} {} main\n", line.suite),
     )?;
-    run(apt(apt_dir, "apt-get").args(["-q", "update"]))?;
+    run(apt.command("apt-get").args(["-q", "update"]))?;
     let prefix = format!("linux-image-{}.", line.label);
-    let found = output(apt(apt_dir, "apt-cache").args([
+    let found = output(apt.command("apt-cache").args([
         "search",
         "--names-only",
         &format!("^{}", prefix.replace('.', "\\.")),
@@ -147,23 +148,6 @@ fn newest_image(apt_dir: &Path, line: &Line) -> Result<String> {
         .max_by_key(|name| version_key(name))
         .map(str::to_string)
         .with_context(|| format!("no linux-image-{}.*-amd64 in {}", line.label, line.suite))
-}
-
-/// `apt-get`/`apt-cache` reading only the private configuration in `apt_dir`.
-fn apt(apt_dir: &Path, tool: &str) -> Command {
-    let mut cmd = Command::new(tool);
-    let dir = |sub: &str| apt_dir.join(sub).display().to_string();
-    for (key, value) in [
-        ("Dir::Etc::sourcelist", dir("sources.list")),
-        ("Dir::Etc::sourceparts", "-".to_string()),
-        ("Dir::State::Lists", dir("lists")),
-        ("Dir::Cache", dir("cache")),
-        // The unprivileged _apt user cannot write into target/; downloading as root is expected.
-        ("APT::Sandbox::User", "root".to_string()),
-    ] {
-        cmd.arg("-o").arg(format!("{key}={value}"));
-    }
-    cmd
 }
 
 /// `linux-image-5.10.0-32-amd64` or `linux-image-6.12.117+deb13-amd64`; not the cloud, rt, dbg
