@@ -148,26 +148,9 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
     let mut platforms = Vec::new();
     let mut layers = Vec::new();
     for arch in arch::ALL {
-        let binaries = static_binaries(arch, kernel)?;
-        let source = Source::of(arch)?;
-        let (layer, taken) = layer::layer(arch, &source, &binaries)?;
-        let sources: Vec<PathBuf> = taken.iter().map(|t| t.source.clone()).collect();
-        let mut owners = source.owners(&sources)?;
-        let files = taken
-            .into_iter()
-            .map(|t| LayerFile {
-                package: owners.remove(&t.source).unwrap_or_else(|| unreachable!()),
-                in_image: t.in_image,
-                source: t.source,
-            })
-            .collect();
+        let (layer, platform) = build_platform(arch, kernel)?;
         layers.push(layer);
-        platforms.push(BuiltPlatform {
-            arch,
-            digest: String::new(),
-            binaries,
-            files,
-        });
+        platforms.push(platform);
     }
     // The tag is what the binary says it is: one rule (capture/build.rs) for both.
     let host_binary = platforms
@@ -222,6 +205,37 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
         archive: out,
         platforms,
     })
+}
+
+/// One platform's binaries and layer, and what the layer took from where.
+fn build_platform(arch: Arch, kernel: KernelPrograms) -> Result<(capture_oci::Layer, BuiltPlatform)> {
+    let binaries = static_binaries(arch, kernel)?;
+    let source = Source::of(arch)?;
+    let (layer, taken) = layer::layer(arch, &source, &binaries)?;
+    let sources: Vec<PathBuf> = taken.iter().map(|t| t.source.clone()).collect();
+    let owners = source.owners(&sources)?;
+    let files = taken
+        .into_iter()
+        .map(|t| {
+            let package = owners
+                .get(&t.source)
+                .cloned()
+                .with_context(|| format!("no Debian package known for {}", t.source.display()))?;
+            Ok(LayerFile {
+                package,
+                in_image: t.in_image,
+                source: t.source,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let platform = BuiltPlatform {
+        arch,
+        // Known once the archive is written.
+        digest: String::new(),
+        binaries,
+        files,
+    };
+    Ok((layer, platform))
 }
 
 /// The image config's `config` object of one platform.

@@ -40,10 +40,21 @@ impl Options {
 }
 
 /// Writes the release into `opts.out` (a previous release there is replaced; any other content
-/// is refused, never deleted) and returns the image's build.
+/// is refused, never deleted) and returns the image's build. The release is written beside
+/// `out` first and moved into place whole, so an interrupted run leaves the previous release (or
+/// nothing) at `out`, never half of one.
 pub fn write(opts: &Options) -> Result<image::Built> {
     let out = &opts.out;
-    prepare_out(out)?;
+    check_out(out)?;
+    let staging = staging_dir(out)?;
+    let built = fill(&staging, opts)?;
+    replace(out, &staging)?;
+    println!("release: {}", out.display());
+    Ok(built)
+}
+
+/// Writes every file of the release into `out`, an empty directory.
+fn fill(out: &Path, opts: &Options) -> Result<image::Built> {
     let built = image::build(&image::Options { out: None })?;
     let version = &built.version;
     if version.contains("-dev.") {
@@ -83,28 +94,47 @@ pub fn write(opts: &Options) -> Result<image::Built> {
         notes::release_notes(&changelog, version, &built)?,
     )?;
     sums::write(out)?;
-    println!("release: {}", out.display());
     Ok(built)
 }
 
-/// Makes `out` an empty directory with `bin/`: a previous release there goes, anything else stays
-/// and is refused (`--out ~` must not cost a home directory).
-fn prepare_out(out: &Path) -> Result<()> {
+/// Refuses an `out` that holds anything but a release (`--out ~` must not cost a home
+/// directory); deletes nothing.
+fn check_out(out: &Path) -> Result<()> {
     let holds_anything = std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some());
-    if holds_anything {
-        if !out.join(sums::FILE).is_file() {
-            bail!(
-                "{} is not empty and holds no release (no {}): give --out an empty or new \
-                 directory",
-                out.display(),
-                sums::FILE
-            );
-        }
+    if holds_anything && !out.join(sums::FILE).is_file() {
+        bail!(
+            "{} is not empty and holds no release (no {}): give --out an empty or new directory",
+            out.display(),
+            sums::FILE
+        );
+    }
+    Ok(())
+}
+
+/// `.<name>.partial` beside `out`, empty with `bin/`: what an interrupted run left there is this
+/// task's own and goes.
+fn staging_dir(out: &Path) -> Result<PathBuf> {
+    let name = out
+        .file_name()
+        .with_context(|| format!("--out {} names no directory", out.display()))?;
+    let staging = out.with_file_name(format!(".{}.partial", name.to_string_lossy()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .with_context(|| format!("removing {}", staging.display()))?;
+    }
+    std::fs::create_dir_all(staging.join("bin"))?;
+    Ok(staging)
+}
+
+/// Puts the finished release at `out`, in place of the previous one.
+fn replace(out: &Path, staging: &Path) -> Result<()> {
+    check_out(out)?;
+    if out.exists() {
         std::fs::remove_dir_all(out)
             .with_context(|| format!("replacing the release in {}", out.display()))?;
     }
-    std::fs::create_dir_all(out.join("bin"))?;
-    Ok(())
+    std::fs::rename(staging, out)
+        .with_context(|| format!("moving {} to {}", staging.display(), out.display()))
 }
 
 /// deploy/'s files, with the DaemonSet's image named `repository:version@digest`.
@@ -185,18 +215,28 @@ mod tests {
 
     #[test]
     fn only_a_previous_release_is_replaced_anything_else_is_refused() {
-        let dir = std::env::temp_dir().join(format!("capture-release-out-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let base = std::env::temp_dir().join(format!("capture-release-out-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dir = base.join("release");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("notes.txt"), "mine").unwrap();
-        let err = prepare_out(&dir).unwrap_err();
+        let err = check_out(&dir).unwrap_err();
         assert!(err.to_string().contains("holds no release"), "{err}");
         assert!(dir.join("notes.txt").is_file(), "nothing of it deleted");
         std::fs::remove_file(dir.join("notes.txt")).unwrap();
         std::fs::write(dir.join(sums::FILE), "").unwrap();
         std::fs::write(dir.join("capture-0.1.0.oci.tar"), "old").unwrap();
-        prepare_out(&dir).unwrap();
-        assert!(!dir.join("capture-0.1.0.oci.tar").exists() && dir.join("bin").is_dir());
-        std::fs::remove_dir_all(&dir).unwrap();
+        check_out(&dir).unwrap();
+        // An interrupted run's staging directory is taken over; the previous release stays
+        // until the new one is whole.
+        std::fs::create_dir_all(base.join(".release.partial/half")).unwrap();
+        let staging = staging_dir(&dir).unwrap();
+        assert!(!staging.join("half").exists() && staging.join("bin").is_dir());
+        assert!(dir.join("capture-0.1.0.oci.tar").is_file());
+        std::fs::write(staging.join("capture-0.2.0.oci.tar"), "new").unwrap();
+        replace(&dir, &staging).unwrap();
+        assert!(!dir.join("capture-0.1.0.oci.tar").exists());
+        assert!(dir.join("capture-0.2.0.oci.tar").is_file() && !staging.exists());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }
