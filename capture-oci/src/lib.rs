@@ -20,7 +20,8 @@ pub use self::{
     host::shared_libraries,
     read::{read_archive, ReadImage},
     write::{
-        write_archive, write_index_archive, Compression, Image, PlatformImage, Written, WrittenIndex,
+        write_archive, write_index_archive, Compression, Image, PlatformImage, Written,
+        WrittenIndex,
     },
 };
 
@@ -89,7 +90,6 @@ impl Layer {
         b.into_inner()
     }
 }
-
 
 fn relative(path: &str) -> String {
     path.trim_start_matches('/')
@@ -289,6 +289,9 @@ mod tests {
             "the published link still holds the first archive"
         );
         assert_ne!(rewritten, before, "the archive itself is the second");
+    }
+
+    #[test]
     fn an_index_names_one_image_per_platform_and_reads_back_by_platform() {
         let mut amd = Layer::new();
         amd.file("/usr/bin/x", b"amd64".to_vec(), 0o755);

@@ -53,7 +53,11 @@ pub fn read_archive(path: &Path) -> io::Result<Vec<ReadImage>> {
                 let mut image = layout.image(&name, platform_entry)?;
                 image.index = Some(text(&entry["digest"]));
                 let platform = &platform_entry["platform"];
-                let mut said = format!("{}/{}", text(&platform["os"]), text(&platform["architecture"]));
+                let mut said = format!(
+                    "{}/{}",
+                    text(&platform["os"]),
+                    text(&platform["architecture"])
+                );
                 if let Some(variant) = platform["variant"].as_str() {
                     said = format!("{said}/{variant}");
                 }

@@ -211,7 +211,10 @@ fn manifest(
 }
 
 fn digest_of(descriptor: &Value) -> String {
-    descriptor["digest"].as_str().unwrap_or_default().to_string()
+    descriptor["digest"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// `descriptor` annotated with the name containerd imports it as.

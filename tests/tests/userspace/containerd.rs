@@ -433,19 +433,41 @@ fn containerd_takes_each_platforms_image_from_the_index() {
         _ => ("linux/amd64", 62),
     };
     for (platform, machine) in [("linux/arm64/v8", 183_u16), host] {
-        ctr(&["images", "import", "--platform", platform, &archive.to_string_lossy()]);
+        // `ctr images mount` unpacks for the platform it is given; import's own unpack would
+        // take this machine's.
+        ctr(&[
+            "images",
+            "import",
+            "--no-unpack",
+            "--platform",
+            platform,
+            &archive.to_string_lossy(),
+        ]);
         let listed = ctr(&["images", "ls"]);
         let line = listed
             .lines()
             .find(|l| l.starts_with(&format!("{name} ")))
             .unwrap_or_else(|| panic!("{name} not imported: {listed}"));
-        assert!(line.contains("application/vnd.oci.image.index.v1+json"), "{line}");
+        assert!(
+            line.contains("application/vnd.oci.image.index.v1+json"),
+            "{line}"
+        );
         assert!(line.contains(&index), "{line}");
-        assert!(line.contains("linux/amd64") && line.contains("linux/arm64"), "{line}");
+        assert!(
+            line.contains("linux/amd64") && line.contains("linux/arm64"),
+            "{line}"
+        );
         let mount = std::env::temp_dir().join(capture_tests::unique("capture-platform-mount"));
         std::fs::create_dir_all(&mount).expect("a mount point");
         let mount_path = mount.to_string_lossy().into_owned();
-        ctr(&["images", "mount", "--platform", platform, &name, &mount_path]);
+        ctr(&[
+            "images",
+            "mount",
+            "--platform",
+            platform,
+            &name,
+            &mount_path,
+        ]);
         let capture = std::fs::read(mount.join("usr/local/bin/capture"));
         ctr(&["images", "unmount", "--rm", &mount_path]);
         let _ = std::fs::remove_dir(&mount);

@@ -49,7 +49,10 @@ fn image(release: &Path) -> (String, String, Vec<PlatformImage>) {
     assert_eq!(archives.len(), 1, "one image archive: {archives:?}");
     let images = capture_oci::read_archive(&archives[0]).expect("the archive");
     let name = images[0].name.clone();
-    let index = images[0].index.clone().expect("the name points at an image index");
+    let index = images[0]
+        .index
+        .clone()
+        .expect("the name points at an image index");
     let mut platforms = Vec::new();
     for image in images {
         assert_eq!(image.name, name, "one name over every platform");
@@ -222,7 +225,10 @@ fn the_sbom_names_every_file_of_each_platforms_image_with_its_debian_package() {
         let image = components(&bom)
             .into_iter()
             .map(|(c, _)| c)
-            .find(|c| c["type"] == "container" && property(c, "capture:platform") == Some(&platform.platform))
+            .find(|c| {
+                c["type"] == "container"
+                    && property(c, "capture:platform") == Some(&platform.platform)
+            })
             .unwrap_or_else(|| panic!("no image of {} in the SBOM", platform.platform));
         let held = components(image);
         let by_name: BTreeMap<&str, (&Value, Option<&Value>)> = held
@@ -233,7 +239,10 @@ fn the_sbom_names_every_file_of_each_platforms_image_with_its_debian_package() {
         for (path, data) in &platform.files {
             let file = path.strip_prefix("/usr/local/bin/").unwrap_or(path);
             let (component, package) = by_name.get(file).unwrap_or_else(|| {
-                panic!("{path} of the {} image is not in the SBOM", platform.platform)
+                panic!(
+                    "{path} of the {} image is not in the SBOM",
+                    platform.platform
+                )
             });
             assert_eq!(
                 sha256_of(component),

@@ -25,6 +25,8 @@ pub struct Arch {
     /// package.
     pub gcc: &'static str,
     pub gcc_package: &'static str,
+    /// Its C library for that cross compiler (crt files, static libc).
+    pub libc_dev_package: &'static str,
 }
 
 pub const AMD64: Arch = Arch {
@@ -36,6 +38,7 @@ pub const AMD64: Arch = Arch {
     elf_machine: object::elf::EM_X86_64,
     gcc: "x86_64-linux-gnu-gcc",
     gcc_package: "gcc-x86-64-linux-gnu",
+    libc_dev_package: "libc6-dev-amd64-cross",
 };
 
 pub const ARM64: Arch = Arch {
@@ -47,6 +50,7 @@ pub const ARM64: Arch = Arch {
     elf_machine: object::elf::EM_AARCH64,
     gcc: "aarch64-linux-gnu-gcc",
     gcc_package: "gcc-aarch64-linux-gnu",
+    libc_dev_package: "libc6-dev-arm64-cross",
 };
 
 /// Every platform of the image, the index's order.

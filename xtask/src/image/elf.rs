@@ -30,12 +30,10 @@ pub fn linking(data: &[u8]) -> Result<Linking> {
             interpreter = Some(String::from_utf8_lossy(path).into_owned());
         }
     }
-    let table = header
-        .sections(endian, data)?
-        .dynamic_table(endian, data)?;
+    let table = header.sections(endian, data)?.dynamic_table(endian, data)?;
     let mut needed = Vec::new();
-    for entry in table.iter() {
-        if entry.tag == i64::from(elf::DT_NEEDED) {
+    for entry in &table {
+        if entry.tag == elf::DT_NEEDED {
             needed.push(String::from_utf8_lossy(table.string(entry)?).into_owned());
         }
     }

@@ -83,10 +83,17 @@ pub fn layer(arch: Arch, source: &Source, binaries: &[PathBuf]) -> Result<(Layer
     let extensions: Vec<String> = source
         .list(&xtables)
         .into_iter()
-        .filter(|f| ["libxt_", "libipt_", "libip6t_"].iter().any(|p| f.starts_with(p)))
+        .filter(|f| {
+            ["libxt_", "libipt_", "libip6t_"]
+                .iter()
+                .any(|p| f.starts_with(p))
+        })
         .collect();
     if extensions.is_empty() {
-        bail!("no iptables extensions in {xtables} for {}: run cargo xtask setup", arch.oci);
+        bail!(
+            "no iptables extensions in {xtables} for {}: run cargo xtask setup",
+            arch.oci
+        );
     }
     for file in extensions {
         taken.push(take(arch, source, &format!("{xtables}/{file}"))?);
@@ -103,7 +110,10 @@ pub fn layer(arch: Arch, source: &Source, binaries: &[PathBuf]) -> Result<(Layer
 /// The file `source` ships at `path`, at its merged-/usr place in the image.
 fn take(arch: Arch, source: &Source, path: &str) -> Result<TakenFile> {
     let found = source.locate(path).with_context(|| {
-        format!("{path} for the {} image is missing: run cargo xtask setup", arch.oci)
+        format!(
+            "{path} for the {} image is missing: run cargo xtask setup",
+            arch.oci
+        )
     })?;
     Ok(TakenFile {
         in_image: merged_usr(path),
@@ -148,8 +158,8 @@ fn libraries(arch: Arch, source: &Source, files: &[TakenFile]) -> Result<Vec<Tak
 
 /// How `file` links, refused unless it is `arch`'s.
 fn read_linking(arch: Arch, file: &TakenFile) -> Result<elf::Linking> {
-    let data =
-        std::fs::read(&file.source).with_context(|| format!("reading {}", file.source.display()))?;
+    let data = std::fs::read(&file.source)
+        .with_context(|| format!("reading {}", file.source.display()))?;
     let linking = elf::linking(&data)
         .with_context(|| format!("reading the ELF headers of {}", file.source.display()))?;
     if linking.machine != arch.elf_machine {
@@ -221,7 +231,10 @@ mod tests {
 
     #[test]
     fn files_under_the_root_links_go_under_usr() {
-        assert_eq!(merged_usr("/lib/ld-linux-aarch64.so.1"), "/usr/lib/ld-linux-aarch64.so.1");
+        assert_eq!(
+            merged_usr("/lib/ld-linux-aarch64.so.1"),
+            "/usr/lib/ld-linux-aarch64.so.1"
+        );
         assert_eq!(
             merged_usr("/lib64/ld-linux-x86-64.so.2"),
             "/usr/lib64/ld-linux-x86-64.so.2"
@@ -233,7 +246,10 @@ mod tests {
 
     #[test]
     fn iptables_names_by_variant() {
-        assert_eq!(of_variant("iptables-save", "legacy"), "iptables-legacy-save");
+        assert_eq!(
+            of_variant("iptables-save", "legacy"),
+            "iptables-legacy-save"
+        );
         assert_eq!(of_variant("ip6tables", "nft"), "ip6tables-nft");
     }
 
@@ -242,7 +258,11 @@ mod tests {
         let arch = Arch::host();
         let (_, taken) = layer(arch, &Source::Host, &[]).unwrap();
         let in_image: BTreeSet<&str> = taken.iter().map(|f| f.in_image.as_str()).collect();
-        for tool in ["/usr/sbin/nft", "/usr/sbin/xtables-nft-multi", "/usr/bin/ip"] {
+        for tool in [
+            "/usr/sbin/nft",
+            "/usr/sbin/xtables-nft-multi",
+            "/usr/bin/ip",
+        ] {
             let host = Source::Host.locate(tool).unwrap();
             for library in capture_oci::shared_libraries(&host).unwrap() {
                 let name = Path::new(&library).file_name().unwrap().to_string_lossy();

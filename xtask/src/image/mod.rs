@@ -63,9 +63,12 @@ pub fn check_reproducible() -> Result<()> {
     .digest;
     for arch in arch::ALL {
         let mut clean = cargo();
-        clean
-            .env("CARGO_TARGET_DIR", static_target_dir())
-            .args(["clean", "--release", "--target", arch.rust_target]);
+        clean.env("CARGO_TARGET_DIR", static_target_dir()).args([
+            "clean",
+            "--release",
+            "--target",
+            arch.rust_target,
+        ]);
         for krate in OWN_CRATES {
             clean.args(["-p", krate]);
         }
@@ -208,7 +211,10 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
 }
 
 /// One platform's binaries and layer, and what the layer took from where.
-fn build_platform(arch: Arch, kernel: KernelPrograms) -> Result<(capture_oci::Layer, BuiltPlatform)> {
+fn build_platform(
+    arch: Arch,
+    kernel: KernelPrograms,
+) -> Result<(capture_oci::Layer, BuiltPlatform)> {
     let binaries = static_binaries(arch, kernel)?;
     let source = Source::of(arch)?;
     let (layer, taken) = layer::layer(arch, &source, &binaries)?;
@@ -296,7 +302,10 @@ fn static_binaries(arch: Arch, kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
         cmd.env_remove("CAPTURE_EBPF_TARGET_DIR");
     }
     let prefix = arch.cargo_env_prefix();
-    cmd.env(format!("{prefix}_RUSTFLAGS"), "-C target-feature=+crt-static");
+    cmd.env(
+        format!("{prefix}_RUSTFLAGS"),
+        "-C target-feature=+crt-static",
+    );
     if let Some(gcc) = arch.cross_gcc() {
         cmd.env(format!("{prefix}_LINKER"), gcc)
             .env(format!("CC_{}", arch.rust_target.replace('-', "_")), gcc);

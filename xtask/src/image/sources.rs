@@ -147,7 +147,13 @@ impl PackageRoot {
         run(apt.command("apt-get").args(["-q", "update"]))?;
         run(apt
             .command("apt-get")
-            .args(["-q", "-y", "--no-install-recommends", "install", "--download-only"])
+            .args([
+                "-q",
+                "-y",
+                "--no-install-recommends",
+                "install",
+                "--download-only",
+            ])
             .args(WANTED)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         let root = dir.join("root");
@@ -216,7 +222,7 @@ impl PackageRoot {
                             }
                             let target = target.to_string_lossy().into_owned();
                             if target.starts_with('/') {
-                                resolved = self.root.clone();
+                                resolved.clone_from(&self.root);
                             }
                             pending.extend(components(&target).into_iter().rev());
                         }
@@ -239,7 +245,9 @@ impl PackageRoot {
             .paths
             .get(&inside)
             .or_else(|| self.index.paths.get(&usr_alias(&inside)))
-            .with_context(|| format!("which Debian package holds {inside}: none of those unpacked"))?;
+            .with_context(|| {
+                format!("which Debian package holds {inside}: none of those unpacked")
+            })?;
         Ok(&self.index.packages[name])
     }
 }
@@ -253,12 +261,12 @@ fn components(path: &str) -> Vec<String> {
 
 /// Unpacks `deb` into `root`, notes the paths it ships, and says what it is.
 fn unpack(deb: &Path, root: &Path, paths: &mut BTreeMap<String, String>) -> Result<DebPackage> {
-    let fields = output(
-        Command::new("dpkg-deb")
-            .arg("-f")
-            .arg(deb)
-            .args(["Package", "Version", "Architecture", "Source"]),
-    )?;
+    let fields = output(Command::new("dpkg-deb").arg("-f").arg(deb).args([
+        "Package",
+        "Version",
+        "Architecture",
+        "Source",
+    ]))?;
     let field = |name: &str| {
         fields.lines().find_map(|l| {
             l.strip_prefix(name)?
@@ -296,22 +304,24 @@ fn unpack(deb: &Path, root: &Path, paths: &mut BTreeMap<String, String>) -> Resu
 fn host_owners(files: &[PathBuf]) -> Result<BTreeMap<PathBuf, DebPackage>> {
     let paths: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     let names = super::owning_packages(paths.iter().map(String::as_str))?;
+    // One query for every package; `${binary:Package}` is the name as `dpkg -S` gave it
+    // (`libc6:amd64` for a multi-arch package), which keys the answer.
+    let wanted: std::collections::BTreeSet<&String> = names.values().collect();
+    let listed = output(
+        Command::new("dpkg-query")
+            .arg("-W")
+            .arg("-f=${binary:Package}\t${Package}\t${Version}\t${Architecture}\t${source:Package}\n")
+            .args(&wanted),
+    )?;
     let mut facts: BTreeMap<String, DebPackage> = BTreeMap::new();
-    for name in names.values() {
-        if facts.contains_key(name) {
-            continue;
-        }
-        let fields = output(Command::new("dpkg-query").args([
-            "-W",
-            "-f=${Package}\t${Version}\t${Architecture}\t${source:Package}",
-            name,
-        ]))?;
-        let [package, version, architecture, source] = fields.split('\t').collect::<Vec<_>>()[..]
+    for line in listed.lines() {
+        let [key, package, version, architecture, source] =
+            line.split('\t').collect::<Vec<_>>()[..]
         else {
-            bail!("dpkg-query -W {name} said {fields:?}");
+            bail!("dpkg-query -W said {line:?}");
         };
         facts.insert(
-            name.clone(),
+            key.to_string(),
             DebPackage {
                 name: package.to_string(),
                 version: version.to_string(),
@@ -324,6 +334,12 @@ fn host_owners(files: &[PathBuf]) -> Result<BTreeMap<PathBuf, DebPackage>> {
     files
         .iter()
         .zip(&paths)
-        .map(|(file, path)| Ok((file.clone(), facts[&names[path]].clone())))
+        .map(|(file, path)| {
+            let name = &names[path];
+            let package = facts
+                .get(name)
+                .with_context(|| format!("dpkg-query -W did not list {name}"))?;
+            Ok((file.clone(), package.clone()))
+        })
         .collect()
 }

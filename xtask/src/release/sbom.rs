@@ -463,7 +463,11 @@ fn debian_packages(platform: &BuiltPlatform) -> Result<Vec<Component>> {
                 Classification::File,
                 &file.in_image,
                 version,
-                Some(format!("file:{}:{}", platform.arch.platform(), file.in_image)),
+                Some(format!(
+                    "file:{}:{}",
+                    platform.arch.platform(),
+                    file.in_image
+                )),
             );
             f.hashes = Some(Hashes(vec![file_hash(&file.source)?]));
             nested.push(f);
@@ -488,7 +492,10 @@ fn debian_licences(copyright: &std::path::Path) -> Vec<String> {
         let shown = copyright
             .to_string_lossy()
             .split_once("/usr/share/doc/")
-            .map_or_else(|| copyright.display().to_string(), |(_, p)| format!("/usr/share/doc/{p}"));
+            .map_or_else(
+                || copyright.display().to_string(),
+                |(_, p)| format!("/usr/share/doc/{p}"),
+            );
         vec![format!("see {shown}")]
     } else {
         names.into_iter().collect()

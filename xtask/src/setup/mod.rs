@@ -4,9 +4,9 @@
 //! install (rustup, python3 with pip, dpkg and apt) is checked before anything else starts.
 
 pub mod apt_sources;
-pub mod private_apt;
 pub mod check;
 mod dpkg;
+pub mod private_apt;
 mod services;
 pub mod tools;
 
@@ -179,17 +179,7 @@ pub fn fuzz_setup() -> Result<()> {
 /// counts), keeping off any server that comes with them (see services.rs), then checks that
 /// every command is there, naming the package of any that is not.
 pub fn install(tools: &[Tool]) -> Result<()> {
-    let missing = dpkg::missing(&tools::packages(tools), None)?;
-    refuse_conflicts(&missing)?;
-    if !missing.is_empty() {
-        println!("setup: installing Debian packages {}", missing.join(" "));
-        services::keep_off(&missing)?;
-        run(Command::new("apt-get").args(["update", "-q"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
+    install_packages(&tools::packages(tools))?;
     let absent: Vec<String> = tools
         .iter()
         .filter(|t| tools::find(t.command).is_none())
@@ -202,6 +192,22 @@ pub fn install(tools: &[Tool]) -> Result<()> {
             std::env::var("PATH").unwrap_or_default(),
             absent.join(", ")
         );
+    }
+    Ok(())
+}
+
+/// Installs the packages of `packages` that dpkg does not list as installed.
+fn install_packages(packages: &[&str]) -> Result<()> {
+    let missing = dpkg::missing(packages, None)?;
+    refuse_conflicts(&missing)?;
+    if !missing.is_empty() {
+        println!("setup: installing Debian packages {}", missing.join(" "));
+        services::keep_off(&missing)?;
+        run(Command::new("apt-get").args(["update", "-q"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
     Ok(())
 }
@@ -306,6 +312,12 @@ pub fn image_platforms() -> Result<()> {
         }
     }
     install(&cross_compilers())?;
+    // The cross compiler's C library (crt1.o, libc.a): a recommendation of the compiler's
+    // package, which `--no-install-recommends` leaves out, and the static link needs.
+    let libcs: Vec<&str> = crate::image::arch::Arch::foreign()
+        .map(|arch| arch.libc_dev_package)
+        .collect();
+    install_packages(&libcs)?;
     for arch in crate::image::arch::Arch::foreign() {
         crate::image::sources::PackageRoot::prepare(arch)?;
     }

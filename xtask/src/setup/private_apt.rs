@@ -1,6 +1,6 @@
 //! apt run with a configuration of its own under target/: its own package lists, cache and
 //! (where it resolves packages) an empty dpkg status, so that the machine's package lists and
-//! installed set are never read or written. The archive is the machine's own (apt_sources.rs).
+//! installed set are never read or written. The archive is the machine's own (`apt_sources.rs`).
 
 use std::{
     fs,
