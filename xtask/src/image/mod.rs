@@ -55,11 +55,20 @@ pub struct Options {
 
 /// Builds the image twice, compiling `capture` and `capture-cni` afresh for the second, and fails
 /// unless both archives carry the same digest.
+///
+/// Neither build writes the archive the tests read (`archive_path`), and the commit is read once,
+/// so CI runs this beside the tests.
 pub fn check_reproducible() -> Result<()> {
+    let commit = Commit::head()?;
     let first_path = archive_path().with_extension("first.tar");
-    let first = build(&Options {
-        out: Some(first_path.clone()),
-    })?
+    let second_path = archive_path().with_extension("second.tar");
+    let first = build_image(
+        &Options {
+            out: Some(first_path.clone()),
+        },
+        KernelPrograms::Shared,
+        &commit,
+    )?
     .digest;
     for arch in arch::ALL {
         let mut clean = cargo();
@@ -75,8 +84,16 @@ pub fn check_reproducible() -> Result<()> {
         run(&mut clean)?;
     }
     // The kernel programs too: the first build may have taken them from the shared directory.
-    let second = build_image(&Options { out: None }, KernelPrograms::Afresh)?.digest;
+    let second = build_image(
+        &Options {
+            out: Some(second_path.clone()),
+        },
+        KernelPrograms::Afresh,
+        &commit,
+    )?
+    .digest;
     std::fs::remove_file(&first_path)?;
+    std::fs::remove_file(&second_path)?;
     if first != second {
         bail!("two builds of one tree gave two images: {first} and {second}");
     }
@@ -139,15 +156,14 @@ impl Built {
 
 /// Builds the image and prints its name, digest and size.
 pub fn build(opts: &Options) -> Result<Built> {
-    build_image(opts, KernelPrograms::Shared)
+    build_image(opts, KernelPrograms::Shared, &Commit::head()?)
 }
 
-fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
+fn build_image(opts: &Options, kernel: KernelPrograms, commit: &Commit) -> Result<Built> {
     let out = opts.out.clone().unwrap_or_else(archive_path);
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let commit = Commit::head()?;
     let mut platforms = Vec::new();
     let mut layers = Vec::new();
     for arch in arch::ALL {
@@ -171,7 +187,7 @@ fn build_image(opts: &Options, kernel: KernelPrograms) -> Result<Built> {
             architecture: platform.arch.oci,
             variant: platform.arch.variant,
             layer,
-            config: image_config(&version, &commit, &platform.files),
+            config: image_config(&version, commit, &platform.files),
         })
         .collect();
     let written = capture_oci::write_index_archive(

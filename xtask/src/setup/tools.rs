@@ -82,6 +82,8 @@ pub const TEST_TOOLS: &[Tool] = &[
     // A real transparent proxy as a pod's sidecar (tests/tests/hooks/haproxy.rs), run inside the pod
     // through the probe; its unit stays masked (services.rs).
     tool("haproxy", "haproxy"),
+    // `cargo xtask ci` rebuilds the image beside the tests in the idle scheduling class.
+    tool("chrt", "util-linux"),
 ];
 
 /// What `cargo xtask vm` adds on the host: apt and dpkg fetch and unpack the kernels, kmod
