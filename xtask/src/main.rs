@@ -121,9 +121,9 @@ enum Task {
     /// Benchmark ebpf against iptables and no capture; writes docs/results/benchmarks.{md,svg} and
     /// docs/results/results.json (needs root).
     Bench(BenchArgs),
-    /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs and
-    /// on this machine's kernel; writes target/vm/results/<kernel>.json and the kernel support
-    /// table (needs root).
+    /// Run the privileged end-to-end suite on Debian's 5.10, 6.1 and 6.12 kernels in qemu VMs
+    /// (also as arm64 builds, emulated) and on this machine's kernel; writes
+    /// target/vm/results/<kernel>.json and the kernel support table (needs root).
     Vm(VmArgs),
 }
 
@@ -326,8 +326,14 @@ struct BenchArgs {
 #[derive(Debug, clap::Args)]
 struct VmArgs {
     /// Kernels to test, in this order: `5.10`, `6.1`, `6.12` boot in a VM (fetched once and
-    /// cached under target/vm), `host` runs natively.
-    #[arg(long, value_delimiter = ',', default_value = "5.10,6.1,6.12,host")]
+    /// cached under target/vm), `5.10-arm64`, `6.1-arm64` and `6.12-arm64` boot Debian's arm64
+    /// builds in an emulated arm64 VM (the tiers verifier and hooks, cross-built), `host` runs
+    /// natively.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "5.10,6.1,6.12,5.10-arm64,6.1-arm64,6.12-arm64,host"
+    )]
     kernels: Vec<String>,
     /// Time limit per VM: one that panics or hangs fails with its log after this long, and
     /// the run goes on with the next. 5.10 under emulation needs about an hour for the
@@ -341,7 +347,7 @@ struct VmArgs {
     #[arg(long, allow_hyphen_values = true)]
     filter: Option<String>,
     /// Where to write the kernel support table. Without it, the table goes to
-    /// docs/results/kernel-support.md only when all four kernels ran the whole suite (no
+    /// docs/results/kernel-support.md only when every kernel ran the whole suite (no
     /// --tests, --filter or --scope other than all).
     #[arg(long)]
     report: Option<std::path::PathBuf>,

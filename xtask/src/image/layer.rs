@@ -22,7 +22,7 @@ const ELF_TOOLS: [&str; 5] = [
 
 /// The iptables names the agent runs or an operator may (Debian links each to its multi-call
 /// binary); the unsuffixed ones point at the nft variant, as Debian's alternatives do by default.
-const IPTABLES_NAMES: [&str; 6] = [
+pub const IPTABLES_NAMES: [&str; 6] = [
     "iptables",
     "iptables-save",
     "iptables-restore",
@@ -199,7 +199,7 @@ fn merged_usr(path: &str) -> String {
 
 /// Debian's name of an iptables program in one variant: `iptables-save` in `legacy` is
 /// `iptables-legacy-save`.
-fn of_variant(name: &str, variant: &str) -> String {
+pub fn of_variant(name: &str, variant: &str) -> String {
     match name.split_once('-') {
         Some((base, op)) => format!("{base}-{variant}-{op}"),
         None => format!("{name}-{variant}"),

@@ -22,7 +22,7 @@
 
 pub mod arch;
 mod elf;
-mod layer;
+pub mod layer;
 pub mod sources;
 
 use std::{collections::BTreeMap, path::PathBuf, process::Command};

@@ -16,8 +16,18 @@ use serde::{Deserialize, Serialize};
 use super::arch::Arch;
 use crate::{output, run, setup::private_apt::PrivateApt};
 
-/// The packages whose programs the image runs; apt adds the libraries they depend on.
-const WANTED: [&str; 4] = ["iptables", "nftables", "iproute2", "util-linux"];
+/// What a package root is for: the name of its directory and the packages it is made of (apt
+/// adds what they depend on, but not Debian's essential packages, which nothing declares).
+pub struct PackageSet {
+    pub name: &'static str,
+    pub wanted: &'static [&'static str],
+}
+
+/// The packages whose programs the image runs.
+pub const IMAGE_PACKAGES: PackageSet = PackageSet {
+    name: "image",
+    wanted: &["iptables", "nftables", "iproute2", "util-linux"],
+};
 
 /// Written last into a package root's directory: what it holds, once complete.
 const INDEX: &str = "index.json";
@@ -48,12 +58,13 @@ impl Source {
         if arch.is_host() {
             return Ok(Self::Host);
         }
-        PackageRoot::cached(&PackageRoot::dir(arch))?
+        let dir = PackageRoot::dir(arch, &IMAGE_PACKAGES);
+        PackageRoot::cached(&dir)?
             .map(Self::Packages)
             .with_context(|| {
                 format!(
                     "{} holds no Debian {} packages for the image: run cargo xtask setup",
-                    PackageRoot::dir(arch).display(),
+                    dir.display(),
                     arch.debian
                 )
             })
@@ -119,24 +130,36 @@ struct Index {
 }
 
 impl PackageRoot {
-    /// target/debian/<arch>: the private apt state, the unpacked root and its index.
-    pub fn dir(arch: Arch) -> PathBuf {
-        crate::builds::target_dir().join("debian").join(arch.debian)
+    /// target/debian/<arch>/<set>: the private apt state, the unpacked root and its index.
+    pub fn dir(arch: Arch, set: &PackageSet) -> PathBuf {
+        crate::builds::target_dir()
+            .join("debian")
+            .join(arch.debian)
+            .join(set.name)
+    }
+
+    /// The unpacked tree.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// Fetches `arch`'s packages with a private apt (the machine's sources, resolved as for a
     /// machine of that architecture with nothing installed) and unpacks them, unless an earlier
     /// run did. Later runs reuse the tree without the network, so that two builds of the image
     /// read the same files.
-    pub fn prepare(arch: Arch) -> Result<Self> {
-        let dir = Self::dir(arch);
-        if let Some(root) = Self::cached(&dir)? {
+    pub fn prepare(arch: Arch, set: &PackageSet) -> Result<Self> {
+        let dir = Self::dir(arch, set);
+        // Fetched again when the set has grown since.
+        if let Some(root) = Self::cached(&dir)?
+            .filter(|r| set.wanted.iter().all(|w| r.index.packages.contains_key(*w)))
+        {
             return Ok(root);
         }
         println!(
-            "setup: fetching Debian's {} packages of {} for the image",
+            "setup: fetching Debian's {} packages of {} ({})",
             arch.debian,
-            WANTED.join(", ")
+            set.wanted.join(", "),
+            set.name
         );
         let apt = PrivateApt::foreign(&dir.join("apt"), arch.debian)?;
         for old in fs::read_dir(apt.archives())?.filter_map(Result::ok) {
@@ -154,7 +177,7 @@ impl PackageRoot {
                 "install",
                 "--download-only",
             ])
-            .args(WANTED)
+            .args(set.wanted)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
         let root = dir.join("root");
         if root.exists() {
@@ -175,8 +198,8 @@ impl PackageRoot {
             let package = unpack(deb, &root, &mut index.paths)?;
             index.packages.insert(package.name.clone(), package);
         }
-        for wanted in WANTED {
-            if !index.packages.contains_key(wanted) {
+        for wanted in set.wanted {
+            if !index.packages.contains_key(*wanted) {
                 bail!("apt downloaded no {wanted} for {}", arch.debian);
             }
         }

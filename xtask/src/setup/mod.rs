@@ -319,7 +319,7 @@ pub fn image_platforms() -> Result<()> {
         .collect();
     install_packages(&libcs)?;
     for arch in crate::image::arch::Arch::foreign() {
-        crate::image::sources::PackageRoot::prepare(arch)?;
+        crate::image::sources::PackageRoot::prepare(arch, &crate::image::sources::IMAGE_PACKAGES)?;
     }
     Ok(())
 }

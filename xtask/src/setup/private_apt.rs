@@ -26,6 +26,11 @@ impl PrivateApt {
         Self::create(dir, true, None)
     }
 
+    /// `own_sources`, resolving for a machine of `architecture` with nothing installed.
+    pub fn own_sources_for(dir: &Path, architecture: &str) -> Result<Self> {
+        Self::create(dir, true, Some(architecture.to_string()))
+    }
+
     /// apt resolving for a machine of `architecture` with nothing installed, from the machine's
     /// sources.
     pub fn foreign(dir: &Path, architecture: &str) -> Result<Self> {

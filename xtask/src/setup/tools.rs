@@ -100,6 +100,8 @@ pub const VM_TOOLS: &[Tool] = &[
     tool("zstd", "zstd"),
     tool("busybox", "busybox-static"),
     tool("qemu-system-x86_64", "qemu-system-x86"),
+    // The arm64 kernels (`cargo xtask vm --kernels 6.1-arm64`).
+    tool("qemu-system-aarch64", "qemu-system-arm"),
     tool("bash", "bash"),
     tool("mount", "mount"),
 ];

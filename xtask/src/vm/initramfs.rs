@@ -4,7 +4,11 @@
 //! It is an uncompressed newc cpio written here: the kernel unpacks that as an initrd directly, and
 //! no cpio or gzip tool is needed on the host.
 
-use std::{fs, path::Path, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{bail, Context as _, Result};
 
@@ -34,16 +38,18 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroo
     || fail "cannot mount the host root over 9p"
 workspace=
 stage2=
+shares=
 for word in $(cat /proc/cmdline); do
     case "$word" in
         capture.stage2=*) stage2="${word#capture.stage2=}" ;;
         capture.workspace=*) workspace="${word#capture.workspace=}" ;;
+        capture.share=*) shares="$shares ${word#capture.share=}" ;;
     esac
 done
 [ -n "$stage2" ] || fail "no capture.stage2= on the kernel command line"
 # The guest's /tmp is its own; a workspace under the host's /tmp (a CI clone) stays visible.
-case "$workspace" in
-    /tmp/*)
+case "$shares:$workspace" in
+    :/tmp/*)
         mkdir -p /workspace
         mount --bind "/newroot$workspace" /workspace || fail "cannot keep $workspace"
         ;;
@@ -53,6 +59,15 @@ if [ -d /workspace ]; then
     mkdir -p "/newroot$workspace"
     mount --move /workspace "/newroot$workspace" || fail "cannot move $workspace back"
 fi
+# A root other than the host's (another architecture's) gets the workspace and the build
+# directory as shares of their own (`capture.share=TAG:PATH`), each at its path.
+for share in $shares; do
+    tag="${share%%:*}"
+    at="/newroot${share#*:}"
+    mkdir -p "$at" 2>/dev/null
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose "$tag" "$at" \
+        || fail "cannot mount the share $tag at $at over 9p"
+done
 mkdir -p /newroot/tmp/kroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000 kroot /newroot/tmp/kroot \
     || fail "cannot mount the guest kernel's module tree"
@@ -63,19 +78,28 @@ exec switch_root /newroot /bin/bash "$stage2"
 fail "switch_root failed"
 "#;
 
-/// Writes the initramfs for `kernel` to `out`.
-pub fn build(kernel: &Kernel, out: &Path) -> Result<()> {
-    let busybox = BUSYBOX
-        .iter()
-        .find(|p| Path::new(p).exists())
-        .context("no busybox (the busybox-static package) on the host")?;
+/// Writes the initramfs for `kernel` to `out`, with the static busybox of the guest's
+/// architecture: this machine's, or the one in the guest's own root.
+pub fn build(kernel: &Kernel, guest_root: Option<&Path>, out: &Path) -> Result<()> {
+    let busybox = match guest_root {
+        None => BUSYBOX
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .context("no busybox (the busybox-static package) on the host")?,
+        Some(root) => BUSYBOX
+            .iter()
+            .map(|p| root.join(p.trim_start_matches('/')))
+            .find(|p| p.exists())
+            .with_context(|| format!("no static busybox in the guest root {}", root.display()))?,
+    };
     let mut cpio = Cpio::default();
     for dir in ["bin", "dev", "proc", "sys", "newroot", "mods"] {
         cpio.dir(dir);
     }
     // The kernel opens /dev/console for init's stdio before init runs.
     cpio.char_dev("dev/console", 5, 1);
-    cpio.file("bin/busybox", 0o755, &fs::read(busybox)?);
+    cpio.file("bin/busybox", 0o755, &fs::read(&busybox)?);
     let mut list = String::new();
     for path in module_closure(kernel)? {
         let (name, data) = module(&path)?;

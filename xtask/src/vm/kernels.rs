@@ -3,8 +3,9 @@
 //! depmod'ed and cached under target/vm/kernels/<label>/; later runs reuse the unpacked tree
 //! without the network.
 //!
-//! The generic `-amd64` flavour is used, not `-cloud-amd64`: the cloud kernels have no 9p, and the
-//! guest reaches the host's root over 9p.
+//! The generic flavours are used (`-amd64`, `-arm64`), not `-cloud-amd64`: the cloud kernels have
+//! no 9p, and the guest reaches its root over 9p. Another architecture's kernel is found with apt
+//! resolving for that architecture.
 
 use std::{
     fs,
@@ -15,6 +16,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
+    image::arch::{self, Arch},
     output, run,
     setup::{apt_sources, private_apt::PrivateApt},
 };
@@ -24,28 +26,62 @@ const STAMP: &str = "ready";
 
 /// A kernel line of the matrix and the Debian release that ships it.
 pub struct Line {
-    /// What `--kernels` calls it: the upstream major.minor.
+    /// What `--kernels` calls it: the upstream major.minor, and the architecture where it is not
+    /// amd64 (`6.1-arm64`).
     pub label: &'static str,
+    /// The upstream major.minor.
+    pub version: &'static str,
     pub suite: &'static str,
+    pub arch: Arch,
 }
 
-pub const LINES: [Line; 3] = [
+pub const LINES: [Line; 6] = [
     // Debian 11: the oldest long-term kernel still in service on nodes.
     Line {
         label: "5.10",
+        version: "5.10",
         suite: "bullseye",
+        arch: arch::AMD64,
     },
     // Debian 12.
     Line {
         label: "6.1",
+        version: "6.1",
         suite: "bookworm",
+        arch: arch::AMD64,
     },
     // Debian 13.
     Line {
         label: "6.12",
+        version: "6.12",
         suite: "trixie",
+        arch: arch::AMD64,
+    },
+    // The same releases' arm64 builds, emulated (qemu-system-aarch64, TCG).
+    Line {
+        label: "5.10-arm64",
+        version: "5.10",
+        suite: "bullseye",
+        arch: arch::ARM64,
+    },
+    Line {
+        label: "6.1-arm64",
+        version: "6.1",
+        suite: "bookworm",
+        arch: arch::ARM64,
+    },
+    Line {
+        label: "6.12-arm64",
+        version: "6.12",
+        suite: "trixie",
+        arch: arch::ARM64,
     },
 ];
+
+/// The line `--kernels` calls `label`.
+pub fn line(label: &str) -> Option<&'static Line> {
+    LINES.iter().find(|l| l.label == label)
+}
 
 /// An unpacked kernel package, ready to boot.
 pub struct Kernel {
@@ -68,7 +104,11 @@ pub fn prepare(cache: &Path, line: &Line) -> Result<Kernel> {
         line.label, line.suite
     );
     fs::create_dir_all(&dir)?;
-    let apt = PrivateApt::own_sources(&dir.join("apt"))?;
+    let apt = if line.arch.is_host() {
+        PrivateApt::own_sources(&dir.join("apt"))?
+    } else {
+        PrivateApt::own_sources_for(&dir.join("apt"), line.arch.debian)?
+    };
     let name = newest_image(&apt, line)?;
     let release = name
         .strip_prefix("linux-image-")
@@ -135,7 +175,7 @@ fn newest_image(apt: &PrivateApt, line: &Line) -> Result<String> {
         format!("deb {mirror} {} main\n", line.suite),
     )?;
     run(apt.command("apt-get").args(["-q", "update"]))?;
-    let prefix = format!("linux-image-{}.", line.label);
+    let prefix = format!("linux-image-{}.", line.version);
     let found = output(apt.command("apt-cache").args([
         "search",
         "--names-only",
@@ -144,22 +184,27 @@ fn newest_image(apt: &PrivateApt, line: &Line) -> Result<String> {
     found
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|name| is_generic_image(name, line.label))
+        .filter(|name| is_generic_image(name, line.version, line.arch))
         .max_by_key(|name| version_key(name))
         .map(str::to_string)
-        .with_context(|| format!("no linux-image-{}.*-amd64 in {}", line.label, line.suite))
+        .with_context(|| {
+            format!(
+                "no linux-image-{}.*-{} in {}",
+                line.version, line.arch.debian, line.suite
+            )
+        })
 }
 
-/// `linux-image-5.10.0-32-amd64` or `linux-image-6.12.117+deb13-amd64`; not the cloud, rt, dbg
-/// or unsigned variants, nor the metapackages.
-fn is_generic_image(name: &str, label: &str) -> bool {
+/// `linux-image-5.10.0-32-amd64` or `linux-image-6.12.117+deb13-arm64`; not the cloud, rt, dbg,
+/// 16k-page or unsigned variants, nor the metapackages.
+fn is_generic_image(name: &str, version: &str, arch: Arch) -> bool {
     let Some(stem) = name
         .strip_prefix("linux-image-")
-        .and_then(|n| n.strip_suffix("-amd64"))
+        .and_then(|n| n.strip_suffix(&format!("-{}", arch.debian)))
     else {
         return false;
     };
-    stem.starts_with(&format!("{label}."))
+    stem.starts_with(&format!("{version}."))
         && stem
             .replace("deb", "")
             .chars()
@@ -179,15 +224,52 @@ mod tests {
 
     #[test]
     fn picks_generic_images_only() {
-        assert!(is_generic_image("linux-image-5.10.0-32-amd64", "5.10"));
-        assert!(is_generic_image("linux-image-6.12.117+deb13-amd64", "6.12"));
+        let amd64 = arch::AMD64;
+        assert!(is_generic_image(
+            "linux-image-5.10.0-32-amd64",
+            "5.10",
+            amd64
+        ));
+        assert!(is_generic_image(
+            "linux-image-6.12.117+deb13-amd64",
+            "6.12",
+            amd64
+        ));
         assert!(!is_generic_image(
             "linux-image-5.10.0-32-cloud-amd64",
-            "5.10"
+            "5.10",
+            amd64
         ));
-        assert!(!is_generic_image("linux-image-5.10.0-32-rt-amd64", "5.10"));
-        assert!(!is_generic_image("linux-image-5.10.0-32-amd64-dbg", "5.10"));
-        assert!(!is_generic_image("linux-image-6.1.0-50-amd64", "6.12"));
+        assert!(!is_generic_image(
+            "linux-image-5.10.0-32-rt-amd64",
+            "5.10",
+            amd64
+        ));
+        assert!(!is_generic_image(
+            "linux-image-5.10.0-32-amd64-dbg",
+            "5.10",
+            amd64
+        ));
+        assert!(!is_generic_image(
+            "linux-image-6.1.0-50-amd64",
+            "6.12",
+            amd64
+        ));
+        assert!(is_generic_image(
+            "linux-image-6.1.0-50-arm64",
+            "6.1",
+            arch::ARM64
+        ));
+        assert!(!is_generic_image(
+            "linux-image-6.1.0-50-arm64-16k",
+            "6.1",
+            arch::ARM64
+        ));
+        assert!(!is_generic_image(
+            "linux-image-6.1.0-50-arm64",
+            "6.1",
+            amd64
+        ));
         assert!(
             version_key("linux-image-5.10.0-33-amd64") > version_key("linux-image-5.10.0-9-amd64")
         );

@@ -10,7 +10,9 @@
 //! kernel's parsed results, merged, go to target/vm/results/<kernel>.json.
 
 mod console;
+mod cross;
 mod features;
+mod guest_root;
 mod host;
 mod initramfs;
 mod kernels;
@@ -21,23 +23,24 @@ mod report;
 mod results;
 mod shards;
 mod stage2;
+mod suite;
 #[cfg(test)]
 mod tests;
 
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 
 use self::{
     console::Console,
-    kernels::Kernel,
     model::{KernelResult, TestBinary},
+    qemu::Guest,
 };
+use crate::image::arch::Arch;
 
 /// What `--kernels` accepts besides the Debian lines: this machine's kernel, without a VM.
 const HOST: &str = "host";
@@ -146,7 +149,7 @@ pub fn run(opts: Options) -> Result<()> {
     for sub in ["kernels", "logs", "results"] {
         fs::create_dir_all(vm_dir.join(sub))?;
     }
-    let binaries = test_binaries(&opts.tests, &opts.filter, opts.scope)?;
+    let binaries = suite::test_binaries(&opts.tests, &opts.filter, opts.scope)?;
     let tests_dir = root.join("tests");
     let timeout = Duration::from_secs(opts.timeout_secs);
 
@@ -202,6 +205,54 @@ pub fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
+/// The test binaries of each architecture among `vms`' kernels: `binaries` for this machine's,
+/// cross-built for the others.
+fn binaries_per_arch(
+    vms: &[&String],
+    binaries: &[TestBinary],
+) -> Result<Vec<(Arch, Vec<TestBinary>)>> {
+    let mut built: Vec<(Arch, Vec<TestBinary>)> = Vec::new();
+    for kernel in vms {
+        let arch = kernels::line(kernel)
+            .expect("the kernel names were checked")
+            .arch;
+        if built.iter().any(|(a, _)| *a == arch) {
+            continue;
+        }
+        let own = if arch.is_host() {
+            binaries.to_vec()
+        } else {
+            cross::test_binaries(arch, binaries)?
+        };
+        built.push((arch, own));
+    }
+    Ok(built)
+}
+
+/// Writes the stage-2 script of each of `arch`'s shards; their paths.
+fn stage2_scripts(
+    arch: Arch,
+    shards: &[Vec<&TestBinary>],
+    opts: &Options,
+    vm_dir: &Path,
+    tests_dir: &Path,
+) -> Result<Vec<PathBuf>> {
+    let mut scripts = Vec::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let path = vm_dir.join(format!("stage2.{}.{i}.sh", arch.debian));
+        stage2::write(
+            &path,
+            tests_dir,
+            shard,
+            &opts.filter,
+            &opts.backends,
+            arch.is_host(),
+        )?;
+        scripts.push(path);
+    }
+    Ok(scripts)
+}
+
 /// Boots every VM of `vms` (each kernel's binaries split in `opts.shards`), `opts.jobs` at a
 /// time, and merges each kernel's results, with the logs of its VMs that failed as a whole.
 fn run_vms(
@@ -216,13 +267,23 @@ fn run_vms(
         return Ok(Vec::new());
     }
     let root = workspace_root();
-    let shards = shards::split(binaries, opts.shards);
-    let mut stage2_scripts = Vec::new();
-    for (i, shard) in shards.iter().enumerate() {
-        let path = vm_dir.join(format!("stage2.{i}.sh"));
-        stage2::write(&path, tests_dir, shard, &opts.filter, &opts.backends)?;
-        stage2_scripts.push(path);
+    // Each architecture's own test binaries, its shards and their stage-2 scripts.
+    let built = binaries_per_arch(vms, binaries)?;
+    let mut plans = Vec::new();
+    for (arch, own) in &built {
+        let shards = shards::split(own, opts.shards);
+        let scripts = stage2_scripts(*arch, &shards, opts, vm_dir, tests_dir)?;
+        plans.push((*arch, own, shards, scripts));
     }
+    let plan_of = |kernel: &str| {
+        let arch = kernels::line(kernel)
+            .expect("the kernel names were checked")
+            .arch;
+        plans
+            .iter()
+            .find(|p| p.0 == arch)
+            .expect("every architecture has a plan")
+    };
     // Fetched and unpacked one at a time, before VMs that share a kernel boot.
     let mut prepared = Vec::new();
     for kernel in vms {
@@ -232,9 +293,10 @@ fn run_vms(
     // busy until the end.
     let jobs: Vec<(&str, usize)> = vms
         .iter()
-        .flat_map(|k| (0..shards.len()).map(move |i| (k.as_str(), i)))
+        .flat_map(|k| (0..plan_of(k).2.len()).map(move |i| (k.as_str(), i)))
         .collect();
     let one_vm = |&(kernel, shard): &(&str, usize)| -> Result<KernelResult> {
+        let (_, _, shards, scripts) = plan_of(kernel);
         let label = if shards.len() == 1 {
             kernel.to_string()
         } else {
@@ -248,11 +310,11 @@ fn run_vms(
             .map(|(_, p)| p)
             .expect("every VM's kernel was prepared");
         let mut result = match boot {
-            Ok(boot) => run_vm(
+            Ok(guest) => run_vm(
                 (kernel, &label),
-                boot,
+                guest,
                 &log,
-                &stage2_scripts[shard],
+                &scripts[shard],
                 expected,
                 timeout,
             )
@@ -274,7 +336,7 @@ fn run_vms(
             .filter(|r| r.error.is_some())
             .map(|r| root.join(&r.log))
             .collect();
-        let result = KernelResult::merge(mine, binaries);
+        let result = KernelResult::merge(mine, plan_of(kernel).1);
         results::write_json(&vm_dir.join(format!("results/{kernel}.json")), &result)?;
         finished.push((result, failed_logs));
     }
@@ -292,15 +354,21 @@ pub fn kernel_support_notice() -> String {
         );
     };
     let commit = report::stamped_commit(&page).unwrap_or("an unnamed commit");
+    // The arm64 kernels joined the matrix later: a page from before names none.
+    let arches = if page.contains(&format!("{} = `", report::ARM64_SUFFIX)) {
+        "amd64 and arm64 kernels"
+    } else {
+        "amd64 kernels only: arm64 has not run"
+    };
     match report::changed_since(&page) {
         Ok(changed) if changed.is_empty() => format!(
-            "the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}; the kernel programs, \
-             the loader and the takeover have not changed since"
+            "the whole kernel matrix ({DEFAULT_REPORT}; {arches}) ran at {commit}; the kernel \
+             programs, the loader and the takeover have not changed since"
         ),
         Ok(changed) => format!(
-            "notice: the whole kernel matrix ({DEFAULT_REPORT}) ran at {commit}, and since then \
-             {} changed: run `cargo xtask vm` and commit its table before calling the issue \
-             resolved",
+            "notice: the whole kernel matrix ({DEFAULT_REPORT}; {arches}) ran at {commit}, and \
+             since then {} changed: run `cargo xtask vm` and commit its table before calling the \
+             issue resolved",
             changed.join(", ")
         ),
         Err(why) => format!(
@@ -316,7 +384,7 @@ pub fn fetch(kernels: &[String]) -> Result<()> {
     let vm_dir = workspace_root().join("target/vm");
     fs::create_dir_all(vm_dir.join("kernels"))?;
     for kernel in kernels.iter().filter(|k| k.as_str() != HOST) {
-        if !kernels::LINES.iter().any(|l| l.label == kernel) {
+        if kernels::line(kernel).is_none() {
             bail!("unknown kernel {kernel}");
         }
         prepare_kernel(kernel, &vm_dir)?;
@@ -324,16 +392,30 @@ pub fn fetch(kernels: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The kernel of a Debian line, fetched and unpacked if need be, and its initramfs.
-fn prepare_kernel(kernel: &str, vm_dir: &Path) -> Result<(Kernel, PathBuf)> {
-    let line = kernels::LINES
-        .iter()
-        .find(|l| l.label == kernel)
-        .expect("the kernel names were checked");
+/// The kernel of a Debian line, fetched and unpacked if need be, its initramfs, and the root it
+/// runs on (another architecture's fetched and unpacked too).
+fn prepare_kernel(kernel: &str, vm_dir: &Path) -> Result<Guest> {
+    let line = kernels::line(kernel).expect("the kernel names were checked");
     let k = kernels::prepare(&vm_dir.join("kernels"), line)?;
     let initrd = vm_dir.join(format!("kernels/{kernel}/initrd.cpio"));
-    initramfs::build(&k, &initrd)?;
-    Ok((k, initrd))
+    let root = if line.arch.is_host() {
+        PathBuf::from("/")
+    } else {
+        guest_root::prepare(line.arch, &qemu::guest_shares(&workspace_root())?)?
+            .root()
+            .to_path_buf()
+    };
+    initramfs::build(
+        &k,
+        (!line.arch.is_host()).then_some(root.as_path()),
+        &initrd,
+    )?;
+    Ok(Guest {
+        kernel: k,
+        initrd,
+        arch: line.arch,
+        root,
+    })
 }
 
 /// Boots one VM of `kernel` (called `label` on the terminal) that runs `stage2` (which runs
@@ -341,7 +423,7 @@ fn prepare_kernel(kernel: &str, vm_dir: &Path) -> Result<(Kernel, PathBuf)> {
 /// only this VM.
 fn run_vm(
     (kernel, label): (&str, &str),
-    (k, initrd): &(Kernel, PathBuf),
+    guest: &Guest,
     log: &Path,
     stage2: &Path,
     binaries: &[&TestBinary],
@@ -349,8 +431,12 @@ fn run_vm(
 ) -> Result<KernelResult> {
     let mut console = Console::create(log, label)?;
     let deadline = Instant::now() + timeout;
-    println!("vm {label}: booting {} (log {})", k.release, log.display());
-    let timed_out = qemu::boot(k, initrd, stage2, deadline, &mut console)?;
+    println!(
+        "vm {label}: booting {} (log {})",
+        guest.kernel.release,
+        log.display()
+    );
+    let timed_out = qemu::boot(guest, stage2, deadline, &mut console)?;
     read_back(kernel, console, binaries, timed_out, timeout, true)
 }
 
@@ -429,94 +515,4 @@ fn not_run(kernel: &str, binaries: &[&TestBinary], error: &str) -> KernelResult 
     let mut result = results::parse(kernel, "", binaries);
     result.error = Some(error.to_string());
     result
-}
-
-/// Builds capture-tests' integration tests and lists their tests (with the filter and the scope
-/// applied). `cargo build --bins` must have run: the tests start capture and capture-cni from there.
-fn test_binaries(only: &[String], filter: &[String], scope: Scope) -> Result<Vec<TestBinary>> {
-    let tests_dir = workspace_root().join("tests");
-    // The whole workspace's test build, as `cargo xtask test` runs it: `-p capture-tests` alone
-    // would unify other features (capture-user's dev-dependencies') and compile it all again.
-    let out = crate::cargo()
-        .args(["test", "--no-run", "--locked", "--message-format=json"])
-        .args(crate::TEST_FEATURES)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo test --no-run")?;
-    let mut found: Vec<(String, PathBuf)> = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        // With JSON output, the compiler's errors and warnings come on stdout, inside messages.
-        if let Some(rendered) = msg["message"]["rendered"].as_str() {
-            eprint!("{rendered}");
-        }
-        let is_test = msg["reason"] == "compiler-artifact"
-            && msg["manifest_path"]
-                .as_str()
-                .is_some_and(|m| Path::new(m).parent() == Some(&tests_dir))
-            && msg["profile"]["test"] == true
-            && msg["target"]["kind"]
-                .as_array()
-                .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
-        if let (true, Some(name), Some(exe)) = (
-            is_test,
-            msg["target"]["name"].as_str(),
-            msg["executable"].as_str(),
-        ) {
-            found.push((name.to_string(), PathBuf::from(exe)));
-        }
-    }
-    if !out.status.success() {
-        bail!("building the test binaries failed ({})", out.status);
-    }
-    found.sort();
-    for name in tier::ALL {
-        if !found.iter().any(|(n, _)| n == name) {
-            let names: Vec<&str> = found.iter().map(|(n, _)| n.as_str()).collect();
-            bail!(
-                "no test binary for the tier {name}: there are {}",
-                names.join(",")
-            );
-        }
-    }
-    let mut binaries = Vec::new();
-    let mut subjects = Vec::new();
-    for (tier, path) in found {
-        let listed = crate::output(Command::new(&path).arg("--list").args(filter))?;
-        let mut by_subject: Vec<TestBinary> = Vec::new();
-        for test in listed.lines().filter_map(|l| l.strip_suffix(": test")) {
-            // A tier of one subject (chaos) keeps its tests at the top: the tier is the subject.
-            let (subject, name) = test.split_once("::").unwrap_or((tier.as_str(), test));
-            subjects.push(subject.to_string());
-            if (!only.is_empty() && !only.iter().any(|o| o == subject)) || !scope.includes(&tier) {
-                continue;
-            }
-            match by_subject.iter_mut().find(|b| b.name == subject) {
-                Some(binary) => binary.tests.push(name.to_string()),
-                None => by_subject.push(TestBinary {
-                    name: subject.to_string(),
-                    tier: tier.clone(),
-                    path: path.clone(),
-                    tests: vec![name.to_string()],
-                }),
-            }
-        }
-        binaries.extend(by_subject);
-    }
-    if let Some(unknown) = only.iter().find(|o| !subjects.contains(o)) {
-        subjects.sort();
-        subjects.dedup();
-        bail!(
-            "no subject {unknown} (with this filter): there are {}",
-            subjects.join(",")
-        );
-    }
-    if binaries.is_empty() {
-        bail!("no test matches the --tests and --filter given");
-    }
-    // `--tests` also orders the run.
-    binaries.sort_by_key(|b| only.iter().position(|n| *n == b.name));
-    Ok(binaries)
 }

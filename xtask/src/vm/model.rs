@@ -8,6 +8,7 @@ use serde::Serialize;
 /// One subject of the suite: a top-level module of a tier's test binary (`outbound` in `hooks`)
 /// and the tests it holds (after the filter), run as a process of its own. The subject, not the
 /// tier, is the unit of a kernel's run: shards balance subjects, results and the report name them.
+#[derive(Clone)]
 pub struct TestBinary {
     /// The module's name, e.g. `outbound` (the tier's name for a tier of one subject).
     pub name: String,

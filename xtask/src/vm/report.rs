@@ -349,6 +349,16 @@ pub fn render(results: &[KernelResult], date: &str, commit: &str) -> String {
          (a test failed), `skip: reason` (every test skipped a check the kernel lacks) or `—` \
          (no test ran).\n"
     );
+    if results.iter().any(|r| r.kernel.ends_with(ARM64_SUFFIX)) {
+        let _ = writeln!(
+            page,
+            "The `{ARM64_SUFFIX}` columns are Debian's arm64 builds of the same kernels, emulated \
+             (qemu-system-aarch64 under TCG on an amd64 machine, not arm64 hardware), with the \
+             tiers verifier and hooks cross-built for aarch64: the kernel's own answers. Their \
+             `—` cells are capabilities that only the other tiers (the agent's bookkeeping, user \
+             space) show.\n"
+        );
+    }
     let header: Vec<&str> = results.iter().map(|r| r.kernel.as_str()).collect();
     let _ = writeln!(page, "| capability | {} |", header.join(" | "));
     let _ = writeln!(page, "|---|{}", "---|".repeat(results.len()));
@@ -414,6 +424,9 @@ pub fn write(path: &Path, results: &[KernelResult]) -> Result<()> {
     fs::write(path, render(results, &today(), &head_commit()?))
         .with_context(|| format!("writing {}", path.display()))
 }
+
+/// What the names of the arm64 kernels end with (`6.1-arm64`).
+pub const ARM64_SUFFIX: &str = "-arm64";
 
 /// How the page names the commit it ran on.
 const STAMP: &str = "Commit: ";

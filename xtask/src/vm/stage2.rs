@@ -67,18 +67,25 @@ sleep 30
 ";
 
 /// Writes the stage-2 script that runs `binaries` from `tests_dir` with `filter`'s flags, and
-/// only `backends` (all when empty) where a test runs every backend.
+/// only `backends` (all when empty) where a test runs every backend. `on_host_root`: the guest
+/// runs on this machine's root, not another architecture's.
 pub fn write(
     path: &Path,
     tests_dir: &Path,
     binaries: &[&TestBinary],
     filter: &[String],
     backends: &[String],
+    on_host_root: bool,
 ) -> Result<()> {
-    // The host's PATH, so the guest finds the same tools (python3 with its modules among them).
-    let host_path = std::env::var("PATH").unwrap_or_default();
+    // On the host's root, the host's PATH, so the guest finds the same tools (python3 with its
+    // modules among them); another root has Debian's directories only.
+    let host_path = if on_host_root {
+        std::env::var("PATH").unwrap_or_default() + ":"
+    } else {
+        String::new()
+    };
     let guest_path =
-        format!("{host_path}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        format!("{host_path}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     let mut script = PRELUDE.replace("__PATH__", &quote(&guest_path));
     if !backends.is_empty() {
         script.push_str(&format!(
@@ -124,15 +131,22 @@ mod tests {
             path: "/x/hooks".into(),
             tests: vec!["default_sidecar".into()],
         };
-        write(&script, &dir, &[&binary], &[], &["ebpf".into()]).unwrap();
+        write(&script, &dir, &[&binary], &[], &["ebpf".into()], true).unwrap();
         let text = fs::read_to_string(&script).unwrap();
         assert!(
             text.contains("export CAPTURE_TEST_BACKENDS='ebpf'\n"),
             "{text}"
         );
-        write(&script, &dir, &[&binary], &[], &[]).unwrap();
+        write(&script, &dir, &[&binary], &[], &[], false).unwrap();
         let text = fs::read_to_string(&script).unwrap();
         assert!(!text.contains("CAPTURE_TEST_BACKENDS"), "{text}");
+        // Another architecture's root: none of this machine's directories on its PATH.
+        assert!(
+            text.contains(
+                "export PATH='/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'"
+            ),
+            "{text}"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 
