@@ -22,25 +22,24 @@ pub const SLOWEST_BUDGET: f64 = 45.0 * 60.0;
 /// When a step's time is worth a warning, as a fraction of its share.
 const WARN_AT: f64 = 0.8;
 
-/// Each step's share of `REFERENCE_BUDGET`, in seconds on the reference machine: about 1.15
-/// times what each took in a cold run at 4da3e6f (2026-12-05, 1,287 s on a machine 1.32 times
-/// the reference: xtask 18 s, calibration 8, setup 1 with the tools already there (46 to 70 from
-/// nothing), lint 149, fuzz smoke 48, build 250, test 253, image check 70, kernel matrix 178,
-/// scaled). That run used 87% of the budget, so the shares leave about an eighth each, and most
-/// steps sit at 80-90% of theirs, named in the table's warnings: a change that grows one past
-/// its share makes it cheaper or takes the time from another step's share. xtask's grew by 14 s
-/// at 5c26be7 (the release's SBOM: cyclonedx-bom and auditable-info, 42 s on a machine 1.24
-/// times the reference), taken from setup's, which a machine with the tools spends 1 s of.
+/// Each step's share of `REFERENCE_BUDGET`, in seconds on the reference machine: what each took
+/// in the cold run at 8f09691 (2026-12-06, 1,449 s on a machine 1.28 times the reference: xtask
+/// 43 s, calibration 10, setup 7 with the tools already there (46 to 70 from nothing), lint 205,
+/// fuzz smoke 63, build 490 (the arm64 image's static binaries 150 of it), test 399 (the image
+/// check's rebuild beside it, in the idle class), the image check's rest 0, kernel matrix 232,
+/// scaled), with the budget's remaining 5% spread over them. That run used about 95% of the
+/// budget, 98% with setup's cold minute: every step sits near its share, and the next change
+/// that grows one makes it cheaper or takes the time from another (docs/working-on/ci.md).
 pub const SHARES: &[(&str, f64)] = &[
-    ("xtask", 36.0),
-    ("calibration", 10.0),
-    ("setup", 61.0),
-    ("lint", 175.0),
-    ("fuzz smoke", 60.0),
-    ("build", 290.0),
-    ("test", 288.0),
-    ("image check", 80.0),
-    ("kernel matrix", 200.0),
+    ("xtask", 35.0),
+    ("calibration", 9.0),
+    ("setup", 50.0),
+    ("lint", 165.0),
+    ("fuzz smoke", 51.0),
+    ("build", 395.0),
+    ("test", 320.0),
+    ("image check", 5.0),
+    ("kernel matrix", 170.0),
 ];
 
 /// One step as it ran.
