@@ -95,7 +95,8 @@ impl Run {
 enum Priority {
     Normal,
     /// Linux's idle scheduling class (`chrt --idle 0`, inherited by every process it starts):
-    /// the CPU time the steps leave unused and no more, so that it cannot slow a step's tests.
+    /// the CPU time the steps leave unused and no more. It still shares the caches, the memory
+    /// and the disk: the tests took 45 s longer beside the image check (docs/working-on/ci.md).
     Idle,
 }
 
