@@ -496,19 +496,25 @@ impl Containerd {
 
     /// `ctr images import` of an OCI archive into the CRI's namespace.
     pub fn import_archive(&self, archive: &Path) {
+        let archive = archive.to_str().expect("a UTF-8 archive path");
+        self.ctr("k8s.io", &["images", "import", archive]);
+    }
+
+    /// `ctr ARGS` against this containerd in `namespace`, which must succeed; its stdout.
+    pub fn ctr(&self, namespace: &str, args: &[&str]) -> String {
         let out = Command::new("ctr")
             .arg("--address")
             .arg(&self.socket)
-            .args(["--namespace", "k8s.io", "images", "import"])
-            .arg(archive)
+            .args(["--namespace", namespace])
+            .args(args)
             .output()
             .expect("running ctr (`cargo xtask setup` installs it with containerd)");
         assert!(
             out.status.success(),
-            "ctr images import {}: {}",
-            archive.display(),
+            "ctr {args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Waits until the container's probe has printed `ready` to its log (every listener bound).

@@ -187,6 +187,14 @@ fn capture_ip_and_nsenter_run_from_the_image_root() {
     let (root, _) = Root::unpack();
     let version = root.run_ok(None, &["/usr/local/bin/capture", "--version"], "");
     assert!(version.contains(env!("CARGO_PKG_VERSION")), "{version}");
+    the_plugin_and_ip_answer(&root);
+    assert!(root
+        .run_ok(None, &["/usr/bin/nsenter", "--version"], "")
+        .contains("util-linux"));
+}
+
+/// capture-cni and ip start from `root` and say what they are.
+fn the_plugin_and_ip_answer(root: &Root) {
     // Without CNI_COMMAND the plugin says what it is (on stderr), as the reference plugins do.
     let out = root.run(None, &["/usr/local/bin/capture-cni"], "");
     let about = String::from_utf8_lossy(&out.stderr);
@@ -194,9 +202,6 @@ fn capture_ip_and_nsenter_run_from_the_image_root() {
     assert!(root
         .run_ok(None, &["/usr/bin/ip", "-V"], "")
         .contains("iproute2"));
-    assert!(root
-        .run_ok(None, &["/usr/bin/nsenter", "--version"], "")
-        .contains("util-linux"));
 }
 
 #[test]
@@ -255,12 +260,7 @@ fn the_other_platforms_image_holds_its_architectures_binaries_and_they_run() {
     assert_eq!(theirs["commit"], ours["commit"]);
     // The same kernel programs, built once: the bytecode does not depend on the architecture.
     assert_eq!(theirs["programs"], ours["programs"]);
-    let out = root.run(None, &["/usr/local/bin/capture-cni"], "");
-    let about = String::from_utf8_lossy(&out.stderr);
-    assert!(about.contains("CNI protocol versions supported"), "{about}");
-    assert!(root
-        .run_ok(None, &["/usr/bin/ip", "-V"], "")
-        .contains("iproute2"));
+    the_plugin_and_ip_answer(&root);
     let pod = NetnsGuard::new("image-other");
     assert!(root
         .run_ok(Some(&pod), &["/usr/bin/ip", "link", "show", "lo"], "")

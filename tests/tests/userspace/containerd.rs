@@ -413,21 +413,7 @@ fn containerd_takes_each_platforms_image_from_the_index() {
     let images = capture_oci::read_archive(&archive).expect("the image archive");
     let name = images[0].name.clone();
     let index = images[0].index.clone().expect("an image index");
-    let ctr = |args: &[&str]| {
-        let out = std::process::Command::new("ctr")
-            .arg("--address")
-            .arg(runtime.socket())
-            .args(["--namespace", "capture-platforms"])
-            .args(args)
-            .output()
-            .expect("ctr");
-        assert!(
-            out.status.success(),
-            "ctr {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let ctr = |args: &[&str]| runtime.ctr("capture-platforms", args);
     let host = match capture_oci::oci_architecture() {
         "arm64" => ("linux/arm64/v8", 183_u16),
         _ => ("linux/amd64", 62),

@@ -87,6 +87,16 @@ impl Arch {
         ALL.into_iter().filter(|a| !a.is_host())
     }
 
+    /// Has `cargo` link this architecture's binaries (and compile its C) with the cross
+    /// compiler, where it is not this machine's.
+    pub fn link_with_cross_compiler(self, cargo: &mut std::process::Command) {
+        if let Some(gcc) = self.cross_gcc() {
+            cargo
+                .env(format!("{}_LINKER", self.cargo_env_prefix()), gcc)
+                .env(format!("CC_{}", self.rust_target.replace('-', "_")), gcc);
+        }
+    }
+
     /// `CARGO_TARGET_<TRIPLE>_…`: the prefix of cargo's per-target variables.
     pub fn cargo_env_prefix(self) -> String {
         format!(

@@ -60,16 +60,20 @@ pub struct Options {
 /// so CI runs this beside the tests.
 pub fn check_reproducible() -> Result<()> {
     let commit = Commit::head()?;
-    let first_path = archive_path().with_extension("first.tar");
-    let second_path = archive_path().with_extension("second.tar");
-    let first = build_image(
-        &Options {
-            out: Some(first_path.clone()),
-        },
-        KernelPrograms::Shared,
-        &commit,
-    )?
-    .digest;
+    // Each build's digest, its archive removed again.
+    let digest_of = |name: &str, kernel: KernelPrograms| -> Result<String> {
+        let out = archive_path().with_extension(format!("{name}.tar"));
+        let built = build_image(
+            &Options {
+                out: Some(out.clone()),
+            },
+            kernel,
+            &commit,
+        )?;
+        std::fs::remove_file(&out)?;
+        Ok(built.digest)
+    };
+    let first = digest_of("first", KernelPrograms::Shared)?;
     for arch in arch::ALL {
         let mut clean = cargo();
         clean.env("CARGO_TARGET_DIR", static_target_dir()).args([
@@ -84,16 +88,7 @@ pub fn check_reproducible() -> Result<()> {
         run(&mut clean)?;
     }
     // The kernel programs too: the first build may have taken them from the shared directory.
-    let second = build_image(
-        &Options {
-            out: Some(second_path.clone()),
-        },
-        KernelPrograms::Afresh,
-        &commit,
-    )?
-    .digest;
-    std::fs::remove_file(&first_path)?;
-    std::fs::remove_file(&second_path)?;
+    let second = digest_of("second", KernelPrograms::Afresh)?;
     if first != second {
         bail!("two builds of one tree gave two images: {first} and {second}");
     }
@@ -322,10 +317,7 @@ fn static_binaries(arch: Arch, kernel: KernelPrograms) -> Result<Vec<PathBuf>> {
         format!("{prefix}_RUSTFLAGS"),
         "-C target-feature=+crt-static",
     );
-    if let Some(gcc) = arch.cross_gcc() {
-        cmd.env(format!("{prefix}_LINKER"), gcc)
-            .env(format!("CC_{}", arch.rust_target.replace('-', "_")), gcc);
-    }
+    arch.link_with_cross_compiler(&mut cmd);
     run(cmd
         .env("CARGO_TARGET_DIR", &dir)
         // cargo-auditable records every crate compiled in, in the binary's `.dep-v0` section,

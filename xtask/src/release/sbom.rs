@@ -134,23 +134,7 @@ fn depends(component: &Component, uses: &[Component]) -> Dependency {
 
 /// One platform's image, by its manifest's digest.
 fn platform_component(built: &Built, platform: &BuiltPlatform) -> Component {
-    let mut image = Component::new(
-        Classification::Container,
-        "capture",
-        &built.version,
-        Some(format!("image:{}", platform.digest)),
-    );
-    let repository = crate::image::REPOSITORY;
-    image.purl = Purl::from_str(&format!(
-        "pkg:oci/capture@{}?arch={}&repository_url={repository}&tag={}",
-        platform.digest.replace(':', "%3A"),
-        platform.arch.oci,
-        built.version
-    ))
-    .ok();
-    image.hashes = Some(Hashes(vec![sha256_hash(
-        platform.digest.trim_start_matches("sha256:"),
-    )]));
+    let mut image = oci_component(built, &platform.digest, Some(platform.arch.oci));
     image.properties = Some(Properties(vec![Property::new(
         "capture:platform",
         &platform.arch.platform(),
@@ -160,23 +144,31 @@ fn platform_component(built: &Built, platform: &BuiltPlatform) -> Component {
 
 /// The image index: the SBOM's subject, the name's target.
 fn image_component(built: &Built) -> Component {
+    let mut image = oci_component(built, &built.digest, None);
+    image.licenses = Some(Licenses(vec![LicenseChoice::expression("Apache-2.0")]));
+    image
+}
+
+/// The image (an index, or one platform's manifest where `arch` is given) by `digest`: its
+/// purl names the repository, the tag and the architecture.
+fn oci_component(built: &Built, digest: &str, arch: Option<&str>) -> Component {
     let mut image = Component::new(
         Classification::Container,
         "capture",
         &built.version,
-        Some(format!("image:{}", built.digest)),
+        Some(format!("image:{digest}")),
     );
     let repository = crate::image::REPOSITORY;
+    let arch = arch.map_or_else(String::new, |a| format!("arch={a}&"));
     image.purl = Purl::from_str(&format!(
-        "pkg:oci/capture@{}?repository_url={repository}&tag={}",
-        built.digest.replace(':', "%3A"),
+        "pkg:oci/capture@{}?{arch}repository_url={repository}&tag={}",
+        digest.replace(':', "%3A"),
         built.version
     ))
     .ok();
     image.hashes = Some(Hashes(vec![sha256_hash(
-        built.digest.trim_start_matches("sha256:"),
+        digest.trim_start_matches("sha256:"),
     )]));
-    image.licenses = Some(Licenses(vec![LicenseChoice::expression("Apache-2.0")]));
     image
 }
 

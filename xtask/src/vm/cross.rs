@@ -55,11 +55,7 @@ pub fn test_binaries(arch: Arch, binaries: &[TestBinary]) -> Result<Vec<TestBina
 /// `cargo` building for `arch`, linking with its cross compiler.
 fn cross_cargo(arch: Arch) -> Command {
     let mut cmd = cargo();
-    cmd.env(format!("{}_LINKER", arch.cargo_env_prefix()), arch.gcc)
-        .env(
-            format!("CC_{}", arch.rust_target.replace('-', "_")),
-            arch.gcc,
-        )
-        .env("CARGO_BUILD_TARGET", arch.rust_target);
+    arch.link_with_cross_compiler(&mut cmd);
+    cmd.env("CARGO_BUILD_TARGET", arch.rust_target);
     cmd
 }
