@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: the nightly's rust-src, bpf-linker 0.13 linked against the nightly's own
-//! libLLVM, cargo-fuzz, the Debian packages of every command the tasks and tests run, and kubernetes-validate.
+//! libLLVM, cargo-fuzz, the Debian packages of every command the tasks and tests run,
+//! kubernetes-validate, and bpffs at /sys/fs/bpf where the machine booted without it.
 //! Each step checks first and does nothing when its piece is already there; what setup cannot
 //! install (rustup, python3 with pip, dpkg and apt) is checked before anything else starts.
 
@@ -286,7 +287,33 @@ pub fn setup() -> Result<()> {
     rust_tools()?;
     install(tools::TEST_TOOLS)?;
     image_platforms()?;
-    python_tools()
+    python_tools()?;
+    node_bpffs()
+}
+
+/// `BPF_FS_MAGIC` from `linux/magic.h`.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const NODE_BPFFS: &str = "/sys/fs/bpf";
+
+/// bpffs at /sys/fs/bpf, where the demo and the tests pin: systemd mounts it at boot, but a
+/// machine booted without it (a microVM, a container host's init) may not have it. capture mounts
+/// it itself only where it can tell that it runs in the node's mount namespace (PID 1's), which
+/// such a machine may hide: the agent then refuses, and every test of it waits for a readiness
+/// that does not come.
+fn node_bpffs() -> Result<()> {
+    let path = std::ffi::CString::new(NODE_BPFFS).expect("no NUL");
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a NUL-terminated path and a buffer of the size statfs writes.
+    let mounted = unsafe { libc::statfs(path.as_ptr(), stat.as_mut_ptr()) } == 0 && {
+        // SAFETY: statfs succeeded, so it filled the buffer.
+        let f_type: i64 = unsafe { stat.assume_init() }.f_type;
+        f_type == BPF_FS_MAGIC
+    };
+    if mounted {
+        return Ok(());
+    }
+    println!("setup: mounting bpffs at {NODE_BPFFS}");
+    run(Command::new("mount").args(["-t", "bpf", "bpf", NODE_BPFFS]))
 }
 
 /// Debian's C cross compilers for the image's other platforms (their static binaries link with
