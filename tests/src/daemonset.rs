@@ -141,9 +141,13 @@ fn empty_dir(volume: &str, config_maps: &Path) -> String {
 
 /// A projected volume as kubelet makes it: each ConfigMap source's items (or every key) copied
 /// from `config_maps/NAME` under their paths, optional sources that are absent left out; the
-/// directory made.
+/// directory made. Where `config_maps` is not a directory (a caller that reads the command
+/// lines alone), nothing is made: its path is only named.
 fn project(volume: &str, projected: &Value, config_maps: &Path) -> String {
     let dir = config_maps.join(format!("{volume}.projected"));
+    if !config_maps.is_dir() {
+        return dir.display().to_string();
+    }
     std::fs::create_dir_all(&dir).expect("the projected volume's directory");
     for source in projected["sources"].as_array().into_iter().flatten() {
         let Some(config_map) = source["configMap"]["name"].as_str() else {
