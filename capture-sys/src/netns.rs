@@ -125,50 +125,19 @@ pub fn output_in(path: &Path, cmd: &mut Command, stdin: &[u8]) -> io::Result<Out
         .map_err(io::Error::other)?
 }
 
+/// Istio's IPv6 inbound-passthrough source, `127.0.0.6`'s IPv6 twin.
+const INBOUND_PASSTHROUGH_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
 /// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address: the
-/// inbound-passthrough source (`127.0.0.6`'s IPv6 twin) must be a local address to bind.
-/// Returns whether it was added (false: `lo` had it already).
-pub fn add_inbound_passthrough_v6(netns: &Path) -> Result<bool, NetnsError> {
-    let present = ip_on_lo(
-        netns,
-        &["-6", "addr", "show", "dev", "lo", "to", "::6/128"],
-        "reading lo's addresses",
-    )?;
-    if !present.trim().is_empty() {
-        return Ok(false);
-    }
-    ip_on_lo(
-        netns,
-        &["-6", "addr", "replace", "::6/128", "dev", "lo", "nodad"],
-        "adding ::6/128 to lo",
-    )?;
-    Ok(true)
+/// inbound-passthrough source must be a local address to bind. Returns whether it was added
+/// (false: `lo` had it already).
+pub fn add_inbound_passthrough_v6(netns: &Netns) -> Result<bool, NetnsError> {
+    crate::lo_address::add_v6(netns, INBOUND_PASSTHROUGH_V6)
 }
 
 /// Takes `::6/128` off the netns's `lo` again (an attach that added it failed later).
-pub fn remove_inbound_passthrough_v6(netns: &Path) -> Result<(), NetnsError> {
-    ip_on_lo(
-        netns,
-        &["-6", "addr", "del", "::6/128", "dev", "lo"],
-        "removing ::6/128 from lo",
-    )
-    .map(drop)
-}
-
-/// Runs `ip args` in the netns; its stdout, or an error saying `what` failed.
-fn ip_on_lo(netns: &Path, args: &[&str], what: &str) -> Result<String, NetnsError> {
-    let failed = |reason: String| NetnsError::Open {
-        path: netns.into(),
-        source: io::Error::other(format!("{what}: {reason}")),
-    };
-    let out =
-        output_in(netns, Command::new("ip").args(args), b"").map_err(|e| failed(e.to_string()))?;
-    if out.status.success() {
-        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
-    }
-    Err(failed(
-        String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    ))
+pub fn remove_inbound_passthrough_v6(netns: &Netns) -> Result<(), NetnsError> {
+    crate::lo_address::remove_v6(netns, INBOUND_PASSTHROUGH_V6)
 }
 
 /// How this process learns netns cookies here, for `capture doctor`.
