@@ -13,10 +13,34 @@ fn matches(name: &str, uid: &str) -> bool {
         || (name.starts_with("kubepods") && name.ends_with(&format!("pod{systemd_uid}.slice")))
 }
 
-/// Searches `root` (a few levels deep, as kubelet nests QoS classes) for the pod's cgroup.
+/// Where kubelet puts the pod's cgroup below `root` with its default `--cgroup-root`: each QoS
+/// class (guaranteed pods directly under kubepods), under either driver.
+fn kubelet_paths(root: &Path, uid: &str) -> [PathBuf; 6] {
+    let systemd_uid = uid.replace('-', "_");
+    let slice = root.join("kubepods.slice");
+    [
+        root.join("kubepods/burstable").join(format!("pod{uid}")),
+        root.join("kubepods/besteffort").join(format!("pod{uid}")),
+        root.join("kubepods").join(format!("pod{uid}")),
+        slice.join(format!(
+            "kubepods-burstable.slice/kubepods-burstable-pod{systemd_uid}.slice"
+        )),
+        slice.join(format!(
+            "kubepods-besteffort.slice/kubepods-besteffort-pod{systemd_uid}.slice"
+        )),
+        slice.join(format!("kubepods-pod{systemd_uid}.slice")),
+    ]
+}
+
+/// Finds the pod's cgroup below `root`: at kubelet's own paths first (a look each, where a
+/// search would read the directory of every pod of the node before it), else searching a few
+/// levels deep, as a kubelet with another `--cgroup-root` nests it.
 pub fn find_pod_cgroup(root: &Path, uid: &str) -> Result<PathBuf, String> {
     if uid.is_empty() || uid.contains('/') {
         return Err(format!("pod UID {uid:?} is not a UID"));
+    }
+    if let Some(found) = kubelet_paths(root, uid).into_iter().find(|p| p.is_dir()) {
+        return Ok(found);
     }
     let mut level = vec![root.to_path_buf()];
     for _ in 0..4 {
@@ -74,10 +98,18 @@ mod tests {
         let cgroupfs = root.join("kubepods/burstable/pod1234-ab");
         let systemd = root
             .join("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod99_cd.slice");
+        // Guaranteed pods sit directly under kubepods; a kubelet with another --cgroup-root
+        // nests the tree deeper.
+        let guaranteed = root.join("kubepods.slice/kubepods-pod77_ef.slice");
+        let nested = root.join("kubelet/kubepods/burstable/pod55-aa");
         std::fs::create_dir_all(&cgroupfs).unwrap();
         std::fs::create_dir_all(&systemd).unwrap();
+        std::fs::create_dir_all(&guaranteed).unwrap();
+        std::fs::create_dir_all(&nested).unwrap();
         assert_eq!(find_pod_cgroup(&root, "1234-ab").unwrap(), cgroupfs);
         assert_eq!(find_pod_cgroup(&root, "99-cd").unwrap(), systemd);
+        assert_eq!(find_pod_cgroup(&root, "77-ef").unwrap(), guaranteed);
+        assert_eq!(find_pod_cgroup(&root, "55-aa").unwrap(), nested);
         let e = find_pod_cgroup(&root, "nope").unwrap_err();
         assert!(e.contains("nope") && e.contains("cgroup_root"), "{e}");
         assert!(find_pod_cgroup(&root, "../x").is_err());
