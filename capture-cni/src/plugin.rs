@@ -27,7 +27,20 @@ pub const CODE_CAPTURE_FAILED: u32 = 100;
 pub const CODE_NOT_IN_FORCE: u32 = 101;
 pub const CODE_NO_POD_CGROUP: u32 = 102;
 
-pub struct CapturePlugin;
+pub struct CapturePlugin {
+    /// When this process started ([`api::plugin_clock_ns`]), sent with ADD.
+    pub started_ns: Option<u64>,
+}
+
+impl CapturePlugin {
+    /// The plugin of a process that starts now: made first thing in `main`.
+    #[must_use]
+    pub fn starting() -> Self {
+        Self {
+            started_ns: api::plugin_clock_ns(),
+        }
+    }
+}
 
 /// capture-cni's own keys of its conflist entry, from the stdin configuration.
 pub fn plugin_config(args: &Args) -> Result<PluginConfig, Error> {
@@ -288,6 +301,7 @@ impl Cni for CapturePlugin {
                     pod,
                     labels: None,
                 },
+                plugin_started_ns: self.started_ns,
             },
         )?;
         if response.ok {

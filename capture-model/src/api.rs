@@ -37,7 +37,13 @@ pub struct PodRequest {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Capture a pod (CNI ADD).
-    Add { pod: PodRequest },
+    Add {
+        pod: PodRequest,
+        /// When the plugin started ([`plugin_clock_ns`]), so that the agent can export the ADD
+        /// as the plugin sees it. Absent from other clients and from earlier plugins.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plugin_started_ns: Option<u64>,
+    },
     /// Release a pod; succeeds when it is not captured (CNI DEL).
     Del {
         container_id: String,
@@ -80,6 +86,9 @@ pub struct Response {
     /// Human-readable outcome ("captured netns … with ebpf", "not captured", …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The backend that captured the pod (a successful ADD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<crate::record::Mode>,
 }
 
 impl Response {
@@ -100,6 +109,15 @@ impl Response {
             ..Self::default()
         }
     }
+}
+
+/// The clock the plugin's start is told in: `CLOCK_BOOTTIME`, one clock for every process of
+/// the node (a container's included; time namespaces, which would offset it, are not used for
+/// node agents), ns.
+#[must_use]
+pub fn plugin_clock_ns() -> Option<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    u64::try_from(i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec())).ok()
 }
 
 /// The agent's reading of one request line (the bytes up to and including its newline, at most

@@ -15,8 +15,13 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use capture_model::api::{self, FailureKind, Response};
+
 use super::node_metrics::{NodeCollector, ReadNode};
 use crate::{probe::Check, record::Mode};
+
+/// The longest ADD the histogram takes: an hour, beyond any plugin's timeout.
+const MAX_CNI_ADD_NS: u64 = 3_600 * 1_000_000_000;
 
 /// The `Content-Type` of what [`Metrics::encode`] writes.
 pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -44,6 +49,19 @@ struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CniAddLabels {
+    mode: String,
+    result: &'static str,
+}
+
+/// One latency histogram per label set.
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RepairLabels {
     action: String,
     result: &'static str,
@@ -56,6 +74,7 @@ pub struct Metrics {
     ready: Gauge,
     requests: Family<RequestLabels, Counter>,
     attach_duration: Histogram,
+    cni_add_duration: Histograms<CniAddLabels>,
     cni_rechained: Counter,
     uncaptured: Gauge,
     runtime_reachable: Gauge,
@@ -132,6 +151,13 @@ impl Metrics {
             "Time from an attach request to capture in force",
             attach_duration.clone(),
         );
+        let cni_add_duration: Histograms<CniAddLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "capture_cni_add_duration_seconds",
+            "CNI ADD as the plugin sees it, from capture-cni's start to the agent's answer, by the backend that captured the pod (the agent's mode where none did) and result",
+            cni_add_duration.clone(),
+        );
         let cni_rechained = Counter::default();
         registry.register(
             "capture_cni_rechained",
@@ -174,6 +200,7 @@ impl Metrics {
             ready,
             requests,
             attach_duration,
+            cni_add_duration,
             cni_rechained,
             uncaptured,
             runtime_reachable,
@@ -230,6 +257,41 @@ impl Metrics {
 
     pub fn observe_attach(&self, took: Duration) {
         self.attach_duration.observe(took.as_secs_f64());
+    }
+
+    /// A CNI ADD answered: from the plugin's start (`plugin_started_ns`, on the clock of
+    /// `api::plugin_clock_ns`) to now. A request without the plugin's start (another client, an
+    /// earlier plugin) is not one.
+    pub fn observe_cni_add(&self, mode: Mode, response: &Response, plugin_started_ns: Option<u64>) {
+        let Some(took) = plugin_started_ns
+            .zip(api::plugin_clock_ns())
+            .and_then(|(started, now)| now.checked_sub(started))
+        else {
+            return;
+        };
+        // Beyond any plugin's timeout: a start told on another clock, not an ADD's time.
+        if took > MAX_CNI_ADD_NS {
+            return;
+        }
+        let result = match response.kind {
+            None => "ok",
+            Some(FailureKind::NotReady) => "not_ready",
+            Some(FailureKind::InvalidConfig) => "invalid_config",
+            Some(FailureKind::CaptureFailed) => "capture_failed",
+            Some(FailureKind::BadRequest) => "bad_request",
+        };
+        let labels = CniAddLabels {
+            mode: response.mode.unwrap_or(mode).to_string(),
+            result,
+        };
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "nanoseconds below an hour are exact in an f64"
+        )]
+        let seconds = took as f64 / 1e9;
+        self.cni_add_duration
+            .get_or_create(&labels)
+            .observe(seconds);
     }
 
     /// The series the CNI watcher keeps (shared with the registry): the re-chaining counter,

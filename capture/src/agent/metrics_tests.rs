@@ -94,6 +94,20 @@ fn the_agents_own_metrics_keep_their_names_and_labels() {
     m.count_request("add", true);
     m.count_request("del", false);
     m.observe_attach(Duration::from_millis(3));
+    let started = |ago: Duration| {
+        let now = api::plugin_clock_ns().expect("CLOCK_BOOTTIME");
+        Some(now - u64::try_from(ago.as_nanos()).unwrap())
+    };
+    let captured = Response {
+        mode: Some(Mode::Iptables),
+        ..Response::ok("captured")
+    };
+    m.observe_cni_add(Mode::Ebpf, &captured, started(Duration::from_millis(4)));
+    let refused = Response::failed(FailureKind::NotReady, "not ready");
+    m.observe_cni_add(Mode::Ebpf, &refused, started(Duration::from_millis(1)));
+    // Not the plugin's (no start told), and a start on another clock: neither is an ADD.
+    m.observe_cni_add(Mode::Ebpf, &captured, None);
+    m.observe_cni_add(Mode::Ebpf, &captured, started(Duration::from_hours(2)));
     let text = m.encode().unwrap();
     for line in [
         "# TYPE capture_kernel_check gauge",
@@ -113,6 +127,11 @@ fn the_agents_own_metrics_keep_their_names_and_labels() {
         "capture_attach_duration_seconds_bucket{le=\"2.5\"} 1",
         "capture_attach_duration_seconds_bucket{le=\"+Inf\"} 1",
         "capture_attach_duration_seconds_count 1",
+        "# TYPE capture_cni_add_duration_seconds histogram",
+        "capture_cni_add_duration_seconds_bucket{le=\"0.0025\",mode=\"iptables\",result=\"ok\"} 0",
+        "capture_cni_add_duration_seconds_bucket{le=\"0.005\",mode=\"iptables\",result=\"ok\"} 1",
+        "capture_cni_add_duration_seconds_count{mode=\"iptables\",result=\"ok\"} 1",
+        "capture_cni_add_duration_seconds_count{mode=\"ebpf\",result=\"not_ready\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
     }
