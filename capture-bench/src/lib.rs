@@ -382,10 +382,17 @@ fn control_plane(pods: usize, cni_pods: usize) -> (Vec<AttachScale>, Vec<cni_add
             )
         })
         .collect();
-    eprintln!("bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent");
-    let cni_add = ["ebpf", "iptables", "nftables"]
+    eprintln!(
+        "bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent, one at a time and {} at once",
+        cni_add::BURST
+    );
+    let cni_add = [1, cni_add::BURST]
         .iter()
-        .map(|m| cni_add::measure(m, cni_pods))
+        .flat_map(|n| {
+            cni_add::MODES
+                .iter()
+                .map(|m| cni_add::measure(m, cni_pods, *n))
+        })
         .collect();
     (attach, cni_add)
 }

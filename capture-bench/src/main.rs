@@ -71,6 +71,18 @@ enum Cmd {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
+    /// CNI ADD latency alone, as the full run measures it: a burst of pods per agent mode, one
+    /// ADD at a time and several at once. Prints the table and the targets.
+    CniAdd {
+        #[arg(long, default_value_t = 100)]
+        pods: usize,
+        /// Agent modes (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = bench::cni_add::MODES.map(String::from))]
+        modes: Vec<String>,
+        /// ADDs in flight at once, one run each (comma-separated).
+        #[arg(long, value_delimiter = ',', default_values_t = [1, bench::cni_add::BURST])]
+        concurrent: Vec<usize>,
+    },
     /// One process of the benchmark, entered into a pod.
     Role {
         #[arg(long)]
@@ -150,6 +162,22 @@ fn main() {
             std::fs::create_dir_all(&out).expect("the output directory");
             std::fs::write(out.join("reconcile-cost.md"), &text).expect("reconcile-cost.md");
             print!("{text}");
+        }
+        Cmd::CniAdd {
+            pods,
+            modes,
+            concurrent,
+        } => {
+            let runs: Vec<_> = concurrent
+                .iter()
+                .flat_map(|n| modes.iter().map(|m| bench::cni_add::measure(m, pods, *n)))
+                .collect();
+            let mut text = String::new();
+            bench::cni_add::write_table(&mut text, &runs);
+            print!("{text}");
+            for (what, ok) in bench::cni_add::targets(&runs) {
+                println!("[{}] {what}", if ok { "met" } else { "NOT met" });
+            }
         }
         Cmd::Run {
             quick,
