@@ -150,6 +150,15 @@ impl Node {
         *self.installed.lock().unwrap() = Some(list);
     }
 
+    /// Makes this node's pod network dual-stack: its pods get an address from `POD_SUBNET` and
+    /// one from `POD_SUBNET6`.
+    pub fn dual_stack(&self) {
+        let mut list = self.conflist();
+        list["plugins"][0]["ipam"]["ranges"] =
+            json!([[{"subnet": POD_SUBNET}], [{"subnet": POD_SUBNET6}]]);
+        *self.installed.lock().unwrap() = Some(list);
+    }
+
     /// Writes the network plugin's own conflist (bridge + host-local) into a conf dir, runs
     /// `capture install-cni` on it as the DaemonSet does, and uses the result from then on.
     pub fn install_cni(&self) -> Value {

@@ -82,6 +82,8 @@ pub const TEST_TOOLS: &[Tool] = &[
     // A real transparent proxy as a pod's sidecar (tests/tests/hooks/haproxy.rs), run inside the pod
     // through the probe; its unit stays masked (services.rs).
     tool("haproxy", "haproxy"),
+    // What a CNI ADD starts is counted by following the agent (tests/tests/node/cni/spawns.rs).
+    tool("strace", "strace"),
     // `cargo xtask ci` rebuilds the image beside the tests in the idle scheduling class.
     tool("chrt", "util-linux"),
 ];

@@ -13,6 +13,7 @@ use serde_json::json;
 mod goldens;
 mod istio;
 mod mesh;
+mod spawns;
 
 /// Connects from the node netns to `ip:port`.
 pub(crate) fn from_node(node: &Node, ip: &str, port: u16) -> Outcome {
@@ -306,6 +307,11 @@ fn status_and_gc() {
     assert!(body.contains("capture_mode{mode=\"ebpf\"} 1"), "{body}");
     assert!(
         body.contains("capture_attach_duration_seconds_count 2"),
+        "{body}"
+    );
+    // And the two ADDs as the plugin saw them, from its start.
+    assert!(
+        body.contains("capture_cni_add_duration_seconds_count{mode=\"ebpf\",result=\"ok\"} 2"),
         "{body}"
     );
     assert!(body.contains(&format!("pod=\"{}\"", keep.name)), "{body}");
