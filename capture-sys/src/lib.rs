@@ -5,7 +5,7 @@
 pub mod capabilities;
 pub mod cgroup;
 pub mod fsutil;
-mod lo_address;
+pub mod lo_address;
 pub mod lock;
 mod netlink;
 pub mod netns;

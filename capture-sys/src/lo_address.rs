@@ -1,6 +1,6 @@
 //! An IPv6 address on a netns's `lo`, added and taken off over rtnetlink from this process: the
 //! requests `ip -6 addr add|del ADDR/128 dev lo nodad` send. Every ADD of a pod with an IPv6
-//! address adds one (`netns::add_inbound_passthrough_v6`); two `ip` processes per ADD cost
+//! address adds one (`add_inbound_passthrough_v6`); two `ip` processes per ADD cost
 //! milliseconds, where the request costs microseconds.
 //!
 //! The netlink socket answers for the netns it was created in: it is created on a thread that
@@ -32,6 +32,21 @@ const HEADER_LEN: usize = 16;
 const IFADDRMSG_LEN: usize = 8;
 /// `NLMSG_ERROR`, the kernel's answer to a request that asked for an acknowledgement.
 const NLMSG_ERROR: u16 = 2;
+
+/// Istio's IPv6 inbound-passthrough source, `127.0.0.6`'s IPv6 twin.
+const INBOUND_PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+/// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address: the
+/// inbound-passthrough source must be a local address to bind. Returns whether it was added
+/// (false: `lo` had it already).
+pub fn add_inbound_passthrough_v6(netns: &Netns) -> Result<bool, NetnsError> {
+    add_v6(netns, INBOUND_PASSTHROUGH_V6)
+}
+
+/// Takes `::6/128` off the netns's `lo` again (an attach that added it failed later).
+pub fn remove_inbound_passthrough_v6(netns: &Netns) -> Result<(), NetnsError> {
+    remove_v6(netns, INBOUND_PASSTHROUGH_V6)
+}
 
 /// What was asked: add `addr` to the netns's `lo` (`true`), or `lo` had it already (`false`).
 ///

@@ -125,21 +125,6 @@ pub fn output_in(path: &Path, cmd: &mut Command, stdin: &[u8]) -> io::Result<Out
         .map_err(io::Error::other)?
 }
 
-/// Istio's IPv6 inbound-passthrough source, `127.0.0.6`'s IPv6 twin.
-const INBOUND_PASSTHROUGH_V6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
-
-/// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address: the
-/// inbound-passthrough source must be a local address to bind. Returns whether it was added
-/// (false: `lo` had it already).
-pub fn add_inbound_passthrough_v6(netns: &Netns) -> Result<bool, NetnsError> {
-    crate::lo_address::add_v6(netns, INBOUND_PASSTHROUGH_V6)
-}
-
-/// Takes `::6/128` off the netns's `lo` again (an attach that added it failed later).
-pub fn remove_inbound_passthrough_v6(netns: &Netns) -> Result<(), NetnsError> {
-    crate::lo_address::remove_v6(netns, INBOUND_PASSTHROUGH_V6)
-}
-
 /// How this process learns netns cookies here, for `capture doctor`.
 pub fn describe_cookie_source(fallback: CookieFallback) -> Result<String, String> {
     if netns_cookie_here().is_ok() {

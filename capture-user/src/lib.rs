@@ -27,6 +27,6 @@ pub mod validate;
 // The layers below, under the names this crate's code and its users know them by.
 pub use capture_model::{api, backend, claims, cni, config, family, flavour, left_alone, record};
 pub use capture_sys::{
-    capabilities, cgroup, fsutil, lock, netns, nf_tables, paths, pod_cgroup, sockdiag, socket_fds,
-    userns,
+    capabilities, cgroup, fsutil, lo_address, lock, netns, nf_tables, paths, pod_cgroup, sockdiag,
+    socket_fds, userns,
 };

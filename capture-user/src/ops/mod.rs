@@ -167,7 +167,7 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
         req.take_over_istio_rules,
     )?;
     let added_v6 = match record.config.pod_ip6 {
-        Some(_) => crate::netns::add_inbound_passthrough_v6(&netns)?,
+        Some(_) => crate::lo_address::add_inbound_passthrough_v6(&netns)?,
         None => false,
     };
     let target = PodTarget::new(
@@ -186,7 +186,7 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
     };
     if attached.is_err() && added_v6 {
         // A failed attach leaves the pod as it found it.
-        if let Err(e) = crate::netns::remove_inbound_passthrough_v6(&netns) {
+        if let Err(e) = crate::lo_address::remove_inbound_passthrough_v6(&netns) {
             tracing::warn!(error = %e, "rolling back a failed attach");
         }
     }
