@@ -100,3 +100,42 @@ fn probe_layer(scratch: &Path) -> io::Result<Layer> {
     std::fs::remove_file(scratch)?;
     Ok(layer)
 }
+
+/// Importing images into a test containerd.
+impl super::Containerd {
+    pub(super) fn import_images(&self) {
+        let archive = self.dir.join("images.tar");
+        write_archive(&archive).expect("writing the test images");
+        self.import_archive(&archive);
+        let _ = std::fs::remove_file(&archive);
+        for image in [PAUSE_IMAGE, APP_IMAGE, PROXY_IMAGE] {
+            assert!(
+                self.cri().has_image(image).expect("CRI ImageStatus"),
+                "{image} is not there after the import"
+            );
+        }
+    }
+
+    /// `ctr images import` of an OCI archive into the CRI's namespace.
+    pub fn import_archive(&self, archive: &Path) {
+        let archive = archive.to_str().expect("a UTF-8 archive path");
+        self.ctr("k8s.io", &["images", "import", archive]);
+    }
+
+    /// `ctr ARGS` against this containerd in `namespace`, which must succeed; its stdout.
+    pub fn ctr(&self, namespace: &str, args: &[&str]) -> String {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", namespace])
+            .args(args)
+            .output()
+            .expect("running ctr (`cargo xtask setup` installs it with containerd)");
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
