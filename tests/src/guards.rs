@@ -381,6 +381,7 @@ impl Drop for ChildGuard {
 /// directories below it are removed (a v1 hierarchy with cgroups in it outlives its mount).
 pub struct CgroupV1Mount {
     pub path: PathBuf,
+    name: String,
 }
 
 impl CgroupV1Mount {
@@ -406,17 +407,61 @@ impl CgroupV1Mount {
             let _ = fs::remove_dir(&path);
             return None;
         }
-        Some(Self { path })
+        Some(Self { path, name })
+    }
+
+    /// The hierarchy's name (`name=` of its mount).
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the kernel lets the hierarchy go within `wait`: every process is in its root
+    /// until it goes.
+    fn gone_within(&self, wait: Duration) -> bool {
+        let member = format!(":name={}:", self.name);
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            if !fs::read_to_string("/proc/self/cgroup").is_ok_and(|c| c.contains(&member)) {
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
 impl Drop for CgroupV1Mount {
     fn drop(&mut self) {
+        use nix::mount::{mount, umount2, MntFlags, MsFlags};
         // Deepest first: a cgroup directory goes only once it has no children.
         for d in directory_tree(&self.path).iter().skip(1).rev() {
             let _ = fs::remove_dir(d);
         }
-        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+        let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+        // The kernel frees a removed cgroup after its last reference, and the hierarchy after its
+        // last mount, both asynchronously: unmounted while a child was still going, the
+        // hierarchy outlives its mount. Mounted and unmounted again once the children are gone,
+        // it goes.
+        let options = format!("none,name={}", self.name);
+        for _ in 0..3 {
+            if self.gone_within(Duration::from_millis(500)) {
+                break;
+            }
+            if mount(
+                Some("cgroup"),
+                &self.path,
+                Some("cgroup"),
+                MsFlags::empty(),
+                Some(options.as_str()),
+            )
+            .is_ok()
+            {
+                let _ = umount2(&self.path, MntFlags::MNT_DETACH);
+            }
+        }
         let _ = fs::remove_dir(&self.path);
     }
 }

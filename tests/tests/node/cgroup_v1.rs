@@ -87,6 +87,13 @@ fn rule_backends_capture_a_cgroup_v1_pod_and_ebpf_refuses_it() {
         }
         assert!(topo.detach().status.success());
     }
+    drop(refused);
+    // The test's hierarchy goes with its guard: a named hierarchy left in the kernel would be in
+    // every process's /proc/PID/cgroup for the host's life.
+    let member = format!(":name={}:", v1.name());
+    drop(v1);
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+    assert!(!cgroups.contains(&member), "{member} remains: {cgroups}");
 }
 
 #[test]
