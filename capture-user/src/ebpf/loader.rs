@@ -33,6 +33,12 @@ pub enum LoadError {
         program: &'static str,
         reason: String,
     },
+    #[error("the kernel could not load the programs with {features} after {attempts} tries ({reason}): it was short of memory or the load was interrupted, which says nothing about the programs; try again (the node's programs stay as they were)")]
+    Interrupted {
+        features: String,
+        attempts: u32,
+        reason: String,
+    },
     #[error("pinning {path}: {source}")]
     Pin {
         path: PathBuf,
@@ -136,7 +142,7 @@ pub(super) fn load_hook(ebpf: &mut Ebpf, hook: &Hook) -> Result<(), String> {
 }
 
 /// How the object was adapted to this kernel: found by loading, not from its version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KernelFeatures {
     /// `sock_ops` may ask for the netns cookie (Linux 5.15+). Without it, a listener the proxy
     /// opened before capture was attached is not registered for inbound capture.
@@ -241,17 +247,46 @@ const DECIDING_PROGRAMS: [&str; 4] = [
     "capture_getpeername4",
 ];
 
+/// Why the deciding programs did not load.
+struct Refusal {
+    reason: String,
+    /// The kernel said nothing about the programs (`TRANSIENT_LOAD_ERRORS`).
+    transient: bool,
+}
+
+/// What a program load can meet that says nothing about the program: the verifier interrupted by
+/// a signal (`EAGAIN`), the kernel short of memory, a busy resource. Taken as a refusal, one of
+/// these would switch a feature off for the node's whole life on a kernel that has it.
+const TRANSIENT_LOAD_ERRORS: [i32; 4] = [libc::EAGAIN, libc::EINTR, libc::ENOMEM, libc::EBUSY];
+
+/// How often a program's load is tried again after a transient error, waiting 20, 40, 80 and
+/// 160 ms.
+const TRANSIENT_LOAD_RETRIES: u32 = 4;
+
+fn is_transient(e: &ProgramError) -> bool {
+    let errno = match e {
+        ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),
+        ProgramError::SyscallError(e) => e.io_error.raw_os_error(),
+        _ => None,
+    };
+    errno.is_some_and(|n| TRANSIENT_LOAD_ERRORS.contains(&n))
+}
+
 /// Loads the programs that decide the features; the first refusal, summarised.
-fn load_deciding(ebpf: &mut Ebpf) -> Result<(), String> {
+fn load_deciding(ebpf: &mut Ebpf) -> Result<(), Refusal> {
     for name in DECIDING_PROGRAMS {
         let hook = HOOKS
             .iter()
             .find(|h| h.program == name)
             .expect("the deciding programs are hooks");
-        let program = ebpf
-            .program_mut(hook.program)
-            .ok_or_else(|| LoadError::MissingProgram(hook.program).to_string())?;
-        load_program(hook, program).map_err(|e| format!("{name}: {}", summarize(&e)))?;
+        let program = ebpf.program_mut(hook.program).ok_or_else(|| Refusal {
+            reason: LoadError::MissingProgram(hook.program).to_string(),
+            transient: false,
+        })?;
+        load_program(hook, program).map_err(|e| Refusal {
+            reason: format!("{name}: {}", summarize(&e)),
+            transient: is_transient(&e),
+        })?;
     }
     Ok(())
 }
@@ -302,8 +337,17 @@ pub(super) fn adapted_object(
         let mut ebpf = parse_object(features, &offsets, map_pins, sizing)?;
         match load_deciding(&mut ebpf) {
             Ok(()) => return Ok((ebpf, features)),
-            Err(e) => {
-                tracing::debug!("{features:?} refused: {e}");
+            // The node must not run for good without a feature its kernel has.
+            Err(refusal) if refusal.transient => {
+                return Err(LoadError::Interrupted {
+                    features: format!("{features:?}"),
+                    attempts: TRANSIENT_LOAD_RETRIES + 1,
+                    reason: refusal.reason,
+                })
+            }
+            Err(Refusal { reason: e, .. }) => {
+                // Expected on older kernels, once per node load: the features it lacks.
+                tracing::info!(reason = %e, ?features, "the kernel refused the programs with these features; trying with fewer");
                 last = Some((ebpf, features));
             }
         }
@@ -312,11 +356,26 @@ pub(super) fn adapted_object(
     Ok(last.expect("at least one candidate was tried"))
 }
 
-/// Loads a program unless it is loaded already.
+/// Loads a program unless it is loaded already, trying again while the kernel's answer is
+/// transient.
 fn load_program(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> {
     if program.fd().is_ok() {
         return Ok(());
     }
+    let mut attempt = 0;
+    loop {
+        match load_once(hook, program) {
+            Err(e) if is_transient(&e) && attempt < TRANSIENT_LOAD_RETRIES => {
+                tracing::info!(program = hook.program, error = %e, "the kernel could not load the program for now; trying again");
+                std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+fn load_once(hook: &Hook, program: &mut Program) -> Result<(), ProgramError> {
     match program {
         Program::CgroupSockAddr(p) => p.load(),
         Program::CgroupSock(p) => p.load(),
@@ -377,6 +436,30 @@ pub(super) const GPL_COMPATIBLE: [&str; 6] = [
 #[cfg(test)]
 mod tests {
     use capture_common::layout::MapId;
+
+    /// An interrupted verifier or a kernel short of memory is tried again; the verifier's own
+    /// refusals (`EINVAL`, `EACCES`, `E2BIG`) are what the features are decided by.
+    #[test]
+    fn only_errors_that_say_nothing_about_the_program_are_transient() {
+        let failed = |errno| {
+            aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_prog_load",
+                io_error: std::io::Error::from_raw_os_error(errno),
+            })
+        };
+        for errno in [libc::EAGAIN, libc::EINTR, libc::ENOMEM, libc::EBUSY] {
+            assert!(super::is_transient(&failed(errno)), "errno {errno}");
+        }
+        for errno in [
+            libc::EINVAL,
+            libc::EACCES,
+            libc::E2BIG,
+            libc::EPERM,
+            libc::ENOTSUP,
+        ] {
+            assert!(!super::is_transient(&failed(errno)), "errno {errno}");
+        }
+    }
 
     /// The object's maps are the registry's, with the registry's key and value sizes: a map
     /// added to the kernel side without its entry (or the reverse) fails here.

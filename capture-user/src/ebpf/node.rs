@@ -19,7 +19,9 @@ use capture_common::{
 
 use super::{
     hooks::{Hook, UnavailableHook, HOOKS, HOOKS_ADDED_SINCE_LISTED},
-    loader::{adapted_object, build_name, load_hook, object_id, BoxError, LoadError},
+    loader::{
+        adapted_object, build_name, load_hook, object_id, BoxError, KernelFeatures, LoadError,
+    },
     sizing::NodeSizing,
     sys,
 };
@@ -71,14 +73,20 @@ impl NodePrograms {
     }
 }
 
+/// What a load of the node's programs gave.
+pub(super) struct Loaded {
+    /// The hooks the kernel refused that not every pod needs.
+    pub unavailable: Vec<UnavailableHook>,
+    pub features: KernelFeatures,
+}
+
 /// Loads the embedded object into the kernel and pins every program under `dir`; each map comes
-/// from (or is created and pinned at) its path in `map_pins`. Returns the hooks the kernel refused
-/// that not every pod needs.
+/// from (or is created and pinned at) its path in `map_pins`.
 pub(super) fn load_and_pin(
     dir: &Path,
     map_pins: &[(&'static str, PathBuf)],
     sizing: NodeSizing,
-) -> Result<Vec<UnavailableHook>, LoadError> {
+) -> Result<Loaded, LoadError> {
     let pin_error = |path: &Path, source: BoxError| LoadError::Pin {
         path: path.to_path_buf(),
         source,
@@ -125,7 +133,10 @@ pub(super) fn load_and_pin(
             reason,
         });
     }
-    Ok(unavailable)
+    Ok(Loaded {
+        unavailable,
+        features,
+    })
 }
 
 fn is_unavailable(unavailable: &[UnavailableHook], hook: &Hook) -> bool {
@@ -272,13 +283,19 @@ pub struct NodeRecord {
     /// whose maps held `MAX_PODS` pods).
     #[serde(default)]
     pub max_pods: Option<u32>,
+    /// What its programs were adapted to (absent from records of the builds before it was kept).
+    #[serde(default)]
+    pub features: Option<KernelFeatures>,
 }
 
 impl NodeRecord {
     /// This build's record, for pins under its own directory.
     pub(super) fn this_build(
         paths: &Paths,
-        unavailable: Vec<UnavailableHook>,
+        Loaded {
+            unavailable,
+            features,
+        }: Loaded,
         sizing: NodeSizing,
     ) -> Self {
         let id = object_id();
@@ -302,6 +319,7 @@ impl NodeRecord {
                 .map(|h| h.program.to_string())
                 .collect(),
             unavailable,
+            features: Some(features),
         }
     }
 
@@ -409,8 +427,8 @@ fn load_fresh(paths: &Paths, sizing: NodeSizing) -> Result<NodeRecord, LoadError
     let map_pins: Vec<(&'static str, PathBuf)> = map_names()
         .map(|name| (name, dir.join("maps").join(name)))
         .collect();
-    let unavailable = load_and_pin(&dir, &map_pins, sizing).inspect_err(|_| unpin_node(paths))?;
-    let record = NodeRecord::this_build(paths, unavailable, sizing);
+    let loaded = load_and_pin(&dir, &map_pins, sizing).inspect_err(|_| unpin_node(paths))?;
+    let record = NodeRecord::this_build(paths, loaded, sizing);
     record.save(paths)?;
     Ok(record)
 }

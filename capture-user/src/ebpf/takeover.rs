@@ -232,8 +232,8 @@ pub fn take_over(
         .iter()
         .map(|p| (p.layout.name, maps_dir.join(p.layout.name)))
         .collect();
-    let unavailable = load_and_pin(&dir, &map_pins, sizing)?;
-    let to = NodeRecord::this_build(paths, unavailable, sizing);
+    let loaded = load_and_pin(&dir, &map_pins, sizing)?;
+    let to = NodeRecord::this_build(paths, loaded, sizing);
     let mut maps = open_maps(&to.maps_dir(paths))?;
     let programs = node::open_programs(paths, &to)?;
     let carried = |map: MapId| {

@@ -416,6 +416,8 @@ pub struct NodeStatus {
     pub build: String,
     /// The build whose programs the node has pinned (its node record), if any.
     pub node_build: Option<String>,
+    /// What the node's programs were adapted to (its node record), if it says.
+    pub node_features: Option<crate::ebpf::loader::KernelFeatures>,
     pub pods: Vec<PodStatus>,
     /// Records that cannot be read back: their pods are left out of everything else.
     pub damaged_records: Vec<record::DamagedRecord>,
@@ -463,12 +465,16 @@ pub fn status(paths: &Paths) -> Result<NodeStatus, Error> {
         .as_ref()
         .map(|b| names.into_iter().zip(b.node_errors()).collect())
         .unwrap_or_default();
+    let node_record = crate::ebpf::node::read_node_record(paths);
     Ok(NodeStatus {
         bpffs: paths.bpffs.clone(),
         state_dir: paths.state_dir.clone(),
         programs_loaded: ebpf.is_some(),
         build: crate::ebpf::loader::build_name(),
-        node_build: crate::ebpf::node::read_node_record(paths).map(|r| r.build()),
+        node_build: node_record
+            .as_ref()
+            .map(crate::ebpf::node::NodeRecord::build),
+        node_features: node_record.and_then(|r| r.features),
         pods,
         damaged_records,
         node_errors,

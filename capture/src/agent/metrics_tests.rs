@@ -63,6 +63,7 @@ fn node(pods: Vec<PodStatus>) -> NodeStatus {
         programs_loaded: true,
         build: "0.1.0+0123456789ab".into(),
         node_build: Some("0.1.0+0123456789ab".into()),
+        node_features: None,
         pods,
         damaged_records: Vec::new(),
         node_errors: [("unknown_pod", 3), ("handoff_failed", 0)].into(),

@@ -7,7 +7,8 @@ use capture_user::node::NodeChoices;
 
 use super::{
     args::{AgentArgs, AttachArgs, Cli, CniDirs, Command, ExplainArgs, PodArgs},
-    render::{render_explanation, render_probe, render_status},
+    render::{render_explanation, render_status},
+    render_doctor::render_probe,
 };
 use crate::{
     config::PodSpec,
@@ -400,10 +401,13 @@ fn doctor(paths: &Paths, node: &NodeChoices, json: bool) -> anyhow::Result<()> {
             iptables.flavour.name(),
             iptables.reason
         );
-        print!("{}", crate::cli::render::render_builds(&builds));
-        print!("{}", crate::cli::render::render_limits(&limits));
-        print!("{}", crate::cli::render::render_foreign(&foreign));
-        print!("{}", crate::cli::render::render_acceleration(&acceleration));
+        print!("{}", crate::cli::render_doctor::render_builds(&builds));
+        print!("{}", crate::cli::render_doctor::render_limits(&limits));
+        print!("{}", crate::cli::render_doctor::render_foreign(&foreign));
+        print!(
+            "{}",
+            crate::cli::render_doctor::render_acceleration(&acceleration)
+        );
     }
     Ok(())
 }
@@ -426,7 +430,7 @@ fn accel_check(
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", crate::cli::render::render_accel_check(&report));
+        print!("{}", crate::cli::render_doctor::render_accel_check(&report));
     }
     let node = crate::accel::load(paths);
     let unaccepted = report.verdict().unaccepted(&node.accepted);

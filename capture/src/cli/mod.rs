@@ -5,8 +5,10 @@ mod args;
 mod dispatch;
 mod docs;
 mod render;
+mod render_doctor;
 mod values;
 
 pub use args::{Cli, CniDirs, Command, MeshArgs};
 pub use dispatch::{run, Outcome};
-pub use render::{render_probe, render_status};
+pub use render::render_status;
+pub use render_doctor::render_probe;

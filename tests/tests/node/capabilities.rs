@@ -251,6 +251,11 @@ fn a_restricted_agent_takes_the_node_over_from_another_build_keeping_its_connect
     );
     assert_ne!(old_build, new_build, "the variant is another build");
     assert_eq!(status["node_build"], status["build"], "{status}");
+    assert_eq!(
+        status["node_features"],
+        serde_json::to_value(capture_tests::kernel::features()).expect("features as JSON"),
+        "the build that took over adapted its programs to everything the kernel has: {status}"
+    );
     let pod = &status["pods"][0];
     assert_eq!(pod["in_force"], true, "{status}");
     assert_eq!(pod["program_build"], status["build"], "{status}");

@@ -177,6 +177,11 @@ fn connections_spread_only_to_addresses_the_proxy_listens_on() {
     {
         let topo = Topology::new();
         topo.attach(&["--mode", "ebpf"]);
+        assert_eq!(
+            topo.node_features(),
+            serde_json::to_value(capture_tests::kernel::features()).expect("features as JSON"),
+            "the node's programs are adapted to everything the kernel has"
+        );
         let _proxy = topo.spawn_proxy_serving(&["--tcp", &format!("outbound={listen}")]);
         for to in ["10.0.0.5:80", "10.0.0.6:443"] {
             let got = topo.tcp(&Who::app(), to);

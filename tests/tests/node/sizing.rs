@@ -139,11 +139,17 @@ fn pods_at_every_quota_up_to_the_pod_limit_leave_room_for_the_last_one() {
     if capture_tests::kernel::features().stateless_redirect {
         assert!(
             (400..=loopback_share as u64).contains(&held),
-            "the pod holds at most its {loopback_share} addresses, most of them used: {loopback}"
+            "the pod holds at most its {loopback_share} addresses, most of them used: {loopback} (the node's features: {})",
+            pods[0].node_features()
         );
     } else {
         // Before 5.15 every redirect takes the stateful path, which gives no address.
-        assert_eq!(held, 0, "{loopback}");
+        assert_eq!(
+            held,
+            0,
+            "{loopback} (the node's features: {})",
+            pods[0].node_features()
+        );
     }
     drop(flood);
 
