@@ -153,6 +153,12 @@ impl Metrics {
         );
         let cni_add_duration: Histograms<CniAddLabels> =
             Family::new_with_constructor(latency_histogram);
+        // The ADDs that capture their pod with the agent's mode, at zero from the start: a
+        // series first scraped after its first ADD would show Prometheus no increase in it.
+        drop(cni_add_duration.get_or_create(&CniAddLabels {
+            mode: mode.to_string(),
+            result: "ok",
+        }));
         registry.register(
             "capture_cni_add_duration_seconds",
             "CNI ADD as the plugin sees it, from capture-cni's start to the agent's answer, by the backend that captured the pod (the agent's mode where none did) and result",

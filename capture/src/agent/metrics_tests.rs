@@ -134,6 +134,8 @@ fn the_agents_own_metrics_keep_their_names_and_labels() {
         "capture_cni_add_duration_seconds_bucket{mode=\"iptables\",result=\"ok\",le=\"+Inf\"} 1",
         "capture_cni_add_duration_seconds_count{mode=\"iptables\",result=\"ok\"} 1",
         "capture_cni_add_duration_seconds_count{mode=\"ebpf\",result=\"not_ready\"} 1",
+        // The agent's own mode's captures, there before the first of them.
+        "capture_cni_add_duration_seconds_count{mode=\"ebpf\",result=\"ok\"} 0",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
     }
