@@ -29,8 +29,9 @@ pub struct CniAdd {
     /// ADDs in flight at once (1: one after the other).
     #[serde(default = "one")]
     pub concurrent: usize,
-    /// capture-cni ADD latency of each pod in the order the pods were made, ms.
-    pub latencies_ms: Vec<f64>,
+    /// Each round's capture-cni ADD latencies, in the order the pods were made, ms.
+    #[serde(default)]
+    pub rounds: Vec<Vec<f64>>,
 }
 
 fn one() -> usize {
@@ -40,64 +41,129 @@ fn one() -> usize {
 /// The agent modes measured, and the ADDs in flight at once.
 pub const MODES: [&str; 3] = ["ebpf", "iptables", "nftables"];
 pub const BURST: usize = 8;
+pub const ROUNDS: usize = 5;
 
-/// ADDs `pods` pods on a node of their own with the agent in `mode`, `concurrent` at a time.
-/// Every pod gets its netns, cgroup and bridge interface first (untimed, as the chained list
-/// runs the network plugin before capture-cni), so that the burst is capture-cni's alone.
-pub fn measure(mode: &str, pods: usize, concurrent: usize) -> CniAdd {
-    let node = Node::new();
-    let _agent = node.start_agent(mode);
-    let list = node.conflist();
-    let mut made: Vec<Pod> = (0..pods)
-        .map(|i| {
-            let mut pod = node.pod(&format!("bench-{i}"), CgroupDriver::Cgroupfs, MESHED);
-            let bridge = node.plugin_conf(&list, 0, &pod, None);
-            let prev = node
-                .exec_plugin("ADD", &pod, &bridge, None)
-                .unwrap_or_else(|e| panic!("bridge ADD failed: {e}"));
-            pod.result = Some(prev);
-            pod
+/// One agent mode's node: its agent and its pods, each with its netns, cgroup and bridge
+/// interface (the network plugin's ADD, untimed: the chained list runs it before capture-cni).
+struct Bed {
+    mode: String,
+    node: Node,
+    _agent: capture_tests::cni::Agent,
+    list: serde_json::Value,
+    pods: Vec<Pod>,
+}
+
+impl Bed {
+    fn new(mode: &str, pods: usize) -> Self {
+        let node = Node::new();
+        let agent = node.start_agent(mode);
+        let list = node.conflist();
+        let pods = (0..pods)
+            .map(|i| {
+                let mut pod = node.pod(&format!("bench-{i}"), CgroupDriver::Cgroupfs, MESHED);
+                let bridge = node.plugin_conf(&list, 0, &pod, None);
+                let prev = node
+                    .exec_plugin("ADD", &pod, &bridge, None)
+                    .unwrap_or_else(|e| panic!("bridge ADD failed: {e}"));
+                pod.result = Some(prev);
+                pod
+            })
+            .collect();
+        Self {
+            mode: mode.into(),
+            node,
+            _agent: agent,
+            list,
+            pods,
+        }
+    }
+
+    /// capture-cni's ADD of every pod, `concurrent` at a time: each pod's latency, ms. Every
+    /// pod is checked captured, then released again by capture-cni's DEL (untimed) for the
+    /// next round.
+    fn burst(&self, concurrent: usize) -> Vec<f64> {
+        let next = AtomicUsize::new(0);
+        let done = Mutex::new(Vec::with_capacity(self.pods.len()));
+        let confs: Vec<serde_json::Value> = self
+            .pods
+            .iter()
+            .map(|pod| {
+                self.node
+                    .plugin_conf(&self.list, 1, pod, pod.result.as_ref())
+            })
+            .collect();
+        std::thread::scope(|s| {
+            for _ in 0..concurrent.max(1) {
+                s.spawn(|| {
+                    // A runtime execs its plugins from the node's netns without a fork of itself.
+                    self.node.enter_netns();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(pod) = self.pods.get(i) else { break };
+                        let start = Instant::now();
+                        let result = self
+                            .node
+                            .exec_plugin_from_node_netns("ADD", pod, &confs[i], None);
+                        let ms = start.elapsed().as_secs_f64() * 1e3;
+                        if let Err(e) = result {
+                            panic!("capture-cni ADD failed: {e}");
+                        }
+                        done.lock().expect("no worker panicked").push((i, ms));
+                    }
+                });
+            }
+        });
+        let mut done = done.into_inner().expect("no worker panicked");
+        done.sort_by_key(|(i, _)| *i);
+        for (i, pod) in self.pods.iter().enumerate() {
+            assert!(
+                captured(&self.mode, pod),
+                "capture-cni ADD succeeded but pod {i} is not captured in {} mode",
+                self.mode
+            );
+            if let Err(e) = self.node.exec_plugin("DEL", pod, &confs[i], None) {
+                panic!("capture-cni DEL of pod {i} failed: {e}");
+            }
+        }
+        done.into_iter().map(|(_, ms)| ms).collect()
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for pod in &self.pods {
+            let _ = self.node.del(pod);
+        }
+    }
+}
+
+/// ADDs `pods` pods per agent mode, on a node of their own each, `concurrent` at a time (each
+/// figure of `concurrent`), `rounds` times: the modes and figures interleaved within a round,
+/// so that the machine's noise falls on all of them alike.
+pub fn measure(modes: &[String], pods: usize, concurrent: &[usize], rounds: usize) -> Vec<CniAdd> {
+    let beds: Vec<Bed> = modes.iter().map(|m| Bed::new(m, pods)).collect();
+    let mut runs: Vec<CniAdd> = concurrent
+        .iter()
+        .flat_map(|n| {
+            modes.iter().map(|m| CniAdd {
+                mode: m.clone(),
+                pods,
+                concurrent: (*n).max(1),
+                rounds: Vec::with_capacity(rounds),
+            })
         })
         .collect();
-    let next = AtomicUsize::new(0);
-    let done = Mutex::new(Vec::with_capacity(pods));
-    std::thread::scope(|s| {
-        for _ in 0..concurrent.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(pod) = made.get(i) else { break };
-                let capture = node.plugin_conf(&list, 1, pod, pod.result.as_ref());
-                let start = Instant::now();
-                let result = node.exec_plugin("ADD", pod, &capture, None);
-                let ms = start.elapsed().as_secs_f64() * 1e3;
-                let result = result.unwrap_or_else(|e| panic!("capture-cni ADD failed: {e}"));
-                done.lock()
-                    .expect("no worker panicked")
-                    .push((i, ms, result));
-            });
+    for round in 0..rounds.max(1) {
+        eprintln!("bench: CNI ADD round {} of {}", round + 1, rounds.max(1));
+        for run in &mut runs {
+            let bed = beds
+                .iter()
+                .find(|b| b.mode == run.mode)
+                .expect("a bed per mode");
+            run.rounds.push(bed.burst(run.concurrent));
         }
-    });
-    let mut done = done.into_inner().expect("no worker panicked");
-    done.sort_by_key(|(i, _, _)| *i);
-    let mut latencies_ms = Vec::with_capacity(pods);
-    for (i, ms, result) in done {
-        let pod = &mut made[i];
-        pod.result = Some(result);
-        assert!(
-            captured(mode, pod),
-            "capture-cni ADD succeeded but pod {i} is not captured in {mode} mode"
-        );
-        latencies_ms.push(ms);
     }
-    for pod in &made {
-        let _ = node.del(pod);
-    }
-    CniAdd {
-        mode: mode.into(),
-        pods,
-        concurrent: concurrent.max(1),
-        latencies_ms,
-    }
+    runs
 }
 
 /// Whether the pod's capture is in place: programs on its cgroup, or the Istio chains in its
@@ -123,29 +189,49 @@ pub fn write_table(o: &mut String, runs: &[CniAdd]) {
     let _ = writeln!(o, "## CNI ADD\n");
     let _ = writeln!(
         o,
-        "| agent mode | ADDs at once | pods | p50 ms | p99 ms | max ms |"
+        "| agent mode | ADDs at once | pods × rounds | p50 ms | p99 ms | max ms | p99 of each round, ms |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
     for c in runs {
         let (p50, p99, max) = c.summary();
+        let (low, high) = c.p99_range();
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {p50:.2} | {p99:.2} | {max:.2} |",
-            c.mode, c.concurrent, c.pods
+            "| {} | {} | {} × {} | {p50:.2} | {p99:.2} | {max:.2} | {low:.2} – {high:.2} |",
+            c.mode,
+            c.concurrent,
+            c.pods,
+            c.rounds.len()
         );
     }
-    let _ = writeln!(o, "\nThe capture-cni step of a chained ADD, from the runtime's exec to the plugin's result: plugin start, the pod's cgroup found from its UID, the request to the agent and the agent's attach. Every pod of the burst is made and given its bridge interface first (the network plugin's ADD, not counted); then capture-cni runs for each, one after the other or several at once. The agent attaches one pod at a time (the node lock), so ADDs at once wait for each other: their latency is the queue's.\n");
+    let _ = writeln!(o, "\nThe capture-cni step of a chained ADD, from the runtime's exec to the plugin's result: plugin start, the pod's cgroup found from its UID, the request to the agent and the agent's attach. Every pod of the burst is made and given its bridge interface first (the network plugin's ADD, not counted); then capture-cni runs for each, one after the other or several at once. The agent attaches one pod at a time (the node lock), so ADDs at once wait for each other: their latency is the queue's. capture-cni releases every pod again between rounds (untimed); the modes take turns within each round. p50, p99 and max are the medians of the rounds' own.\n");
 }
 
 impl CniAdd {
-    /// p50, p99 and max, ms.
+    /// p50, p99 and max, ms: each the median of the rounds' own.
     #[must_use]
     pub fn summary(&self) -> (f64, f64, f64) {
-        let l = &self.latencies_ms;
+        let of_rounds = |stat: fn(&[f64]) -> f64| {
+            median(self.rounds.iter().map(|r| stat(r)).collect::<Vec<_>>())
+        };
         (
-            median(l.clone()),
-            percentile(l.clone(), 0.99),
-            l.iter().copied().fold(0.0, f64::max),
+            of_rounds(|l| median(l.to_vec())),
+            of_rounds(|l| percentile(l.to_vec(), 0.99)),
+            of_rounds(|l| l.iter().copied().fold(0.0, f64::max)),
+        )
+    }
+
+    /// The lowest and highest of the rounds' p99, ms.
+    #[must_use]
+    pub fn p99_range(&self) -> (f64, f64) {
+        let p99s: Vec<f64> = self
+            .rounds
+            .iter()
+            .map(|l| percentile(l.clone(), 0.99))
+            .collect();
+        (
+            p99s.iter().copied().fold(f64::INFINITY, f64::min),
+            p99s.iter().copied().fold(0.0, f64::max),
         )
     }
 }
@@ -172,4 +258,22 @@ pub fn targets(runs: &[CniAdd]) -> Vec<(String, bool)> {
             ))
         })
         .collect()
+}
+
+/// Where a node keeps capture's state: `/run/capture`, and `/run` is a tmpfs on the
+/// distributions nodes run. The benchmark's scratch directories (the agent's state directory
+/// among them) go to `/dev/shm` likewise, unless `TMPDIR` says otherwise; on a disk file system
+/// each ADD's two new files (the claim and the pod record) cost an inode allocation each.
+///
+/// Call it first thing in `main`, before any thread: it sets the process's environment.
+pub fn scratch_on_tmpfs() {
+    const SHM: &str = "/dev/shm";
+    if std::env::var_os("TMPDIR").is_some() {
+        return;
+    }
+    let on_tmpfs = nix::sys::statfs::statfs(SHM)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    if on_tmpfs {
+        std::env::set_var("TMPDIR", SHM);
+    }
 }

@@ -386,14 +386,12 @@ fn control_plane(pods: usize, cni_pods: usize) -> (Vec<AttachScale>, Vec<cni_add
         "bench: CNI ADD of {cni_pods} pods per backend through capture-cni and the agent, one at a time and {} at once",
         cni_add::BURST
     );
-    let cni_add = [1, cni_add::BURST]
-        .iter()
-        .flat_map(|n| {
-            cni_add::MODES
-                .iter()
-                .map(|m| cni_add::measure(m, cni_pods, *n))
-        })
-        .collect();
+    let cni_add = cni_add::measure(
+        &cni_add::MODES.map(String::from),
+        cni_pods,
+        &[1, cni_add::BURST],
+        cni_add::ROUNDS,
+    );
     (attach, cni_add)
 }
 

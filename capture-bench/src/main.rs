@@ -82,6 +82,9 @@ enum Cmd {
         /// ADDs in flight at once, one run each (comma-separated).
         #[arg(long, value_delimiter = ',', default_values_t = [1, bench::cni_add::BURST])]
         concurrent: Vec<usize>,
+        /// Rounds of each (mode, ADDs at once), interleaved.
+        #[arg(long, default_value_t = bench::cni_add::ROUNDS)]
+        rounds: usize,
     },
     /// One process of the benchmark, entered into a pod.
     Role {
@@ -129,6 +132,7 @@ enum Role {
     reason = "one arm per benchmark command, each beside the arguments it reads"
 )]
 fn main() {
+    bench::cni_add::scratch_on_tmpfs();
     match Args::parse().cmd {
         Cmd::RealProxy { quick, out, rounds } => {
             let results = bench::real_proxy::run(&bench::real_proxy::Options {
@@ -167,11 +171,9 @@ fn main() {
             pods,
             modes,
             concurrent,
+            rounds,
         } => {
-            let runs: Vec<_> = concurrent
-                .iter()
-                .flat_map(|n| modes.iter().map(|m| bench::cni_add::measure(m, pods, *n)))
-                .collect();
+            let runs = bench::cni_add::measure(&modes, pods, &concurrent, rounds);
             let mut text = String::new();
             bench::cni_add::write_table(&mut text, &runs);
             print!("{text}");

@@ -502,7 +502,11 @@ mod tests {
                 mode: "ebpf".into(),
                 pods: 100,
                 concurrent: 1,
-                latencies_ms: (1..=100).map(f64::from).collect(),
+                rounds: vec![
+                    (1..=100).map(f64::from).collect(),
+                    (1..=100).map(|ms| f64::from(ms) / 50.0).collect(),
+                    (1..=100).map(|ms| f64::from(ms) * 2.0).collect(),
+                ],
             }],
             accel: crate::AccelNote {
                 differences: vec!["so_rcvlowat".into()],
@@ -567,10 +571,14 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| ebpf | 1 | 100 | 50.50 | 99.00 | 100.00 |"),
+            md.contains("| ebpf | 1 | 100 × 3 | 50.50 | 99.00 | 100.00 | 1.98 – 198.00 |"),
             "{md}"
         );
-        assert!(!find("CNI ADD p99 ≤ 5 ms, 1 at once"), "99 ms > 5 ms");
+        // The median round's p99: 99 ms (the others' are 1.98 and 198 ms).
+        assert!(
+            !find("CNI ADD p99 ≤ 5 ms, 1 at once: 99.00 ms"),
+            "99 ms > 5 ms"
+        );
         assert!(
             md.contains("| capture_connect4 | 6000 | 500 | 1.00 |") && md.contains("about 0.50 µs"),
             "{md}"

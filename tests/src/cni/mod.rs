@@ -343,7 +343,41 @@ impl Node {
         stdin: &str,
         cni_args: Option<&str>,
     ) -> Result<Value, Value> {
-        let mut cmd = crate::guards::in_netns(&self.netns.path(), self.find_plugin(ty));
+        let cmd = crate::guards::in_netns(&self.netns.path(), self.find_plugin(ty));
+        self.exec_command(cmd, command, pod, stdin, cni_args)
+    }
+
+    /// `exec_plugin` from a thread already in the node's netns (`enter_netns`): the plugin is
+    /// spawned as a runtime spawns it (`posix_spawn`), not from a fork of the caller that enters
+    /// the netns, whose cost would be the caller's.
+    pub fn exec_plugin_from_node_netns(
+        &self,
+        command: &str,
+        pod: &Pod,
+        conf: &Value,
+        cni_args: Option<&str>,
+    ) -> Result<Value, Value> {
+        let ty = conf["type"].as_str().expect("plugin type");
+        let cmd = Command::new(self.find_plugin(ty));
+        self.exec_command(cmd, command, pod, &conf.to_string(), cni_args)
+    }
+
+    /// Moves the calling thread into the node's netns, for `exec_plugin_from_node_netns`.
+    pub fn enter_netns(&self) {
+        use std::os::fd::AsFd as _;
+        let ns = std::fs::File::open(self.netns.path()).expect("the node's netns");
+        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .expect("entering the node's netns");
+    }
+
+    fn exec_command(
+        &self,
+        mut cmd: Command,
+        command: &str,
+        pod: &Pod,
+        stdin: &str,
+        cni_args: Option<&str>,
+    ) -> Result<Value, Value> {
         let default_args = pod.cni_args();
         cmd.env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", &pod.container_id)
