@@ -211,6 +211,8 @@ pub fn install(
     netns_cookie: u64,
     cfg: &CaptureConfig,
 ) -> Result<(), PodMapsError> {
+    // The entry's name is formatted only for a failed write: an at-quota pod has over a
+    // thousand entries, and a takeover writes every pod's.
     let write = |what: String| {
         move |source| PodMapsError::Write {
             what,
@@ -240,7 +242,7 @@ pub fn install(
     for (list, port) in port_entries(cfg) {
         maps.port_lists
             .insert(PortKey::new(netns_cookie, list, port), 1, 0)
-            .map_err(write(format!("{list:?} port {port}")))?;
+            .map_err(|e| write(format!("{list:?} port {port}"))(e))?;
     }
     for key in pod_addr_keys(cfg) {
         maps.inbound_pods
@@ -250,7 +252,7 @@ pub fn install(
     for (list, net) in cidr_entries(cfg) {
         maps.cidr_lists
             .insert(&cidr_key(netns_cookie, list, &net), 1, 0)
-            .map_err(write(format!("{list:?} CIDR {net}")))?;
+            .map_err(|e| write(format!("{list:?} CIDR {net}"))(e))?;
     }
     maps.pod_configs
         .insert(netns_cookie, kernel_config(cfg), 0)
