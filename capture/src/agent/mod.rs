@@ -448,6 +448,8 @@ async fn choose_backends(
 /// What a serving agent runs beside the socket: release retries, the proxy containers' watch,
 /// the node files' poll and the reconcile; then it says whether it is ready.
 fn start_serving(agent: &Arc<Agent>, socket_path: &std::path::Path) {
+    let paths = agent.cfg.paths.clone();
+    tokio::task::spawn_blocking(move || prepare::report_pods(&paths));
     tokio::spawn(background::retry_failed_releases(agent.cfg.paths.clone()));
     if let Some(proxies) = agent.proxies.clone() {
         let paths = agent.cfg.paths.clone();

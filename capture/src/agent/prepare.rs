@@ -34,16 +34,36 @@ pub(super) fn prepare(agent: &Agent) -> Result<(), AgentError> {
         agent.cfg.accelerate && agent.mode == Mode::Ebpf,
         &agent.cfg.accelerate_accepting,
     );
-    let status = ops::status(paths).map_err(AgentError::Status)?;
+    // The node's records must read before it serves. How each pod's capture stands is
+    // reported once it serves (`report_pods`): on a node of a thousand pods that look takes
+    // half a second, which an upgrade's readiness need not wait for.
+    crate::record::scan(paths).map_err(|e| AgentError::Status(e.into()))?;
+    Ok(())
+}
+
+/// Says how the pods captured before this start stand: one line for the node, and one for
+/// each pod whose capture is not fully in force.
+pub(super) fn report_pods(paths: &Paths) {
+    let status = match ops::status(paths) {
+        Ok(status) => status,
+        Err(e) => {
+            warn!(error = %e, "reading the node's captured pods");
+            return;
+        }
+    };
+    let mut in_force = 0;
     for pod in &status.pods {
         let r = &pod.record;
         if pod.in_force {
-            info!(netns = %r.netns.display(), mode = %r.mode, "adopted captured pod");
+            in_force += 1;
         } else {
             warn!(netns = %r.netns.display(), mode = %r.mode, missing = ?pod.missing, "captured pod is not fully in force");
         }
     }
-    Ok(())
+    info!(
+        pods = status.pods.len(),
+        in_force, "pods captured before this start"
+    );
 }
 
 /// Records whether the node allows acceleration (and which differences it accepts) and, when it
