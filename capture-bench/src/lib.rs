@@ -10,6 +10,7 @@ mod bed;
 pub mod cni_add;
 mod cpus;
 pub mod identity_cost;
+pub mod node_scale;
 pub mod real_proxy;
 pub mod reconcile_cost;
 pub mod report;
@@ -324,7 +325,7 @@ fn check_acceleration() -> AccelNote {
 
 /// Unreclaimable kernel memory, KiB: where BPF links, program arrays and map entries live
 /// (kmalloc, per-cpu and vmalloc allocations). Page cache and reclaimable slab are left out.
-fn kernel_memory_kib() -> u64 {
+pub(crate) fn kernel_memory_kib() -> u64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     ["SUnreclaim:", "Percpu:", "VmallocUsed:"]
         .iter()

@@ -71,6 +71,17 @@ enum Cmd {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
+    /// A node of many captured pods: ADD time from the first to the last, memory per pod, a
+    /// reconcile pass, and the next build's takeover under traffic; writes node-scale.md.
+    NodeScale {
+        #[arg(long, default_value_t = 1000)]
+        pods: usize,
+        /// The next build's `capture` (`cargo xtask bench --node-scale` builds it).
+        #[arg(long, env = "CAPTURE_VARIANT_BIN")]
+        variant: PathBuf,
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
     /// CNI ADD latency alone, as the full run measures it: a burst of pods per agent mode, one
     /// ADD at a time and several at once. Prints the table and the targets.
     CniAdd {
@@ -155,6 +166,14 @@ fn main() {
                 });
             bench::real_proxy::write(&results, &out);
             println!("wrote {}", out.display());
+        }
+        Cmd::NodeScale { pods, variant, out } => {
+            let r = bench::node_scale::run(pods, &variant, &out);
+            print!("{}", bench::node_scale::markdown(&r));
+            for (what, ok) in bench::node_scale::targets(&r) {
+                println!("[{}] {what}", if ok { "met" } else { "NOT met" });
+            }
+            println!("wrote {}", out.join("node-scale.md").display());
         }
         Cmd::ReconcileCost {
             sandboxes,

@@ -79,6 +79,21 @@ fn build_variant() -> Result<()> {
     set_aside("variant")
 }
 
+/// The variant as a release build, for the benchmark's takeover: its path,
+/// `target/variant/release/capture`.
+pub fn build_release_variant() -> Result<PathBuf> {
+    run(cargo()
+        .args(BUILD_CAPTURE)
+        .args(["--release", "--features", "capture-user/layout-next"]))?;
+    let built = target_dir().join("release").join("capture");
+    let dir = target_dir().join("variant").join("release");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let to = dir.join("capture");
+    std::fs::rename(&built, &to)
+        .with_context(|| format!("moving {} to {}", built.display(), to.display()))?;
+    Ok(std::path::absolute(to)?)
+}
+
 /// `capture` of `PREVIOUS_RELEASE`, from this repository's history, as
 /// `target/previous/<profile>/capture`.
 fn build_previous_release() -> Result<()> {

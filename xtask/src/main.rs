@@ -320,6 +320,10 @@ struct BenchArgs {
     /// pod's sidecar, against no mesh; writes real-proxy.md and real-proxy.json.
     #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost", "identity_cost"])]
     real_proxy: bool,
+    /// Measure only a node of 1,000 captured pods: ADD time first to last, memory per pod, a
+    /// reconcile pass, and the next build's takeover under traffic; writes node-scale.md.
+    #[arg(long, conflicts_with_all = ["trace_cost", "reconcile_cost", "identity_cost", "real_proxy"])]
+    node_scale: bool,
 }
 
 /// `cargo xtask vm`'s arguments.
@@ -383,9 +387,16 @@ fn bench(args: BenchArgs) -> Result<()> {
         reconcile_cost,
         identity_cost,
         real_proxy,
+        node_scale,
     } = args;
     require_root("cargo xtask bench")?;
     setup::setup()?;
+    // Before the other builds: it leaves target/release/capture to them.
+    let variant = if node_scale {
+        Some(builds::build_release_variant()?)
+    } else {
+        None
+    };
     // The driver and every binary it starts: capture (the agent and CLI), capture-cni,
     // and the tests' capture-probe.
     run(cargo().args([
@@ -409,6 +420,11 @@ fn bench(args: BenchArgs) -> Result<()> {
             cmd.arg("--quick");
         }
         return run(&mut cmd);
+    }
+    if let Some(variant) = variant {
+        return run(Command::new("target/release/capture-bench")
+            .args(["node-scale", "--out", &out, "--variant"])
+            .arg(variant));
     }
     if reconcile_cost {
         return run(Command::new("target/release/capture-bench").args([

@@ -150,6 +150,12 @@ impl Node {
         *self.installed.lock().unwrap() = Some(list);
     }
 
+    /// Uses `list` as this node's chained configuration from now on (a network plugin's own
+    /// settings, a subnet of another size).
+    pub fn use_conflist(&self, list: Value) {
+        *self.installed.lock().unwrap() = Some(list);
+    }
+
     /// Makes this node's pod network dual-stack: its pods get an address from `POD_SUBNET` and
     /// one from `POD_SUBNET6`.
     pub fn dual_stack(&self) {
@@ -455,9 +461,8 @@ impl Node {
             }
         }
         let result = prev.expect("a result");
-        let addr = result["ips"][0]["address"].as_str().expect("an IP");
-        pod.ip = Some(addr.split('/').next().unwrap().to_string());
-        pod.result = Some(result.clone());
+        assert!(result["ips"][0]["address"].is_string(), "an IP: {result}");
+        pod.set_result(result.clone());
         Ok(result)
     }
 

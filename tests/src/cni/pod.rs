@@ -37,6 +37,15 @@ impl Pod {
         self.ip.as_deref().expect("the pod has been added")
     }
 
+    /// Keeps a chained ADD's result (the prevResult of what follows) and the pod's address in
+    /// it.
+    pub fn set_result(&mut self, result: Value) {
+        if let Some(addr) = result["ips"][0]["address"].as_str() {
+            self.ip = addr.split('/').next().map(str::to_string);
+        }
+        self.result = Some(result);
+    }
+
     /// Starts the proxy (15001, 15006 as 1337) and an app (8080, 9090 as 1000) in the pod.
     pub fn start_servers(&self) -> Vec<ChildGuard> {
         let mut servers = Vec::new();
