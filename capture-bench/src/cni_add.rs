@@ -139,7 +139,7 @@ impl Drop for Bed {
 
 /// ADDs `pods` pods per agent mode, on a node of their own each, `concurrent` at a time (each
 /// figure of `concurrent`), `rounds` times: the modes and figures interleaved within a round,
-/// so that the machine's noise falls on all of them alike.
+/// their order rotating, so that the machine's noise falls on all of them alike.
 pub fn measure(modes: &[String], pods: usize, concurrent: &[usize], rounds: usize) -> Vec<CniAdd> {
     let beds: Vec<Bed> = modes.iter().map(|m| Bed::new(m, pods)).collect();
     let mut runs: Vec<CniAdd> = concurrent
@@ -153,9 +153,13 @@ pub fn measure(modes: &[String], pods: usize, concurrent: &[usize], rounds: usiz
             })
         })
         .collect();
+    let cells = runs.len();
     for round in 0..rounds.max(1) {
         eprintln!("bench: CNI ADD round {} of {}", round + 1, rounds.max(1));
-        for run in &mut runs {
+        // The order rotates every round: what a burst leaves the kernel to finish (a rule
+        // backend's netns work, freed links) falls on each cell in turn.
+        for cell in (0..cells).map(|i| (i + round) % cells) {
+            let run = &mut runs[cell];
             let bed = beds
                 .iter()
                 .find(|b| b.mode == run.mode)
@@ -204,7 +208,7 @@ pub fn write_table(o: &mut String, runs: &[CniAdd]) {
             c.rounds.len()
         );
     }
-    let _ = writeln!(o, "\nThe capture-cni step of a chained ADD, from the runtime's exec to the plugin's result: plugin start, the pod's cgroup found from its UID, the request to the agent and the agent's attach. Every pod of the burst is made and given its bridge interface first (the network plugin's ADD, not counted); then capture-cni runs for each, one after the other or several at once. The agent attaches one pod at a time (the node lock), so ADDs at once wait for each other: their latency is the queue's. capture-cni releases every pod again between rounds (untimed); the modes take turns within each round. p50, p99 and max are the medians of the rounds' own.\n");
+    let _ = writeln!(o, "\nThe capture-cni step of a chained ADD, from the runtime's exec to the plugin's result: plugin start, the pod's cgroup found from its UID, the request to the agent and the agent's attach. Every pod of the burst is made and given its bridge interface first (the network plugin's ADD, not counted); then capture-cni runs for each, one after the other or several at once. The agent attaches one pod at a time (the node lock), so ADDs at once wait for each other: their latency is the queue's. capture-cni releases every pod again between rounds (untimed); the cells take turns within each round, in an order that rotates every round. p50, p99 and max are the medians of the rounds' own.\n");
 }
 
 impl CniAdd {
