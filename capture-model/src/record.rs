@@ -137,10 +137,40 @@ pub fn decode(data: &[u8]) -> Result<PodRecord, serde_json::Error> {
 
 pub fn save(paths: &Paths, record: &PodRecord) -> Result<(), RecordError> {
     let path = paths.record_path(record.netns_cookie);
-    write_atomic(&path, &encode(record), None).map_err(|source| RecordError::Io { path, source })
+    write_atomic(&path, &encode(record), None)
+        .map_err(|source| RecordError::Io { path, source })?;
+    if let Some(pod) = &record.pod {
+        // Only a shortcut: `find` checks what it points at, and scans without it.
+        let _ = index_container(paths, &pod.container_id, record.netns_cookie);
+    }
+    Ok(())
+}
+
+fn index_container(paths: &Paths, container_id: &str, netns_cookie: u64) -> io::Result<()> {
+    let path = paths.container_index_path(container_id);
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    write_atomic(&path, netns_cookie.to_string().as_bytes(), None)
+}
+
+/// The netns cookie the container index names for `container_id`, if any.
+fn indexed_cookie(paths: &Paths, container_id: &str) -> Option<u64> {
+    fs::read_to_string(paths.container_index_path(container_id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
+    // The index entry goes with the record it points at (a newer one for the same container
+    // points elsewhere and stays).
+    if let Ok(Some(PodRecord { pod: Some(pod), .. })) = load(paths, netns_cookie) {
+        if indexed_cookie(paths, &pod.container_id) == Some(netns_cookie) {
+            let _ = fs::remove_file(paths.container_index_path(&pod.container_id));
+        }
+    }
     let path = paths.record_path(netns_cookie);
     match fs::remove_file(&path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(RecordError::Io { path, source: e }),
@@ -248,30 +278,101 @@ pub fn find(
     which: &PodSelector,
     cookie_fallback: CookieFallback,
 ) -> Result<Option<PodRecord>, RecordError> {
-    let records = load_all(paths)?;
-    Ok(match which {
+    // One record where the selector names its file: a DEL on a node of a thousand pods must
+    // not read them all.
+    let named = |r: &PodRecord| selected(r, which);
+    match which {
+        PodSelector::ContainerId(id) => {
+            if let Some(Ok(Some(r))) = indexed_cookie(paths, id).map(|c| load(paths, c)) {
+                if named(&r) {
+                    return Ok(Some(r));
+                }
+            }
+        }
         PodSelector::Netns(path) => {
             let cookie = Netns::open(path)
                 .ok()
                 .and_then(|n| n.cookie(cookie_fallback).ok());
-            records
-                .into_iter()
-                .find(|r| cookie.map_or(r.netns == *path, |c| r.netns_cookie == c))
+            if let Some(c) = cookie {
+                // The file named by the cookie is the only record that can hold it.
+                return match load(paths, c) {
+                    Ok(found) => Ok(found.filter(|r| r.netns_cookie == c)),
+                    Err(_) => Ok(load_all(paths)?.into_iter().find(|r| r.netns_cookie == c)),
+                };
+            }
         }
-        PodSelector::ContainerId(id) => records
-            .into_iter()
-            .find(|r| r.pod.as_ref().is_some_and(|p| p.container_id == *id)),
-        PodSelector::Name { namespace, name } => records.into_iter().find(|r| {
-            r.pod
-                .as_ref()
-                .is_some_and(|p| p.namespace == *namespace && p.name == *name)
-        }),
-    })
+        PodSelector::Name { .. } => {}
+    }
+    Ok(load_all(paths)?.into_iter().find(named))
+}
+
+/// Whether `r` is the record `which` names, its netns taken as gone (compared by path).
+fn selected(r: &PodRecord, which: &PodSelector) -> bool {
+    match which {
+        PodSelector::Netns(path) => r.netns == *path,
+        PodSelector::ContainerId(id) => r.pod.as_ref().is_some_and(|p| p.container_id == *id),
+        PodSelector::Name { namespace, name } => r
+            .pod
+            .as_ref()
+            .is_some_and(|p| p.namespace == *namespace && p.name == *name),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn seed(name: &str) -> PodRecord {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/corpus/record")
+            .join(name);
+        decode(&fs::read(&path).unwrap()).unwrap()
+    }
+
+    fn no_cookie(_: &fs::File) -> io::Result<u64> {
+        Err(io::Error::other("not asked"))
+    }
+
+    /// CNI DEL names a pod by its container: the index leads to its record alone, an entry that
+    /// points at another pod's record is not believed, and records without an entry (written by
+    /// earlier builds) are still found by reading them all.
+    #[test]
+    fn a_container_finds_its_record_through_the_index_or_without_it() {
+        let dir = std::env::temp_dir().join(format!("capture-record-index-{}", std::process::id()));
+        let paths = Paths::new(dir.join("bpffs"), dir.join("state"));
+        fs::create_dir_all(paths.records_dir()).unwrap();
+        let pod = |cookie: u64, id: &str| {
+            let mut r = seed("ebpf-cni.json");
+            r.netns_cookie = cookie;
+            r.pod.as_mut().expect("the seed has a pod").container_id = id.into();
+            r
+        };
+        let (a, b) = (pod(1, "a"), pod(2, "b"));
+        save(&paths, &a).unwrap();
+        save(&paths, &b).unwrap();
+        let by = |id: &str| {
+            find(&paths, &PodSelector::ContainerId(id.into()), no_cookie)
+                .unwrap()
+                .map(|r| r.netns_cookie)
+        };
+        assert_eq!((indexed_cookie(&paths, "a"), by("a")), (Some(1), Some(1)));
+        assert_eq!(by("b"), Some(2));
+
+        index_container(&paths, "a", 2).unwrap();
+        assert_eq!(by("a"), Some(1), "an entry naming b's record");
+        fs::remove_dir_all(paths.container_index_path("a").parent().unwrap()).unwrap();
+        assert_eq!((by("a"), by("b")), (Some(1), Some(2)), "no index at all");
+
+        save(&paths, &a).unwrap();
+        save(&paths, &b).unwrap();
+        remove(&paths, 1).unwrap();
+        assert_eq!((indexed_cookie(&paths, "a"), by("a")), (None, None));
+        // A new pod of the same container id keeps its entry when the old record goes.
+        save(&paths, &pod(3, "b")).unwrap();
+        remove(&paths, 2).unwrap();
+        assert_eq!((indexed_cookie(&paths, "b"), by("b")), (Some(3), Some(3)));
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// The fuzz seeds are records as this build writes them (or as earlier builds did): a change
     /// of the format that they no longer follow would leave the fuzzer starting from nothing.

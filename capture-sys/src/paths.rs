@@ -113,6 +113,15 @@ impl Paths {
         self.records_dir().join(format!("{netns_cookie}.json"))
     }
 
+    /// Which record holds a container's pod: a file per container id naming the pod's netns
+    /// cookie (see `record::find`), so that CNI DEL reads one record, not the node's.
+    #[must_use]
+    pub fn container_index_path(&self, container_id: &str) -> PathBuf {
+        self.state_dir
+            .join("pods-by-container")
+            .join(crate::fsutil::container_file_name(container_id))
+    }
+
     /// The agent's CNI claims, one file per container id (see `claims`).
     #[must_use]
     pub fn claims_dir(&self) -> PathBuf {
