@@ -346,8 +346,9 @@ pub(super) fn adapted_object(
                 })
             }
             Err(Refusal { reason: e, .. }) => {
-                // Expected on older kernels, once per node load: the features it lacks.
-                tracing::info!(reason = %e, ?features, "the kernel refused the programs with these features; trying with fewer");
+                // Expected on older kernels, at every probe: status says what the node runs
+                // with (`node_features`).
+                tracing::debug!(reason = %e, ?features, "the kernel refused the programs with these features; trying with fewer");
                 last = Some((ebpf, features));
             }
         }
