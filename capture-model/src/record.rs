@@ -147,11 +147,12 @@ pub fn save(paths: &Paths, record: &PodRecord) -> Result<(), RecordError> {
 }
 
 fn index_container(paths: &Paths, container_id: &str, netns_cookie: u64) -> io::Result<()> {
-    let path = paths.container_index_path(container_id);
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    write_atomic(&path, netns_cookie.to_string().as_bytes(), None)
+    fs::create_dir_all(paths.container_index_dir())?;
+    write_atomic(
+        &paths.container_index_path(container_id),
+        netns_cookie.to_string().as_bytes(),
+        None,
+    )
 }
 
 /// The netns cookie the container index names for `container_id`, if any.
@@ -161,6 +162,29 @@ fn indexed_cookie(paths: &Paths, container_id: &str) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Removes the container index's entries whose record is gone: a build from before the index
+/// (rolled back to) removes records without their entries. Returns how many went.
+pub fn prune_container_index(paths: &Paths) -> usize {
+    let mut pruned = 0;
+    for entry in fs::read_dir(paths.container_index_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let path = entry.path();
+        let names_a_record = fs::read_to_string(&path)
+            .ok()
+            .and_then(|c| c.trim().parse::<u64>().ok())
+            .is_some_and(|cookie| paths.record_path(cookie).exists());
+        // write_atomic's temporaries start with a dot, and one may be on its way.
+        let temporary = entry.file_name().to_string_lossy().starts_with('.');
+        if !names_a_record && !temporary && fs::remove_file(&path).is_ok() {
+            pruned += 1;
+        }
+    }
+    pruned
 }
 
 pub fn remove(paths: &Paths, netns_cookie: u64) -> Result<(), RecordError> {
@@ -360,7 +384,7 @@ mod tests {
 
         index_container(&paths, "a", 2).unwrap();
         assert_eq!(by("a"), Some(1), "an entry naming b's record");
-        fs::remove_dir_all(paths.container_index_path("a").parent().unwrap()).unwrap();
+        fs::remove_dir_all(paths.container_index_dir()).unwrap();
         assert_eq!((by("a"), by("b")), (Some(1), Some(2)), "no index at all");
 
         save(&paths, &a).unwrap();
@@ -371,6 +395,11 @@ mod tests {
         save(&paths, &pod(3, "b")).unwrap();
         remove(&paths, 2).unwrap();
         assert_eq!((indexed_cookie(&paths, "b"), by("b")), (Some(3), Some(3)));
+        // An entry whose record went without it (an earlier build's DEL) is pruned.
+        index_container(&paths, "gone", 4).unwrap();
+        assert_eq!(prune_container_index(&paths), 1);
+        assert_eq!(indexed_cookie(&paths, "gone"), None);
+        assert_eq!(indexed_cookie(&paths, "b"), Some(3));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -116,9 +116,13 @@ impl Paths {
     /// Which record holds a container's pod: a file per container id naming the pod's netns
     /// cookie (see `record::find`), so that CNI DEL reads one record, not the node's.
     #[must_use]
+    pub fn container_index_dir(&self) -> PathBuf {
+        self.state_dir.join("pods-by-container")
+    }
+
+    #[must_use]
     pub fn container_index_path(&self, container_id: &str) -> PathBuf {
-        self.state_dir
-            .join("pods-by-container")
+        self.container_index_dir()
             .join(crate::fsutil::container_file_name(container_id))
     }
 

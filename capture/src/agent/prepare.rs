@@ -42,8 +42,15 @@ pub(super) fn prepare(agent: &Agent) -> Result<(), AgentError> {
 }
 
 /// Says how the pods captured before this start stand: one line for the node, and one for
-/// each pod whose capture is not fully in force.
+/// each pod whose capture is not fully in force. Prunes the container index first.
 pub(super) fn report_pods(paths: &Paths) {
+    let pruned = crate::record::prune_container_index(paths);
+    if pruned > 0 {
+        info!(
+            pruned,
+            "removed container index entries whose pod records are gone"
+        );
+    }
     let status = match ops::status(paths) {
         Ok(status) => status,
         Err(e) => {
