@@ -61,11 +61,8 @@ impl Bed {
         let pods = (0..pods)
             .map(|i| {
                 let mut pod = node.pod(&format!("bench-{i}"), CgroupDriver::Cgroupfs, MESHED);
-                let bridge = node.plugin_conf(&list, 0, &pod, None);
-                let prev = node
-                    .exec_plugin("ADD", &pod, &bridge, None)
+                node.add_network(&mut pod)
                     .unwrap_or_else(|e| panic!("bridge ADD failed: {e}"));
-                pod.result = Some(prev);
                 pod
             })
             .collect();
@@ -172,7 +169,7 @@ pub fn measure(modes: &[String], pods: usize, concurrent: &[usize], rounds: usiz
 
 /// Whether the pod's capture is in place: programs on its cgroup, or the Istio chains in its
 /// netns (iptables' or nftables').
-fn captured(mode: &str, pod: &Pod) -> bool {
+pub(crate) fn captured(mode: &str, pod: &Pod) -> bool {
     let (lister, chain): (&[&str], &str) = match mode {
         "ebpf" => return !cgroup_programs(&pod.cgroup).is_empty(),
         "nftables" => (
@@ -262,22 +259,4 @@ pub fn targets(runs: &[CniAdd]) -> Vec<(String, bool)> {
             ))
         })
         .collect()
-}
-
-/// Where a node keeps capture's state: `/run/capture`, and `/run` is a tmpfs on the
-/// distributions nodes run. The benchmark's scratch directories (the agent's state directory
-/// among them) go to `/dev/shm` likewise, unless `TMPDIR` says otherwise; on a disk file system
-/// each ADD's two new files (the claim and the pod record) cost an inode allocation each.
-///
-/// Call it first thing in `main`, before any thread: it sets the process's environment.
-pub fn scratch_on_tmpfs() {
-    const SHM: &str = "/dev/shm";
-    if std::env::var_os("TMPDIR").is_some() {
-        return;
-    }
-    let on_tmpfs = nix::sys::statfs::statfs(SHM)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
-    if on_tmpfs {
-        std::env::set_var("TMPDIR", SHM);
-    }
 }

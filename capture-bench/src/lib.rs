@@ -513,3 +513,21 @@ pub fn run(opts: &Options) -> Results {
     }
     results
 }
+
+/// Where a node keeps capture's state: `/run/capture`, and `/run` is a tmpfs on the
+/// distributions nodes run. The benchmark's scratch directories (the agent's state directory
+/// among them) go to `/dev/shm` likewise, unless `TMPDIR` says otherwise; on a disk file system
+/// each ADD's two new files (the claim and the pod record) cost an inode allocation each.
+///
+/// Call it first thing in `main`, before any thread: it sets the process's environment.
+pub fn scratch_on_tmpfs() {
+    const SHM: &str = "/dev/shm";
+    if std::env::var_os("TMPDIR").is_some() {
+        return;
+    }
+    let on_tmpfs = nix::sys::statfs::statfs(SHM)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    if on_tmpfs {
+        std::env::set_var("TMPDIR", SHM);
+    }
+}

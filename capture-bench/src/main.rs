@@ -143,7 +143,7 @@ enum Role {
     reason = "one arm per benchmark command, each beside the arguments it reads"
 )]
 fn main() {
-    bench::cni_add::scratch_on_tmpfs();
+    bench::scratch_on_tmpfs();
     match Args::parse().cmd {
         Cmd::RealProxy { quick, out, rounds } => {
             let results = bench::real_proxy::run(&bench::real_proxy::Options {

@@ -19,8 +19,7 @@ use std::{
 use capture_tests::{
     cni::{Agent, CgroupDriver, Node, Pod, MESHED},
     guards::ChildGuard,
-    probe::Outcome,
-    topology::cgroup_programs,
+    probe::{try_connect_opts, ConnectOpts},
 };
 use serde::{Deserialize, Serialize};
 
@@ -121,7 +120,6 @@ fn agent_rss_kib(pid: u32) -> u64 {
 
 /// Makes `count` pods on `node` with their bridge interfaces (untimed).
 fn make_pods(node: &Node, count: usize) -> Vec<Pod> {
-    let list = node.conflist();
     let quota = at_quota_annotations();
     (0..count)
         .map(|i| {
@@ -133,11 +131,8 @@ fn make_pods(node: &Node, count: usize) -> Vec<Pod> {
                 annotations.extend(quota.iter().map(|(k, v)| (k.as_str(), v.as_str())));
             }
             let mut pod = node.pod(&format!("scale-{i}"), CgroupDriver::Cgroupfs, &annotations);
-            let bridge = node.plugin_conf(&list, 0, &pod, None);
-            let prev = node
-                .exec_plugin("ADD", &pod, &bridge, None)
+            node.add_network(&mut pod)
                 .unwrap_or_else(|e| panic!("bridge ADD of pod {i} failed: {e}"));
-            pod.set_result(prev);
             pod
         })
         .collect()
@@ -164,7 +159,7 @@ fn add_all(node: &Node, pods: &mut [Pod]) -> Vec<f64> {
 
 fn captured(pods: &[Pod]) -> usize {
     pods.iter()
-        .filter(|p| !cgroup_programs(&p.cgroup).is_empty())
+        .filter(|p| crate::cni_add::captured("ebpf", p))
         .count()
 }
 
@@ -172,19 +167,8 @@ fn captured(pods: &[Pod]) -> usize {
 /// `to`'s inbound capture, each proxy answering with the destination it was asked for.
 fn exchange(from: &Pod, to: &Pod) -> Result<(), String> {
     let dest = format!("{}:8080", to.ip());
-    let mut cmd = from.app_client();
-    let out = cmd
-        .args(["connect", "--to", &dest])
-        .output()
-        .map_err(|e| format!("{}: {e}", from.name))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} to {dest}: {}",
-            from.name,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let got = Outcome::parse(&String::from_utf8_lossy(&out.stdout));
+    let got = try_connect_opts(from.app_client(), &dest, &ConnectOpts::default())
+        .map_err(|e| format!("{} to {dest}: {}", from.name, e.trim()))?;
     if got.server().as_deref() == Some("outbound") && got.orig().as_deref() == Some(&dest) {
         Ok(())
     } else {

@@ -388,18 +388,10 @@ impl CgroupV1Mount {
     /// `None` where this kernel does not let a v1 hierarchy be mounted (`cgroup_no_v1=named`).
     #[must_use]
     pub fn new() -> Option<Self> {
-        use nix::mount::{mount, MsFlags};
         let name = unique("capture-v1");
         let path = std::env::temp_dir().join(&name);
         fs::create_dir(&path).ok()?;
-        let options = format!("none,name={name}");
-        if let Err(e) = mount(
-            Some("cgroup"),
-            &path,
-            Some("cgroup"),
-            MsFlags::empty(),
-            Some(options.as_str()),
-        ) {
+        if let Err(e) = Self::mount(&path, &name) {
             eprintln!(
                 "cannot mount a cgroup v1 hierarchy on {}: {e}",
                 path.display()
@@ -414,6 +406,18 @@ impl CgroupV1Mount {
     #[must_use]
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Mounts the named hierarchy `name` (made by the first mount) on `path`.
+    fn mount(path: &Path, name: &str) -> nix::Result<()> {
+        let options = format!("none,name={name}");
+        nix::mount::mount(
+            Some("cgroup"),
+            path,
+            Some("cgroup"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        )
     }
 
     /// Whether the kernel lets the hierarchy go within `wait`: every process is in its root
@@ -435,7 +439,7 @@ impl CgroupV1Mount {
 
 impl Drop for CgroupV1Mount {
     fn drop(&mut self) {
-        use nix::mount::{mount, umount2, MntFlags, MsFlags};
+        use nix::mount::{umount2, MntFlags};
         // Deepest first: a cgroup directory goes only once it has no children.
         for d in directory_tree(&self.path).iter().skip(1).rev() {
             let _ = fs::remove_dir(d);
@@ -445,20 +449,11 @@ impl Drop for CgroupV1Mount {
         // last mount, both asynchronously: unmounted while a child was still going, the
         // hierarchy outlives its mount. Mounted and unmounted again once the children are gone,
         // it goes.
-        let options = format!("none,name={}", self.name);
         for _ in 0..3 {
             if self.gone_within(Duration::from_millis(500)) {
                 break;
             }
-            if mount(
-                Some("cgroup"),
-                &self.path,
-                Some("cgroup"),
-                MsFlags::empty(),
-                Some(options.as_str()),
-            )
-            .is_ok()
-            {
+            if Self::mount(&self.path, &self.name).is_ok() {
                 let _ = umount2(&self.path, MntFlags::MNT_DETACH);
             }
         }

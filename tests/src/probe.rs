@@ -268,14 +268,21 @@ pub fn connect_with(cmd: Command, to: &str) -> Outcome {
 }
 
 /// As `connect_with`, with options.
-pub fn connect_opts(mut cmd: Command, to: &str, opts: &ConnectOpts) -> Outcome {
+pub fn connect_opts(cmd: Command, to: &str, opts: &ConnectOpts) -> Outcome {
+    try_connect_opts(cmd, to, opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As `connect_opts`, with the probe's failure (or its start's) as an error rather than a
+/// panic: for callers that count failures, such as traffic kept up through an upgrade.
+pub fn try_connect_opts(mut cmd: Command, to: &str, opts: &ConnectOpts) -> Result<Outcome, String> {
     cmd.arg("connect").arg("--to").arg(to);
     opts.args(&mut cmd);
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "probe failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Outcome::parse(&String::from_utf8_lossy(&out.stdout))
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "probe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(Outcome::parse(&String::from_utf8_lossy(&out.stdout)))
 }

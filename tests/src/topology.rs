@@ -219,14 +219,10 @@ impl Topology {
     }
 
     /// What the node's programs were adapted to, as `capture status` reports it from the node's
-    /// record (a string saying why where status cannot be read).
+    /// record.
     #[must_use]
     pub fn node_features(&self) -> serde_json::Value {
-        let out = self.capture(&["status", "--json"]);
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).map_or_else(
-            |e| format!("unknown ({e}: {})", String::from_utf8_lossy(&out.stderr)).into(),
-            |status| status["node_features"].clone(),
-        )
+        self.status()["node_features"].clone()
     }
 
     /// `capture` with this topology's directories, to spawn.
