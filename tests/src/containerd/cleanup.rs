@@ -73,10 +73,35 @@ const FIXED_DIRS: &[&str] = &[
     "/var/lib/cni",
 ];
 
+/// The runtimes of this test process that are alive: the [`FIXED_DIRS`] made here go with the
+/// last of them. An empty one is not unused: a runtime that mounts its own directory over
+/// /run/containerd, for a pod that mounts the node's, needs the empty directory on the host.
+static LIVE_RUNTIMES: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+
+/// Counts a runtime in, before it makes or uses any of the [`FIXED_DIRS`].
+pub(super) fn runtime_starts() {
+    fixed_dirs_made_here();
+    *LIVE_RUNTIMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+}
+
+/// Counts a runtime out; the last one removes the [`FIXED_DIRS`] this process made that are
+/// empty (one in use, a shim's socket or a cached result inside, stays).
+pub(super) fn runtime_ended() {
+    let mut live = LIVE_RUNTIMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *live = live.saturating_sub(1);
+    if *live == 0 {
+        for dir in fixed_dirs_made_here() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 /// The [`FIXED_DIRS`] that did not exist when this test process first started a containerd.
-/// Every runtime's drop removes those that are empty, so whichever of the tests running at once
-/// ends last leaves none behind, while one in use (a shim's socket, a cached result inside) stays.
-pub(super) fn fixed_dirs_made_here() -> &'static [&'static Path] {
+fn fixed_dirs_made_here() -> &'static [&'static Path] {
     static MADE: std::sync::OnceLock<Vec<&'static Path>> = std::sync::OnceLock::new();
     MADE.get_or_init(|| {
         FIXED_DIRS

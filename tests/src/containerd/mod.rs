@@ -38,8 +38,8 @@ use tonic::Status;
 
 use self::{
     cleanup::{
-        cgroup_v1_mounts, fixed_dirs_made_here, kill_shims_of, mounts_under,
-        remove_cgroup_everywhere,
+        cgroup_v1_mounts, kill_shims_of, mounts_under, remove_cgroup_everywhere, runtime_ended,
+        runtime_starts,
     },
     config::{
         allow_slow_attaches, container_config, containerd_config, namespaces, pod_slice,
@@ -136,14 +136,15 @@ impl Containerd {
         systemd: Option<SystemdNode>,
         mut binds: Vec<(PathBuf, PathBuf)>,
     ) -> Self {
+        // Counted out by drop; a start that fails before the runtime exists leaves the node's
+        // fixed directories in place, which is the safe side.
+        runtime_starts();
         let dir = std::env::temp_dir().join(unique("capture-containerd"));
         std::fs::create_dir_all(&dir).expect("the containerd directory");
         // A runtime that plays the node's: its socket where a node's containerd has it
         // (/run/containerd/containerd.sock), for a pod that mounts the node's runtime directory
         // (the DaemonSet's cri-socket volume). containerd makes that directory itself anyway.
         if !binds.is_empty() {
-            // Noted first: a directory this test makes is removed with the others it made.
-            fixed_dirs_made_here();
             std::fs::create_dir_all("/run/containerd").expect("the runtime's node directory");
             binds.push((dir.clone(), PathBuf::from("/run/containerd")));
         }
@@ -181,7 +182,6 @@ impl Containerd {
             containerd_config(&dir, &socket, node, systemd.is_some()),
         )
         .expect("the containerd configuration");
-        fixed_dirs_made_here();
         let cgroup_mount = capture_user::cgroup::cgroup2_mount().expect("cgroup2");
         let cri = Cri::connect(&socket).expect("a CRI client");
         // Made before anything can fail, so that drop cleans up after a failed start too.
@@ -548,9 +548,7 @@ impl Drop for Containerd {
         if !self.binds.is_empty() {
             node_agent::release_bind_points();
         }
-        for dir in fixed_dirs_made_here() {
-            let _ = std::fs::remove_dir(dir);
-        }
+        runtime_ended();
     }
 }
 
