@@ -40,6 +40,10 @@ pub const FLAG_ACCELERATE: u32 = 1 << 13;
 /// holds only for a socket whose connecting task is in the proxy container's cgroup
 /// (`proxy_container`); every other container of the pod is captured whatever its ids.
 pub const FLAG_PROXY_BY_CONTAINER: u32 = 1 << 14;
+/// The pod's netns routes `100::/64` to `lo` (`loopback::address6`): its IPv6 TCP connections may
+/// take the stateless redirect. Set only where attach added the route; a pod attached by an
+/// earlier build has no route and keeps the stateful path.
+pub const FLAG_STATELESS6: u32 = 1 << 15;
 
 /// With [`FLAG_PROXY_BY_CONTAINER`]: the proxy container has not been seen yet. A connection the
 /// proxy's ids would send elsewhere than an app's is refused (exempting it could let another

@@ -1,6 +1,9 @@
-//! The stateless redirect of IPv4 TCP connections: a pod gives each original destination a
-//! loopback address of its own, in `127.2.0.0/19`, kept in `LOOPBACK_DESTS` from the first
-//! connection to it until the pod goes. A connection redirected there carries its original
+//! The stateless redirect of TCP connections: a pod gives each original destination a loopback
+//! address of its own, in `127.2.0.0/19`, kept in `LOOPBACK_DESTS` from the first connection to
+//! it until the pod goes. IPv6 has one loopback address, so an IPv6 destination's address is its
+//! slot's twin in `100::/64` (`address6`), which attach routes to `lo` in the pod's netns: RFC
+//! 6666's discard-only prefix, which no real destination is in. Both families share the pod's
+//! slots; the table's value says which family the destination is. A connection redirected there carries its original
 //! destination in its own address, so `SO_ORIGINAL_DST` and getpeername read it from the address,
 //! and neither the app's socket nor the proxy's needs any state.
 //!
@@ -40,6 +43,32 @@ pub const fn candidate(dst: u32, port: u16, probe: u32) -> u32 {
 #[must_use]
 pub const fn in_range(addr: u32) -> bool {
     u32::from_be(addr).wrapping_sub(RANGE_START) < LOOPBACK_SLOTS
+}
+
+/// Word 0 of `100::/64` (network order); words 1 and 2 are zero.
+pub const RANGE6_WORD0: u32 = 0x0100_0000u32.to_be();
+
+/// The IPv6 twin of slot address `addr4` (network order): `100::7f02:xxyy`.
+#[must_use]
+pub const fn address6(addr4: u32) -> [u32; 4] {
+    [RANGE6_WORD0, 0, 0, addr4]
+}
+
+/// The slot address of `addr` (network order words) if it is the twin of one.
+#[must_use]
+pub const fn slot_of6(addr: &[u32; 4]) -> Option<u32> {
+    if addr[0] == RANGE6_WORD0 && addr[1] == 0 && addr[2] == 0 && in_range(addr[3]) {
+        Some(addr[3])
+    } else {
+        None
+    }
+}
+
+/// The 32 bits a destination's candidates are hashed from: the IPv4 address itself (word 0, the
+/// others zero), every word of an IPv6 one folded.
+#[must_use]
+pub const fn hash_input(dst: &[u32; 4]) -> u32 {
+    dst[0] ^ dst[1] ^ dst[2] ^ dst[3]
 }
 
 /// Every address of the range, in network order (user space removes a pod's entries by them).
@@ -84,6 +113,15 @@ mod tests {
         assert!(!in_range(ip4(127, 1, 255, 255)));
         assert!(!in_range(ip4(127, 0, 0, 1)));
         assert_eq!(all().count(), LOOPBACK_SLOTS as usize);
+        // The IPv6 twin: 100::7f02:0 to 100::7f02:1fff, outside v4-mapped and loopback space.
+        let twin = address6(ip4(127, 2, 1, 7));
+        assert_eq!(slot_of6(&twin), Some(ip4(127, 2, 1, 7)));
+        assert_eq!(twin[0].to_ne_bytes(), [1, 0, 0, 0], "100::");
+        assert_eq!(slot_of6(&address6(ip4(127, 2, 32, 0))), None);
+        assert_eq!(slot_of6(&[0, 0, 0, ip4(127, 2, 1, 7)]), None);
+        assert_eq!(slot_of6(&crate::addr::v4_mapped(ip4(127, 2, 1, 7))), None);
+        // An IPv4 destination hashes as it always did (tables survive a takeover).
+        assert_eq!(hash_input(&[ip4(10, 0, 0, 5), 0, 0, 0]), ip4(10, 0, 0, 5));
         for port in 0..2000u16 {
             let spread = crate::decision::spread_loopback4(ip4(10, 0, 0, 5), port);
             assert!(!in_range(spread));

@@ -17,12 +17,13 @@ use capture_common::{
     addr::{is_loopback4, unmap, v4_mapped},
     config::{
         NodeError, PodConfig, PodCounter, FLAG_ACCELERATE, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
-        FLAG_PROXY_BY_CONTAINER, PROXY_CONTAINER_KNOWN, PROXY_CONTAINER_NONE,
+        FLAG_PROXY_BY_CONTAINER, FLAG_STATELESS6, PROXY_CONTAINER_KNOWN, PROXY_CONTAINER_NONE,
     },
     decision::{
         outbound_rule, spread_loopback4, Connect, OutboundRule, Pass, Verdict, DNS_PORT,
         LOCALHOST4, LOOPBACK6,
     },
+    loopback::address6,
     state::{OriginalDst, SockState, SOCK_CREATOR_KNOWN, SOCK_DNS_SENT, SOCK_REDIRECTED},
     trace::{TraceHook, TraceVerdict},
     AF_INET, AF_INET6, SOCK_DGRAM, SOCK_STREAM,
@@ -63,8 +64,9 @@ struct Redirect {
     /// The original destination (IPv4 in word 0) and port.
     orig: [u32; 4],
     orig_port: u16,
-    /// The stateless redirect's loopback address for the destination (`loopback`): the socket
-    /// keeps no state, the address says where it was going.
+    /// The stateless redirect's slot address for the destination (`loopback`; an IPv6
+    /// connection goes to its twin): the socket keeps no state, the address says where it was
+    /// going.
     stateless: Option<u32>,
 }
 
@@ -210,7 +212,8 @@ fn trace_decision(
 }
 
 /// Decides one connect or datagram and records the original destination; `Ok(None)` lets it
-/// through unchanged.
+/// through unchanged. `v4_hook`: the IPv4 program runs (the IPv6 one decides a v4-mapped
+/// connection as IPv4).
 #[inline(always)]
 #[expect(
     clippy::too_many_lines,
@@ -221,7 +224,7 @@ fn decide(
     sk: *mut bpf_sock,
     mut conn: Connect,
     call: Call,
-    stateless_hook: bool,
+    v4_hook: bool,
 ) -> Result<Option<Redirect>, ConnectError> {
     // SAFETY: sock_addr programs may ask for their netns cookie (5.7+).
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
@@ -266,7 +269,7 @@ fn decide(
         Verdict::Dns => cfg.dns_port,
         Verdict::Pass(_) => 0,
     };
-    trace_decision(netns_cookie, &conn, call, stateless_hook, rule, port);
+    trace_decision(netns_cookie, &conn, call, v4_hook, rule, port);
     if matches!(verdict, Verdict::Pass(_)) {
         if call == Call::Connect {
             forget_redirect(state, sk);
@@ -287,31 +290,45 @@ fn decide(
     } else {
         None
     };
-    // The stateless redirect binds nothing: the kernel gives the socket the loopback source of
-    // its route, and getsockname and getpeername report the pod address for it (peer.rs). So
-    // both ends' routes stay on `lo`, where the kernel caches them; the pod address as the
-    // proxy's peer is a local route of the pod's interface, which it would build and free per
-    // connection, twice. A socket whose own source is a loopback address (bound so, or for a
-    // loopback destination) keeps the stateful path, so that a loopback peer on the stateless
-    // range always stands for the pod address.
-    let source_unambiguous = bind_to.is_some() || (!unbound && !is_loopback4(conn.src[0]));
-    let stateless = stateless_hook
+    // The stateless redirect keeps the connection on loopback addresses: the kernel gives an
+    // unbound IPv4 socket the loopback source of its route, an unbound IPv6 one is bound to
+    // `[::1]` (with `::6` on `lo` the kernel would pick that), and getsockname and getpeername
+    // report the pod address for it (peer.rs). So both ends' routes stay on `lo`, where the
+    // kernel caches them; the pod address as the proxy's peer is a local route of the pod's
+    // interface, which it would build and free per connection, twice. A socket whose own source
+    // is a loopback address (bound so, or for a loopback destination) keeps the stateful path,
+    // so that a loopback peer on the stateless range always stands for the pod address. A
+    // v4-mapped connection keeps it too.
+    let own_loopback_source = if conn.ipv6 {
+        conn.src == LOOPBACK6
+    } else {
+        is_loopback4(conn.src[0])
+    };
+    let source_unambiguous = bind_to.is_some() || (!unbound && !own_loopback_source);
+    let family_served = if conn.ipv6 {
+        !v4_hook && cfg.has(FLAG_STATELESS6)
+    } else {
+        v4_hook
+    };
+    let stateless = family_served
         && file_owner.is_some()
         && verdict == Verdict::Outbound
         && call == Call::Connect
         && !conn.udp
-        && !conn.ipv6
         && source_unambiguous
         && loopback::enabled()
         && !cfg.has(FLAG_ACCELERATE);
+    let orig = OriginalDst {
+        addr: conn.dst,
+        port: conn.dst_port,
+        family: if conn.ipv6 { AF_INET6 } else { AF_INET },
+    };
     if stateless {
-        if let Some(addr) =
-            loopback::address_for(ctx, netns_cookie, conn.dst[0], conn.dst_port, port)
-        {
+        if let Some(addr) = loopback::address_for(ctx, netns_cookie, &orig, port) {
             forget_redirect(state, sk);
             return Ok(Some(Redirect {
                 port,
-                bind_to: None,
+                bind_to: (conn.ipv6 && unbound).then_some(LOOPBACK6),
                 spreadable: false,
                 orig: conn.dst,
                 orig_port: conn.dst_port,
@@ -324,11 +341,7 @@ fn decide(
         Some(state) => state,
         None => storage_of(netns_cookie, sk)?,
     };
-    state.orig = OriginalDst {
-        addr: conn.dst,
-        port: conn.dst_port,
-        family: if conn.ipv6 { AF_INET6 } else { AF_INET },
-    };
+    state.orig = orig;
     state.netns_cookie = netns_cookie;
     state.redirected_port = port;
     state.flags |= if call == Call::Connect {
@@ -481,17 +494,16 @@ pub fn try_outbound6(ctx: &SockAddrContext, call: Call) -> Result<(), ConnectErr
             outside_proxy_container: false,
         }
     };
-    // The stateless redirect is IPv4's only: a v4-mapped connection keeps the stateful path.
     let Some(redirect) = decide(ctx, sk, conn, call, false)? else {
         return Ok(());
     };
-    let (to, bind) = if mapped.is_some() {
-        (
+    let (to, bind) = match (mapped, redirect.stateless) {
+        (Some(_), _) => (
             v4_mapped(loopback_target(ctx, &redirect)),
             redirect.bind_to.map(|a| v4_mapped(a[0])),
-        )
-    } else {
-        (LOOPBACK6, redirect.bind_to)
+        ),
+        (None, Some(slot)) => (address6(slot), redirect.bind_to),
+        (None, None) => (LOOPBACK6, redirect.bind_to),
     };
     if let Some(addr) = bind {
         bind_source(ctx, true, addr);

@@ -1,14 +1,15 @@
-//! A connected socket's two ends, as the program's `bpf_sock` holds them: IPv4, or v4-mapped on
-//! an IPv6 socket (a dual-stack listener's).
+//! A connected socket's two ends, as the program's `bpf_sock` holds them: IPv4 (also v4-mapped
+//! on an IPv6 socket, a dual-stack listener's), or IPv6.
 
 use aya_ebpf::bindings::bpf_sock;
 use capture_common::{addr::unmap, AF_INET, AF_INET6};
 
-/// Both ends of an IPv4 connection: addresses in network order, ports in host order.
-pub struct Ends4 {
-    pub local: u32,
+/// Both ends of a connection: addresses in network order (`u32` for IPv4, four words for IPv6),
+/// ports in host order.
+pub struct Ends<A> {
+    pub local: A,
     pub local_port: u16,
-    pub remote: u32,
+    pub remote: A,
     pub remote_port: u16,
 }
 
@@ -22,48 +23,79 @@ unsafe fn field<T: Copy>(p: *const T) -> T {
     unsafe { core::ptr::read_volatile(p) }
 }
 
-/// The ends of `sk`'s connection, if it is IPv4 (an IPv6 socket's that are not v4-mapped read
-/// as 0.0.0.0, which no check of the callers takes).
+/// Every field either family's ends need, read before anything branches on the family: loads
+/// chosen by a branch are merged by the compiler into one load at a computed offset, and the
+/// verifier refuses arithmetic on a socket pointer.
+struct Raw {
+    family: u16,
+    local_port: u16,
+    remote_port: u16,
+    local4: u32,
+    remote4: u32,
+    local6: [u32; 4],
+    remote6: [u32; 4],
+}
+
 #[inline(always)]
-pub fn ends4(sk: *const bpf_sock) -> Option<Ends4> {
+fn read(sk: *const bpf_sock) -> Option<Raw> {
     if sk.is_null() {
         return None;
     }
-    // Every field is read, each with a volatile load of its own, before anything branches on
-    // the family: loads chosen by a branch are merged by the compiler into one load at a
-    // computed offset, and the verifier refuses arithmetic on a socket pointer.
     // SAFETY: `sk` was checked for null; only field addresses are formed, each read through
     // `field`, and every one is readable in sock_addr and sockopt programs.
-    let (family, local_port, remote_port, local4, remote4, local6, remote6) = unsafe {
-        (
-            field(&raw const (*sk).family) as u16,
-            field(&raw const (*sk).src_port) as u16,
-            u16::from_be(field(&raw const (*sk).dst_port)),
-            field(&raw const (*sk).src_ip4),
-            field(&raw const (*sk).dst_ip4),
-            [
+    unsafe {
+        Some(Raw {
+            family: field(&raw const (*sk).family) as u16,
+            local_port: field(&raw const (*sk).src_port) as u16,
+            remote_port: u16::from_be(field(&raw const (*sk).dst_port)),
+            local4: field(&raw const (*sk).src_ip4),
+            remote4: field(&raw const (*sk).dst_ip4),
+            local6: [
                 field(&raw const (*sk).src_ip6[0]),
                 field(&raw const (*sk).src_ip6[1]),
                 field(&raw const (*sk).src_ip6[2]),
                 field(&raw const (*sk).src_ip6[3]),
             ],
-            [
+            remote6: [
                 field(&raw const (*sk).dst_ip6[0]),
                 field(&raw const (*sk).dst_ip6[1]),
                 field(&raw const (*sk).dst_ip6[2]),
                 field(&raw const (*sk).dst_ip6[3]),
             ],
-        )
-    };
-    let (local, remote) = match family {
-        AF_INET => (local4, remote4),
-        AF_INET6 => (unmap(&local6).unwrap_or(0), unmap(&remote6).unwrap_or(0)),
+        })
+    }
+}
+
+/// The ends of `sk`'s connection, if it is IPv4 (an IPv6 socket's that are not v4-mapped read
+/// as 0.0.0.0, which no check of the callers takes).
+#[inline(always)]
+pub fn ends4(sk: *const bpf_sock) -> Option<Ends<u32>> {
+    let raw = read(sk)?;
+    let (local, remote) = match raw.family {
+        AF_INET => (raw.local4, raw.remote4),
+        AF_INET6 => (
+            unmap(&raw.local6).unwrap_or(0),
+            unmap(&raw.remote6).unwrap_or(0),
+        ),
         _ => return None,
     };
-    Some(Ends4 {
+    Some(Ends {
         local,
-        local_port,
+        local_port: raw.local_port,
         remote,
-        remote_port,
+        remote_port: raw.remote_port,
+    })
+}
+
+/// The ends of `sk`'s connection, if it is an IPv6 socket's (v4-mapped ends included, which no
+/// check of the callers takes for IPv6 ones).
+#[inline(always)]
+pub fn ends6(sk: *const bpf_sock) -> Option<Ends<[u32; 4]>> {
+    let raw = read(sk)?;
+    (raw.family == AF_INET6).then_some(Ends {
+        local: raw.local6,
+        local_port: raw.local_port,
+        remote: raw.remote6,
+        remote_port: raw.remote_port,
     })
 }

@@ -11,12 +11,13 @@ use aya_ebpf::{
     EbpfContext,
 };
 use capture_common::{
-    addr::is_loopback4,
-    config::FLAG_HAS_POD_IP4,
+    addr::{is_loopback4, same},
+    config::{FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6},
+    decision::LOOPBACK6,
     keys::LoopbackKey,
-    loopback::{candidate, in_range, LOOPBACK_PROBES},
+    loopback::{address6, candidate, hash_input, in_range, slot_of6, LOOPBACK_PROBES},
     state::OriginalDst,
-    AF_INET,
+    AF_INET6,
 };
 
 use crate::{
@@ -42,16 +43,45 @@ pub fn listener_takes<C: EbpfContext>(ctx: &C, addr: u32, port: u16) -> bool {
     // (a struct or zeroed array would become a memset call, which BPF does not have).
     let mut buf = core::mem::MaybeUninit::<[u32; 3]>::uninit();
     let p = buf.as_mut_ptr().cast::<u32>();
-    // SAFETY: three stores inside the 12-byte buffer; the lookup reads exactly those bytes, and a
-    // socket it returns is released before the function returns.
+    // SAFETY: three stores inside the 12-byte buffer, which the lookup reads exactly.
     unsafe {
         core::ptr::write_volatile(p, 0);
         core::ptr::write_volatile(p.add(1), addr);
         core::ptr::write_volatile(p.add(2), u32::from(port.to_be()) << 16);
+        found(ctx, p, 12)
+    }
+}
+
+/// `listener_takes` for an IPv6 address: a listener on `[::]` (or on the address) takes it, one
+/// on `[::1]` alone does not.
+#[inline(always)]
+pub fn listener_takes6<C: EbpfContext>(ctx: &C, addr: &[u32; 4], port: u16) -> bool {
+    // bpf_sock_tuple.ipv6: saddr[4], daddr[4], sport, dport (network order), stored as above.
+    let mut buf = core::mem::MaybeUninit::<[u32; 9]>::uninit();
+    let p = buf.as_mut_ptr().cast::<u32>();
+    // SAFETY: nine stores inside the 36-byte buffer, which the lookup reads exactly.
+    unsafe {
+        for (i, word) in addr.iter().enumerate() {
+            core::ptr::write_volatile(p.add(i), 0);
+            core::ptr::write_volatile(p.add(4 + i), *word);
+        }
+        core::ptr::write_volatile(p.add(8), u32::from(port.to_be()) << 16);
+        found(ctx, p, 36)
+    }
+}
+
+/// Looks the tuple at `tuple` (`len` bytes) up among the netns's TCP sockets.
+///
+/// # Safety
+/// `tuple` points to `len` initialised bytes on the program's stack.
+#[inline(always)]
+unsafe fn found<C: EbpfContext>(ctx: &C, tuple: *mut u32, len: u32) -> bool {
+    // SAFETY: see the contract; a socket the lookup returns is released before returning.
+    unsafe {
         let sk = bpf_sk_lookup_tcp(
             ctx.as_ptr(),
-            p.cast::<bpf_sock_tuple>(),
-            12,
+            tuple.cast::<bpf_sock_tuple>(),
+            len,
             BPF_F_CURRENT_NETNS as u64,
             0,
         );
@@ -64,29 +94,25 @@ pub fn listener_takes<C: EbpfContext>(ctx: &C, addr: u32, port: u16) -> bool {
 }
 
 #[inline(always)]
-fn is_destination(value: &OriginalDst, dst: u32, port: u16) -> bool {
-    value.family == AF_INET && value.addr[0] == dst && value.port == port
+fn is_destination(value: &OriginalDst, orig: &OriginalDst) -> bool {
+    value.family == orig.family && same(&value.addr, &orig.addr) && value.port == orig.port
 }
 
-/// The pod's loopback address for `dst:port` (network order, host order), given one if it has
-/// none yet and the proxy's listener on `proxy_port` takes it. `None` sends the connection down
-/// the stateful path: no address free among the probes, the node's table full, or no listener
-/// that takes it.
+/// The pod's slot address for `orig` (an `OriginalDst` of either family), given one if it has
+/// none yet and the proxy's listener on `proxy_port` takes its address in `orig`'s family.
+/// `None` sends the connection down the stateful path: no slot free among the probes, the node's
+/// table full, or no listener that takes it.
 #[inline(always)]
 pub fn address_for<C: EbpfContext>(
     ctx: &C,
     netns_cookie: u64,
-    dst: u32,
-    port: u16,
+    orig: &OriginalDst,
     proxy_port: u16,
 ) -> Option<u32> {
-    let orig = OriginalDst {
-        addr: [dst, 0, 0, 0],
-        port,
-        family: AF_INET,
-    };
+    let ipv6 = orig.family == AF_INET6;
+    let hashed = hash_input(&orig.addr);
     for probe in 0..LOOPBACK_PROBES {
-        let addr = candidate(dst, port, probe);
+        let addr = candidate(hashed, orig.port, probe);
         let key = LoopbackKey {
             netns_cookie,
             addr,
@@ -94,7 +120,7 @@ pub fn address_for<C: EbpfContext>(
         };
         // SAFETY: a plain value, read once.
         if let Some(value) = unsafe { LOOPBACK_DESTS.get(key) } {
-            if is_destination(value, dst, port) {
+            if is_destination(value, orig) {
                 return Some(addr);
             }
             continue;
@@ -102,18 +128,23 @@ pub fn address_for<C: EbpfContext>(
         // Checked once per destination, when its address is given: entries are never
         // rewritten, so a proxy that starts listening on 127.0.0.1 alone later is a proxy
         // replaced under a running pod, which capture does not follow.
-        if !listener_takes(ctx, addr, proxy_port) {
+        let takes = if ipv6 {
+            listener_takes6(ctx, &address6(addr), proxy_port)
+        } else {
+            listener_takes(ctx, addr, proxy_port)
+        };
+        if !takes {
             return None;
         }
         if LOOPBACK_DESTS
-            .insert(key, orig, u64::from(BPF_NOEXIST))
+            .insert(key, *orig, u64::from(BPF_NOEXIST))
             .is_ok()
         {
             return Some(addr);
         }
         // Another CPU gave this address away meanwhile, perhaps to this destination.
         // SAFETY: as above.
-        if unsafe { LOOPBACK_DESTS.get(key) }.is_some_and(|v| is_destination(v, dst, port)) {
+        if unsafe { LOOPBACK_DESTS.get(key) }.is_some_and(|v| is_destination(v, orig)) {
             return Some(addr);
         }
     }
@@ -160,4 +191,29 @@ pub fn pod_address_for<C: EbpfContext>(ctx: &C, app: u32, proxy: u32, port: u16)
     // SAFETY: a plain value read once.
     let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
     (port == cfg.outbound_port && cfg.has(FLAG_HAS_POD_IP4)).then_some(cfg.pod_ip4)
+}
+
+/// `destination_at` for an IPv6 socket's proxy end `addr`: a slot's twin in `100::/64`.
+#[inline(always)]
+pub fn destination_at6<C: EbpfContext>(ctx: &C, addr: &[u32; 4], port: u16) -> Option<OriginalDst> {
+    destination_at(ctx, slot_of6(addr)?, port)
+}
+
+/// `pod_address_for` for IPv6: the app's end is `[::1]`, which `connect6` bound it to, and the
+/// proxy's end a slot's twin.
+#[inline(always)]
+pub fn pod_address6_for<C: EbpfContext>(
+    ctx: &C,
+    app: &[u32; 4],
+    proxy: &[u32; 4],
+    port: u16,
+) -> Option<[u32; 4]> {
+    if !enabled() || slot_of6(proxy).is_none() || !same(app, &LOOPBACK6) {
+        return None;
+    }
+    // SAFETY: as in pod_address_for.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: a plain value read once.
+    let cfg = unsafe { POD_CONFIGS.get(netns_cookie) }?;
+    (port == cfg.outbound_port && cfg.has(FLAG_HAS_POD_IP6)).then_some(cfg.pod_ip6)
 }

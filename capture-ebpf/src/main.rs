@@ -104,6 +104,12 @@ pub fn capture_getsockname4(ctx: SockAddrContext) -> i32 {
     PROCEED
 }
 
+#[cgroup_sock_addr(getsockname6)]
+pub fn capture_getsockname6(ctx: SockAddrContext) -> i32 {
+    peer::on_getsockname6(&ctx);
+    PROCEED
+}
+
 #[cgroup_sock(sock_create)]
 pub fn capture_sock_create(ctx: SockContext) -> i32 {
     sock::on_sock_create(&ctx);

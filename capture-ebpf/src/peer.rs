@@ -1,4 +1,4 @@
-//! `cgroup/getpeername4/6`, `cgroup/getsockname4` and `cgroup/recvmsg4/6`: the app's redirected
+//! `cgroup/getpeername4/6`, `cgroup/getsockname4/6` and `cgroup/recvmsg4/6`: the app's redirected
 //! socket reports the destination it asked for (from its storage, or from its loopback address
 //! for the stateless redirect), both ends of a stateless redirect report the pod address for the
 //! app's end (the kernel gave the app's socket a loopback source), and DNS replies from the DNS
@@ -13,7 +13,12 @@ use capture_common::{
     AF_INET,
 };
 
-use crate::{ends::ends4, loopback, sockaddr::sock_addr, storage};
+use crate::{
+    ends::{ends4, ends6},
+    loopback,
+    sockaddr::sock_addr,
+    storage,
+};
 
 /// The redirected original destination of the context's socket, if any.
 #[inline(always)]
@@ -69,8 +74,10 @@ fn answer6(ctx: &SockAddrContext, orig: &OriginalDst) {
 
 #[inline(always)]
 pub fn on_getpeername6(ctx: &SockAddrContext) {
-    // A dual-stack listener's socket of a stateless redirect: its peer, v4-mapped, is the app.
+    // The proxy's socket of a stateless redirect: its peer is the app (v4-mapped on a dual-stack
+    // listener's socket).
     let sa = sock_addr(ctx);
+    let (peer, port) = (sa.user_ip6(), u16::from_be(sa.user_port() as u16));
     let sk = sa.sk();
     if let Some(pod) =
         ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
@@ -78,14 +85,21 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
         sock_addr(ctx).set_user_ip6(v4_mapped(pod));
         return;
     }
-    let Some(orig) = redirected_orig(ctx) else {
+    if let Some(pod) =
+        ends6(sk).and_then(|e| loopback::pod_address6_for(ctx, &e.remote, &e.local, e.local_port))
+    {
+        sock_addr(ctx).set_user_ip6(pod);
+        return;
+    }
+    // The app's socket of a stateless redirect: its peer is the proxy's end.
+    let Some(orig) = redirected_orig(ctx).or_else(|| loopback::destination_at6(ctx, &peer, port))
+    else {
         return;
     };
     answer6(ctx, &orig);
 }
 
 /// The app's socket of a stateless redirect: its own address is the pod's, as under iptables.
-/// (The redirect is IPv4's only, so IPv6 sockets need no such hook.)
 #[inline(always)]
 pub fn on_getsockname4(ctx: &SockAddrContext) {
     let sk = sock_addr(ctx).sk();
@@ -128,4 +142,15 @@ pub fn on_recvmsg6(ctx: &SockAddrContext) {
         return;
     };
     answer6(ctx, &orig);
+}
+
+/// `on_getsockname4` for IPv6: `connect6` bound the app's socket to `[::1]`.
+#[inline(always)]
+pub fn on_getsockname6(ctx: &SockAddrContext) {
+    let sk = sock_addr(ctx).sk();
+    if let Some(pod) =
+        ends6(sk).and_then(|e| loopback::pod_address6_for(ctx, &e.local, &e.remote, e.remote_port))
+    {
+        sock_addr(ctx).set_user_ip6(pod);
+    }
 }

@@ -32,7 +32,7 @@ use capture_common::{
     },
     decision::LOOPBACK6,
     keys::{HandoffKey, ListenerKey, LISTENER_SLOTS},
-    loopback::in_range,
+    loopback::{in_range, slot_of6},
     state::{
         SockState, SOCK_ACCEPTED_REDIRECTED, SOCK_CREATOR_KNOWN, SOCK_HANDOFF_LOST,
         SOCK_INBOUND_LISTENER, SOCK_NETNS_KNOWN, SOCK_REDIRECTED,
@@ -378,13 +378,18 @@ fn try_passive_established(ctx: &SockOpsContext, t: &Tuple) -> Result<(), Skippe
 }
 
 /// A connection of the stateless redirect, seen from either end: its proxy end (the remote one
-/// on the app's socket, the local one on the proxy's) is in the range, which is the stateless
-/// redirect's alone. Its address says where it was going, so there is nothing to hand off, and
-/// no accelerated pod makes one (they keep the stateful path).
+/// on the app's socket, the local one on the proxy's) is in the range, or its IPv6 twin, which
+/// is the stateless redirect's alone. Its address says where it was going, so there is nothing
+/// to hand off, and no accelerated pod makes one (they keep the stateful path).
 #[inline(always)]
 fn of_stateless_redirect(t: &Tuple, passive: bool) -> bool {
-    let proxy_end = if passive { t.local[0] } else { t.remote[0] };
-    t.family == AF_INET && loopback::enabled() && in_range(proxy_end)
+    let proxy_end = if passive { &t.local } else { &t.remote };
+    let ours = if t.family == AF_INET {
+        in_range(proxy_end[0])
+    } else {
+        slot_of6(proxy_end).is_some()
+    };
+    ours && loopback::enabled()
 }
 
 /// One `sock_ops` event; each step's failure is counted, and a failed hand-off does not keep the

@@ -9,13 +9,13 @@
 
 use aya_ebpf::{bindings::bpf_sock, programs::SockoptContext};
 use capture_common::{
-    loopback::in_range,
+    loopback::{in_range, slot_of6},
     state::{OriginalDst, SOCK_ACCEPTED_REDIRECTED, SOCK_HANDOFF_LOST, SOCK_REDIRECTED},
     AF_INET, AF_INET6, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST,
 };
 
 use crate::{
-    ends::ends4,
+    ends::{ends4, ends6},
     loopback,
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
@@ -74,12 +74,22 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
 
 /// The original destination of a connection the stateless redirect sent to the proxy: read from
 /// the proxy's side's local address, or the app's side's remote one, when it is one of the pod's
-/// loopback addresses on its outbound port. An IPv6 socket (a dual-stack listener's) holds the
-/// addresses v4-mapped.
+/// slot addresses (or, IPv6, a slot's twin) on its outbound port. An IPv6 socket of an IPv4
+/// connection (a dual-stack listener's) holds the addresses v4-mapped.
 #[inline(always)]
 fn stateless_orig(ctx: &SockoptContext, sk: *mut bpf_sock) -> Option<OriginalDst> {
+    if let Some(ends) = ends6(sk) {
+        // The proxy's end is the local one on the proxy's socket, the remote one on the app's.
+        let (addr, port) = if slot_of6(&ends.local).is_some() {
+            (ends.local, ends.local_port)
+        } else {
+            (ends.remote, ends.remote_port)
+        };
+        if let Some(orig) = loopback::destination_at6(ctx, &addr, port) {
+            return Some(orig);
+        }
+    }
     let ends = ends4(sk)?;
-    // The proxy's end is the local one on the proxy's socket, the remote one on the app's.
     let (addr, port) = if in_range(ends.local) {
         (ends.local, ends.local_port)
     } else {

@@ -1,10 +1,10 @@
-//! An IPv6 address on a netns's `lo`, added and taken off over rtnetlink from this process: the
-//! requests `ip -6 addr add|del ADDR/128 dev lo nodad` send. Every ADD of a pod with an IPv6
-//! address adds one (`add_inbound_passthrough_v6`); two `ip` processes per ADD cost
-//! milliseconds, where the request costs microseconds.
+//! What an IPv6 pod's `lo` gets, over rtnetlink from this process: the address `::6/128` (the
+//! request `ip -6 addr add ::6/128 dev lo nodad` sends) and, for the IPv6 stateless redirect,
+//! the route `local 100::/64 dev lo table local`. Every ADD of a pod with an IPv6 address adds
+//! them; `ip` processes per ADD cost milliseconds, where the requests cost microseconds.
 //!
 //! The netlink socket answers for the netns it was created in: it is created on a thread that
-//! entered the pod's netns.
+//! entered the pod's netns, and one socket carries every request of a call.
 
 use std::{io, net::Ipv6Addr};
 
@@ -15,9 +15,11 @@ use crate::{
     netns::{Netns, NetnsError},
 };
 
-/// `RTM_NEWADDR` and `RTM_DELADDR` from `linux/rtnetlink.h`.
+/// `RTM_NEWADDR`, `RTM_DELADDR`, `RTM_NEWROUTE` and `RTM_DELROUTE` from `linux/rtnetlink.h`.
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
+const RTM_NEWROUTE: u16 = 24;
+const RTM_DELROUTE: u16 = 25;
 /// `IFA_ADDRESS`, `IFA_LOCAL` and `IFA_FLAGS` from `linux/if_addr.h`.
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
@@ -25,49 +27,113 @@ const IFA_FLAGS: u16 = 8;
 /// `IFA_F_NODAD`: the address is usable at once, as `ip ... nodad` asks (a tentative address
 /// cannot be bound).
 const IFA_F_NODAD: u8 = 0x02;
+/// `RTA_DST` and `RTA_OIF`; `RT_TABLE_LOCAL`, `RTPROT_BOOT` (what `ip route add` sends),
+/// `RT_SCOPE_HOST` and `RTN_LOCAL` from `linux/rtnetlink.h`.
+const RTA_DST: u16 = 1;
+const RTA_OIF: u16 = 4;
+const RT_TABLE_LOCAL: u8 = 255;
+const RTPROT_BOOT: u8 = 3;
+const RT_SCOPE_HOST: u8 = 254;
+const RTN_LOCAL: u8 = 2;
 /// `LOOPBACK_IFINDEX`: `lo` is interface 1 in every netns.
 const LO_INDEX: u32 = 1;
-/// `nlmsghdr` and `ifaddrmsg`.
+/// `nlmsghdr`, `ifaddrmsg` and `rtmsg`.
 const HEADER_LEN: usize = 16;
 const IFADDRMSG_LEN: usize = 8;
+const RTMSG_LEN: usize = 12;
 /// `NLMSG_ERROR`, the kernel's answer to a request that asked for an acknowledgement.
 const NLMSG_ERROR: u16 = 2;
 
 /// Istio's IPv6 inbound-passthrough source, `127.0.0.6`'s IPv6 twin.
 const INBOUND_PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+/// The prefix the IPv6 stateless redirect sends connections to (`capture_common::loopback`):
+/// RFC 6666's discard-only prefix, which no real destination is in.
+pub const STATELESS_PREFIX_V6: Ipv6Addr = Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0);
+const STATELESS_PREFIX_LEN: u8 = 64;
 
-/// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address: the
-/// inbound-passthrough source must be a local address to bind. Returns whether it was added
-/// (false: `lo` had it already).
-pub fn add_inbound_passthrough_v6(netns: &Netns) -> Result<bool, NetnsError> {
-    add_v6(netns, INBOUND_PASSTHROUGH_V6)
+/// What `prepare_ipv6_pod` added (`false`: `lo` had it already, or it was not asked for), and
+/// so what a failed attach takes off again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoAdded {
+    pub passthrough: bool,
+    pub stateless_route: bool,
 }
 
-/// Takes `::6/128` off the netns's `lo` again (an attach that added it failed later).
-pub fn remove_inbound_passthrough_v6(netns: &Netns) -> Result<(), NetnsError> {
-    remove_v6(netns, INBOUND_PASSTHROUGH_V6)
-}
-
-/// What was asked: add `addr` to the netns's `lo` (`true`), or `lo` had it already (`false`).
+/// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address (the
+/// inbound-passthrough source must be a local address to bind), and with `stateless_route` the
+/// local route of `100::/64` on `lo`. Either already there is no error.
 ///
 /// # Errors
-/// The netns cannot be entered, or the kernel refused the address.
-pub fn add_v6(netns: &Netns, addr: Ipv6Addr) -> Result<bool, NetnsError> {
-    let flags = libc::NLM_F_CREATE | libc::NLM_F_EXCL;
-    match ask(netns, RTM_NEWADDR, flags as u16, addr) {
+/// The netns cannot be entered, or the kernel refused a request.
+pub fn prepare_ipv6_pod(netns: &Netns, stateless_route: bool) -> Result<LoAdded, NetnsError> {
+    let socket = open(netns)?;
+    let create = (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
+    let passthrough = added(
+        ask(
+            &socket,
+            RTM_NEWADDR,
+            create,
+            address(INBOUND_PASSTHROUGH_V6),
+        ),
+        netns,
+        &format!("adding {INBOUND_PASSTHROUGH_V6}/128 to lo"),
+    )?;
+    let mut done = LoAdded {
+        passthrough,
+        stateless_route: false,
+    };
+    if stateless_route {
+        match added(
+            ask(&socket, RTM_NEWROUTE, create, stateless_route_body()),
+            netns,
+            &format!("adding the route local {STATELESS_PREFIX_V6}/{STATELESS_PREFIX_LEN} dev lo"),
+        ) {
+            Ok(route) => done.stateless_route = route,
+            Err(e) => {
+                // Nothing half done: the address goes again.
+                let _ = undo(netns, &socket, done);
+                return Err(e);
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Takes off what `prepare_ipv6_pod` added (an attach that added it failed later).
+///
+/// # Errors
+/// The netns cannot be entered, or the kernel refused a request.
+pub fn undo_ipv6_pod(netns: &Netns, added: LoAdded) -> Result<(), NetnsError> {
+    if added == LoAdded::default() {
+        return Ok(());
+    }
+    undo(netns, &open(netns)?, added)
+}
+
+fn undo(netns: &Netns, socket: &Socket, added: LoAdded) -> Result<(), NetnsError> {
+    if added.stateless_route {
+        ask(socket, RTM_DELROUTE, 0, stateless_route_body())
+            .map_err(|e| failed(netns, "removing the route of 100::/64 from lo", e))?;
+    }
+    if added.passthrough {
+        ask(socket, RTM_DELADDR, 0, address(INBOUND_PASSTHROUGH_V6)).map_err(|e| {
+            failed(
+                netns,
+                &format!("removing {INBOUND_PASSTHROUGH_V6}/128 from lo"),
+                e,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Whether a create request added something (`false`: it was there).
+fn added(asked: io::Result<()>, netns: &Netns, what: &str) -> Result<bool, NetnsError> {
+    match asked {
         Ok(()) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(false),
-        Err(e) => Err(failed(netns, &format!("adding {addr}/128 to lo"), e)),
+        Err(e) => Err(failed(netns, what, e)),
     }
-}
-
-/// Takes `addr` off the netns's `lo`.
-///
-/// # Errors
-/// The netns cannot be entered, or the kernel refused (`lo` does not have the address, say).
-pub fn remove_v6(netns: &Netns, addr: Ipv6Addr) -> Result<(), NetnsError> {
-    ask(netns, RTM_DELADDR, 0, addr)
-        .map_err(|e| failed(netns, &format!("removing {addr}/128 from lo"), e))
 }
 
 fn failed(netns: &Netns, what: &str, reason: io::Error) -> NetnsError {
@@ -77,17 +143,20 @@ fn failed(netns: &Netns, what: &str, reason: io::Error) -> NetnsError {
     }
 }
 
-/// Sends one address request about `addr` on `lo` in `netns` and reads the kernel's answer.
-fn ask(netns: &Netns, kind: u16, flags: u16, addr: Ipv6Addr) -> io::Result<()> {
-    let socket = netlink::socket_in(netns, NETLINK_ROUTE).map_err(io::Error::other)??;
-    socket.send(&request(kind, flags, addr), 0)?;
-    acknowledged(&socket)
+fn open(netns: &Netns) -> Result<Socket, NetnsError> {
+    netlink::socket_in(netns, NETLINK_ROUTE)?
+        .map_err(|e| failed(netns, "opening a netlink socket", e))
 }
 
-/// The request's bytes: `nlmsghdr`, `ifaddrmsg` (IPv6, /128, `nodad`, `lo`) and the address as
-/// both `IFA_LOCAL` and `IFA_ADDRESS`, as `ip` sends it.
-fn request(kind: u16, flags: u16, addr: Ipv6Addr) -> Vec<u8> {
-    // The message, two address attributes and the flags.
+/// Sends one request and reads the kernel's answer.
+fn ask(socket: &Socket, kind: u16, flags: u16, body: Vec<u8>) -> io::Result<()> {
+    socket.send(&message(kind, flags, &body), 0)?;
+    acknowledged(socket)
+}
+
+/// An address request's body: `ifaddrmsg` (IPv6, /128, `nodad`, `lo`) and the address as both
+/// `IFA_LOCAL` and `IFA_ADDRESS`, as `ip` sends it.
+fn address(addr: Ipv6Addr) -> Vec<u8> {
     let mut body = Vec::with_capacity(IFADDRMSG_LEN + 2 * 20 + 8);
     body.extend_from_slice(&[libc::AF_INET6 as u8, 128, IFA_F_NODAD, 0]);
     body.extend_from_slice(&LO_INDEX.to_ne_bytes());
@@ -95,15 +164,40 @@ fn request(kind: u16, flags: u16, addr: Ipv6Addr) -> Vec<u8> {
         attribute(&mut body, kind, &addr.octets());
     }
     attribute(&mut body, IFA_FLAGS, &u32::from(IFA_F_NODAD).to_ne_bytes());
+    body
+}
+
+/// The stateless route's body: `rtmsg` (IPv6, /64, table local, scope host, type local) and
+/// the prefix and `lo`, as `ip -6 route add local 100::/64 dev lo table local` sends it.
+fn stateless_route_body() -> Vec<u8> {
+    let mut body = Vec::with_capacity(RTMSG_LEN + 20 + 8);
+    body.extend_from_slice(&[
+        libc::AF_INET6 as u8,
+        STATELESS_PREFIX_LEN,
+        0,
+        0,
+        RT_TABLE_LOCAL,
+        RTPROT_BOOT,
+        RT_SCOPE_HOST,
+        RTN_LOCAL,
+    ]);
+    body.extend_from_slice(&0u32.to_ne_bytes());
+    attribute(&mut body, RTA_DST, &STATELESS_PREFIX_V6.octets());
+    attribute(&mut body, RTA_OIF, &LO_INDEX.to_ne_bytes());
+    body
+}
+
+/// `nlmsghdr` and `body`, asking for an acknowledgement.
+fn message(kind: u16, flags: u16, body: &[u8]) -> Vec<u8> {
     let flags = flags | (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
     let length = u32::try_from(HEADER_LEN + body.len()).expect("a short message");
     let mut message = Vec::with_capacity(HEADER_LEN + body.len());
     message.extend_from_slice(&length.to_ne_bytes());
     message.extend_from_slice(&kind.to_ne_bytes());
     message.extend_from_slice(&flags.to_ne_bytes());
-    // Sequence number and port: one request per socket, the kernel fills the port.
+    // Sequence number and port: the kernel fills the port, and answers come in order.
     message.extend_from_slice(&[0; 8]);
-    message.extend_from_slice(&body);
+    message.extend_from_slice(body);
     message
 }
 
@@ -150,7 +244,7 @@ mod tests {
     #[test]
     fn the_request_is_ips_ifaddrmsg_and_attributes() {
         let addr: Ipv6Addr = "::6".parse().unwrap();
-        let bytes = request(RTM_NEWADDR, 0, addr);
+        let bytes = message(RTM_NEWADDR, 0, &address(addr));
         assert_eq!(bytes.len(), HEADER_LEN + IFADDRMSG_LEN + 20 + 20 + 8);
         assert_eq!(
             u32::from_ne_bytes(bytes[..4].try_into().unwrap()) as usize,
@@ -162,6 +256,23 @@ mod tests {
         );
         let local = HEADER_LEN + IFADDRMSG_LEN;
         assert_eq!(&bytes[local + 4..local + 20], &addr.octets());
+    }
+
+    #[test]
+    fn the_route_request_is_ips_rtmsg_prefix_and_lo() {
+        let bytes = message(RTM_NEWROUTE, 0, &stateless_route_body());
+        assert_eq!(bytes.len(), HEADER_LEN + RTMSG_LEN + 20 + 8);
+        assert_eq!(
+            &bytes[HEADER_LEN..HEADER_LEN + 8],
+            &[10, 64, 0, 0, 255, 3, 254, 2]
+        );
+        let dst = HEADER_LEN + RTMSG_LEN;
+        assert_eq!(&bytes[dst + 2..dst + 4], &RTA_DST.to_ne_bytes());
+        assert_eq!(
+            &bytes[dst + 4..dst + 20],
+            &"100::".parse::<Ipv6Addr>().unwrap().octets()
+        );
+        assert_eq!(&bytes[dst + 24..dst + 28], &1u32.to_ne_bytes(), "lo");
     }
 
     #[test]

@@ -68,6 +68,7 @@ pub fn apply(
     config.proxy_identity.clone_from(&old.proxy_identity);
     config.accelerate = old.accelerate;
     config.spare_open_connections = old.spare_open_connections;
+    config.stateless_redirect6 = old.stateless_redirect6;
     let netns = Netns::open(&record.netns)?;
     config.host_ids = crate::userns::host_ids(netns.file(), &config.pod_ids())?;
     if let Some(gap) = config

@@ -516,8 +516,8 @@ impl Default for Topology {
 }
 
 /// The programs capture attaches to the cgroup of a pod without DNS capture: `sock_create`,
-/// `sock_ops`, getsockopt, getpeername4/6, getsockname4, connect4/6.
-pub const POD_CGROUP_HOOKS: usize = 8;
+/// `sock_ops`, getsockopt, getpeername4/6, getsockname4/6, connect4/6.
+pub const POD_CGROUP_HOOKS: usize = 9;
 
 /// The names of the programs attached to a cgroup (as the kernel keeps them: 15 bytes at most),
 /// empty when none.

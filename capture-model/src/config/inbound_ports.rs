@@ -1,11 +1,23 @@
-//! The inbound ports a pod never has captured: the annotation's, and those whose defaults (the
-//! injector's, istio-cni's, istio-iptables' own) always add, in their order.
+//! The inbound ports a pod has captured (the annotation's, or its defaults'), and those it never
+//! has: the annotation's, and those whose defaults (the injector's, istio-cni's, istio-iptables'
+//! own) always add, in their order.
 
 use super::{
-    parse_port, parse_ports, ConfigError, Defaults, PodSpec, ALWAYS_EXCLUDED_INBOUND_PORTS,
-    ANN_EXCLUDE_INBOUND_PORTS, ANN_STATUS_PORT, CNI_ALWAYS_EXCLUDED_INBOUND_PORTS,
-    DEFAULT_STATUS_PORT,
+    parse_port, parse_port_selection, parse_ports, ConfigError, Defaults, PodSpec, Selection,
+    ALWAYS_EXCLUDED_INBOUND_PORTS, ANN_EXCLUDE_INBOUND_PORTS, ANN_INCLUDE_INBOUND_PORTS,
+    ANN_STATUS_PORT, CNI_ALWAYS_EXCLUDED_INBOUND_PORTS, DEFAULT_STATUS_PORT,
 };
+
+/// The inbound ports captured: the annotation's, else every port, except that istio-iptables
+/// run without `-b` captures none.
+pub(super) fn included(spec: &PodSpec) -> Result<Selection<u16>, ConfigError> {
+    let annotated = spec.annotations.get(ANN_INCLUDE_INBOUND_PORTS);
+    Ok(match (annotated, spec.defaults) {
+        (None, Defaults::IstioIptables) => Selection::List(Vec::new()),
+        (None, _) => Selection::All,
+        (Some(v), _) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
+    })
+}
 
 /// The inbound ports never captured, in the order of whose defaults fill them in, each once.
 pub(super) fn excluded(spec: &PodSpec) -> Result<Vec<u16>, ConfigError> {

@@ -191,6 +191,12 @@ pub struct CaptureConfig {
     /// first of a new one and redirects it (a reset); the kernel programs decide at connect.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spare_open_connections: bool,
+    /// The pod's netns routes `100::/64` to `lo`, which the IPv6 stateless redirect sends
+    /// connections to: set when the ebpf backend's attach added the route (see `ops::attach`).
+    /// A pod attached by a build before it has no route, and its IPv6 connections keep the
+    /// stateful path.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stateless_redirect6: bool,
     /// Proxy identity by container; absent: Istio's, by the owner's uid or gid alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_identity: Option<ContainerIdentity>,
@@ -396,11 +402,7 @@ impl CaptureConfig {
             (None, Defaults::IstioCni) => vec![CNI_DEFAULT_OUTBOUND_EXCLUDED_PORT],
             (None, Defaults::IstioInit | Defaults::IstioIptables) => Vec::new(),
         };
-        let include_inbound_ports = match (ann(ANN_INCLUDE_INBOUND_PORTS), spec.defaults) {
-            (None, Defaults::IstioIptables) => Selection::List(Vec::new()),
-            (None, _) => Selection::All,
-            (Some(v), _) => parse_port_selection(ANN_INCLUDE_INBOUND_PORTS, v)?,
-        };
+        let include_inbound_ports = inbound_ports::included(spec)?;
         let exclude_inbound_ports = inbound_ports::excluded(spec)?;
 
         let owner_groups = owner_groups(&spec.mesh)?;
@@ -431,6 +433,7 @@ impl CaptureConfig {
             host_ids: None,
             accelerate,
             spare_open_connections: false,
+            stateless_redirect6: false,
             proxy_identity,
         };
         Ok((config, settings))

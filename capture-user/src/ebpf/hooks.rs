@@ -4,8 +4,9 @@
 use aya_obj::generated::bpf_attach_type::{
     BPF_CGROUP_GETSOCKOPT, BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET4_GETPEERNAME,
     BPF_CGROUP_INET4_GETSOCKNAME, BPF_CGROUP_INET6_CONNECT, BPF_CGROUP_INET6_GETPEERNAME,
-    BPF_CGROUP_INET_SOCK_CREATE, BPF_CGROUP_SOCK_OPS, BPF_CGROUP_UDP4_RECVMSG,
-    BPF_CGROUP_UDP4_SENDMSG, BPF_CGROUP_UDP6_RECVMSG, BPF_CGROUP_UDP6_SENDMSG, BPF_SK_LOOKUP,
+    BPF_CGROUP_INET6_GETSOCKNAME, BPF_CGROUP_INET_SOCK_CREATE, BPF_CGROUP_SOCK_OPS,
+    BPF_CGROUP_UDP4_RECVMSG, BPF_CGROUP_UDP4_SENDMSG, BPF_CGROUP_UDP6_RECVMSG,
+    BPF_CGROUP_UDP6_SENDMSG, BPF_SK_LOOKUP,
 };
 
 use crate::config::CaptureConfig;
@@ -43,8 +44,9 @@ impl Hook {
 }
 
 /// The hooks added since node records list the programs their build pinned: a record without
-/// that list (an older build's) pinned every hook of `HOOKS` but these.
-pub const HOOKS_ADDED_SINCE_LISTED: [&str; 1] = ["capture_getsockname4"];
+/// that list (an older build's) pinned every hook of `HOOKS` but these. (Hooks added later are
+/// missing from the lists of the builds before them, as they should be.)
+pub const HOOKS_ADDED_SINCE_LISTED: [&str; 2] = ["capture_getsockname4", "capture_getsockname6"];
 
 /// A hook the node's kernel refused. Only hooks that some pods can do without may be missing;
 /// the others make the whole ebpf backend unusable.
@@ -57,7 +59,7 @@ pub struct UnavailableHook {
 /// In attach order: everything the proxy needs (creator tracking, the hand-off, the answers,
 /// listener registration) is in place before `sk_lookup` and connect4/6 start steering. Detach runs
 /// in reverse, so steering stops first.
-pub const HOOKS: [Hook; 13] = [
+pub const HOOKS: [Hook; 14] = [
     Hook {
         program: "capture_sock_create",
         attach_type: BPF_CGROUP_INET_SOCK_CREATE as u32,
@@ -97,6 +99,13 @@ pub const HOOKS: [Hook; 13] = [
         program: "capture_getsockname4",
         attach_type: BPF_CGROUP_INET4_GETSOCKNAME as u32,
         hook: "cgroup/getsockname4",
+        target: Target::Cgroup,
+        dns_only: false,
+    },
+    Hook {
+        program: "capture_getsockname6",
+        attach_type: BPF_CGROUP_INET6_GETSOCKNAME as u32,
+        hook: "cgroup/getsockname6",
         target: Target::Cgroup,
         dns_only: false,
     },

@@ -10,9 +10,9 @@ use capture_common::{
         FLAG_HAS_EXCLUDE_OUTBOUND_PORTS, FLAG_HAS_INCLUDE_CIDRS, FLAG_HAS_INCLUDE_INBOUND_PORTS,
         FLAG_HAS_INCLUDE_OUTBOUND_PORTS, FLAG_HAS_POD_IP4, FLAG_HAS_POD_IP6,
         FLAG_INBOUND_ALL_PORTS, FLAG_INCLUDE_ALL_OUTBOUND, FLAG_INCLUDE_COVERS_LOOPBACK,
-        FLAG_PROXY_BY_CONTAINER, MAX_OWNER_GROUPS, MAX_PROXY_IDS, OWNER_GROUPS_ALL,
-        OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE, PROXY_CONTAINER_KNOWN, PROXY_CONTAINER_NONE,
-        PROXY_CONTAINER_UNKNOWN,
+        FLAG_PROXY_BY_CONTAINER, FLAG_STATELESS6, MAX_OWNER_GROUPS, MAX_PROXY_IDS,
+        OWNER_GROUPS_ALL, OWNER_GROUPS_EXCLUDE, OWNER_GROUPS_INCLUDE, PROXY_CONTAINER_KNOWN,
+        PROXY_CONTAINER_NONE, PROXY_CONTAINER_UNKNOWN,
     },
     keys::{
         CidrKey, ListenerKey, LoopbackKey, PodAddrKey, PortKey, CIDR_KEY_FIXED_BITS, LISTENER_SLOTS,
@@ -102,6 +102,10 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
     set(cfg.proxy_identity.is_some(), FLAG_PROXY_BY_CONTAINER);
+    set(
+        cfg.stateless_redirect6 && cfg.pod_ip6.is_some(),
+        FLAG_STATELESS6,
+    );
     let (proxy_container, proxy_cgroup_id) = match cfg.proxy_identity.as_ref().map(|i| &i.proxy) {
         None | Some(ProxyContainer::Unknown) => (PROXY_CONTAINER_UNKNOWN, 0),
         Some(ProxyContainer::Known { cgroup_id, .. }) => (PROXY_CONTAINER_KNOWN, *cgroup_id),

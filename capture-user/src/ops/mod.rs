@@ -166,10 +166,14 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
         record.mode,
         req.take_over_istio_rules,
     )?;
+    // The IPv6 stateless redirect's route is the ebpf backend's alone; with it in place the
+    // pod's config says so, and its IPv6 connections may take the redirect.
+    let stateless_route = record.mode == Mode::Ebpf && adopt.is_none();
     let added_v6 = match record.config.pod_ip6 {
-        Some(_) => crate::lo_address::add_inbound_passthrough_v6(&netns)?,
-        None => false,
+        Some(_) => crate::lo_address::prepare_ipv6_pod(&netns, stateless_route)?,
+        None => crate::lo_address::LoAdded::default(),
     };
+    record.config.stateless_redirect6 = stateless_route && record.config.pod_ip6.is_some();
     let target = PodTarget::new(
         netns_cookie,
         (&req.netns, netns.file()),
@@ -184,9 +188,9 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
         }
         None => attach_backend(paths, node, &target, &mut record, req.fallback),
     };
-    if attached.is_err() && added_v6 {
+    if attached.is_err() {
         // A failed attach leaves the pod as it found it.
-        if let Err(e) = crate::lo_address::remove_inbound_passthrough_v6(&netns) {
+        if let Err(e) = crate::lo_address::undo_ipv6_pod(&netns, added_v6) {
             tracing::warn!(error = %e, "rolling back a failed attach");
         }
     }
@@ -234,6 +238,7 @@ fn existing_attach(
     let same_config = existing.config
         == CaptureConfig {
             accelerate: existing.config.accelerate,
+            stateless_redirect6: existing.config.stateless_redirect6,
             proxy_identity: crate::config::proxy_identity::as_learned(
                 config.proxy_identity.clone(),
                 existing.config.proxy_identity.as_ref(),

@@ -1,34 +1,42 @@
-//! The stateless redirect: an IPv4 TCP connection is sent to a loopback address of its own
-//! destination (`127.2.0.0/19`, one per destination and pod, kept while the pod lives), so that
-//! the proxy's `SO_ORIGINAL_DST` and the app's getpeername are read from the connection's address
-//! and no socket keeps any state. Where the kernel cannot serve it (or it is switched off, as
-//! here with `CAPTURE_STATEFUL_REDIRECT=1`), the stateful path answers the same.
+//! The stateless redirect: a TCP connection is sent to a loopback address of its own destination
+//! (`127.2.0.0/19`, one per destination and pod, kept while the pod lives; an IPv6 one to that
+//! address's twin in `100::/64`, which attach routes to `lo`), so that the proxy's
+//! `SO_ORIGINAL_DST` and the app's getpeername are read from the connection's address and no
+//! socket keeps any state. Where the kernel cannot serve it (or it is switched off, as here with
+//! `CAPTURE_STATEFUL_REDIRECT=1`), the stateful path answers the same.
 
 use std::collections::BTreeMap;
 
 use capture_tests::{
     kernel::{has_or_skip, Feature},
     probe::{ip_of, ConnectOpts, Outcome, Who},
-    topology::{pinned_map_len, Topology, POD_IP4},
+    topology::{pinned_map_len, Topology, POD_IP4, POD_IP6},
 };
 
 const DESTINATIONS: [&str; 3] = ["10.0.0.5:80", "10.0.0.5:443", "10.0.0.6:80"];
+const DESTINATIONS6: [&str; 3] = ["[fd00:2::5]:80", "[fd00:2::5]:443", "[fd00:2::6]:80"];
+
+/// The prefix of the IPv6 twins of the range (`100::7f02:0/115`), as addresses print.
+const RANGE6_PREFIX: &str = "100::7f02:";
 
 /// Two connections to each destination; the proxy's local address of each, by destination.
-fn connect_twice_to_each(topo: &Topology) -> BTreeMap<&'static str, Vec<String>> {
+fn connect_twice_to_each(
+    topo: &Topology,
+    destinations: [&'static str; 3],
+) -> BTreeMap<&'static str, Vec<String>> {
     let mut locals: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for _ in 0..2 {
-        for to in DESTINATIONS {
+        for to in destinations {
             let got = topo.tcp(&Who::app(), to);
             assert!(got.ok(), "{to}: {:?}", got.error());
-            got.assert_served_by("outbound", "0.0.0.0:15001");
+            got.assert_served_by("outbound", to);
             assert_eq!(got.orig().as_deref(), Some(to), "SO_ORIGINAL_DST");
             assert_eq!(
                 got.client_peer().as_deref(),
                 Some(to),
                 "the app's getpeername"
             );
-            assert_pod_end(&got);
+            assert_pod_end(&got, to.starts_with('['));
             locals.entry(to).or_default().push(ip_of(
                 &got.server_local().expect("the proxy's local address"),
             ));
@@ -40,9 +48,10 @@ fn connect_twice_to_each(topo: &Topology) -> BTreeMap<&'static str, Vec<String>>
 /// The app's end of the connection is the pod address, from both ends: the app's getsockname
 /// and the proxy's accept (whatever source the kernel gave the app's socket).
 #[track_caller]
-fn assert_pod_end(got: &Outcome) {
+fn assert_pod_end(got: &Outcome, ipv6: bool) {
     let local = got.client_local().unwrap_or_default();
-    assert_eq!(ip_of(&local), POD_IP4, "the app's getsockname: {:?}", got.0);
+    let pod = if ipv6 { POD_IP6 } else { POD_IP4 };
+    assert_eq!(ip_of(&local), pod, "the app's getsockname: {:?}", got.0);
     assert_eq!(got.ends_disagree(), None, "the proxy's peer: {:?}", got.0);
 }
 
@@ -80,7 +89,7 @@ fn each_destination_has_an_address_of_its_own_that_answers_for_it() {
     let Some(topo) = captured_pod() else {
         return;
     };
-    let locals = connect_twice_to_each(&topo);
+    let locals = connect_twice_to_each(&topo, DESTINATIONS);
     let mut seen = Vec::new();
     for (to, addrs) in &locals {
         assert!(
@@ -140,7 +149,7 @@ fn a_dual_stack_listener_gets_the_address_v4_mapped_and_answers() {
         assert_eq!(got.client_peer().as_deref(), Some(to));
         let local = got.server_local().unwrap_or_default();
         assert!(local.contains("127.2."), "accepted on {local}");
-        assert_pod_end(&got);
+        assert_pod_end(&got, false);
     }
 }
 
@@ -165,7 +174,7 @@ fn a_socket_bound_to_a_loopback_source_keeps_it_and_the_stateful_path() {
         "bound to the pod address, the stateless redirect: {:?}",
         pod.0
     );
-    assert_pod_end(&pod);
+    assert_pod_end(&pod, false);
 
     let lo = topo.connect(&Who::app(), to, &bound("127.0.0.1:0"));
     lo.assert_served_by("outbound", "bound to 127.0.0.1");
@@ -194,12 +203,82 @@ fn the_stateful_path_answers_the_same_when_the_stateless_one_is_off() {
         .push(("CAPTURE_STATEFUL_REDIRECT", "1".to_string()));
     topo.attach(&["--mode", "ebpf"]);
     topo.start_all();
-    let locals = connect_twice_to_each(&topo);
+    for destinations in [DESTINATIONS, DESTINATIONS6] {
+        let locals = connect_twice_to_each(&topo, destinations);
+        for (to, addrs) in &locals {
+            assert!(
+                addrs
+                    .iter()
+                    .all(|a| !a.starts_with("127.2.") && !a.starts_with(RANGE6_PREFIX)),
+                "{to}: accepted on {addrs:?}, outside the stateless range"
+            );
+        }
+    }
+    assert_eq!(loopback_destinations(&topo).unwrap_or(0), 0);
+}
+
+/// IPv6: each destination has the twin of a slot of its own in `100::/64`, the same for every
+/// connection to it, from the slots IPv4 destinations take theirs from; both ends see the pod's
+/// IPv6 address for the app's end (the app's socket is bound to `[::1]`).
+#[test]
+fn ipv6_destinations_have_addresses_of_their_own_in_100_slash_64() {
+    let Some(topo) = captured_pod() else {
+        return;
+    };
+    let locals = connect_twice_to_each(&topo, DESTINATIONS6);
+    let mut seen: Vec<&String> = locals.values().map(|addrs| &addrs[0]).collect();
     for (to, addrs) in &locals {
         assert!(
-            addrs.iter().all(|a| !a.starts_with("127.2.")),
-            "{to}: accepted on {addrs:?}, outside the stateless range"
+            addrs.iter().all(|a| a.starts_with(RANGE6_PREFIX)),
+            "{to}: accepted on {addrs:?}, want {RANGE6_PREFIX}0/115"
         );
+        assert!(addrs.windows(2).all(|w| w[0] == w[1]), "{to}: {addrs:?}");
     }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), DESTINATIONS6.len(), "{locals:?}");
+    // One IPv4 destination beside them: the families share the pod's slots and its count.
+    let got = topo.tcp(&Who::app(), DESTINATIONS[0]);
+    assert_eq!(got.orig().as_deref(), Some(DESTINATIONS[0]));
+    assert_eq!(
+        loopback_destinations(&topo),
+        Some(DESTINATIONS6.len() as u64 + 1)
+    );
+}
+
+/// IPv6 takes the stateful path where the stateless one cannot answer as iptables would: a
+/// proxy listening on `[::1]` alone (no listener takes `100::/64`), and an app socket bound to
+/// `[::1]` itself (its peer must be that address, not the pod's).
+#[test]
+fn ipv6_keeps_the_stateful_path_for_a_loopback_listener_or_source() {
+    let Some(topo) = captured_pod() else {
+        return;
+    };
+    let to = DESTINATIONS6[0];
+    let bound = ConnectOpts {
+        bind: Some("[::1]:0".to_string()),
+        ..ConnectOpts::default()
+    };
+    let lo = topo.connect(&Who::app(), to, &bound);
+    lo.assert_served_by("outbound", "bound to [::1]");
+    assert_eq!(lo.orig().as_deref(), Some(to));
+    assert_eq!(lo.client_peer().as_deref(), Some(to));
+    assert_eq!(
+        ip_of(&lo.server_local().unwrap_or_default()),
+        "::1",
+        "{:?}",
+        lo.0
+    );
+    assert_eq!(lo.peer_seen().map(|p| ip_of(&p)).as_deref(), Some("::1"));
+    drop(topo);
+
+    let topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    let _proxy = topo.spawn_proxy_serving(&["--tcp", "outbound=[::1]:15001"]);
+    let got = topo.tcp(&Who::app(), to);
+    got.assert_served_by("outbound", "[::1]:15001 alone");
+    assert_eq!(got.orig().as_deref(), Some(to));
+    assert_eq!(got.client_peer().as_deref(), Some(to));
+    assert_pod_end(&got, true);
     assert_eq!(loopback_destinations(&topo).unwrap_or(0), 0);
 }

@@ -504,22 +504,23 @@ fn a_node_of_the_previous_release_upgrades_in_place_and_survives_a_rollback_to_i
         "the previous release's pins are gone"
     );
     assert_eq!(still_loaded("prog", &legacy_programs), Vec::<u64>::new());
-    // Every link is updated in place; the hook the previous release lacks is linked anew, once
-    // per ebpf pod.
+    // Every link is updated in place; the hooks the previous release lacks are linked anew,
+    // once per ebpf pod.
     let upgraded = link_ids(&node.dirs.bpffs);
     assert!(
         links.iter().all(|l| upgraded.contains(l)),
         "the links are updated in place: {links:?} then {upgraded:?}"
     );
     let ebpf_pods = (1..=4).filter(|i| !on_iptables(*i)).count();
-    assert_eq!(
-        pod_link_names(&node.dirs.bpffs)
+    let new_hooks = ["capture_getsockname4", "capture_getsockname6"];
+    for hook in new_hooks {
+        let linked = pod_link_names(&node.dirs.bpffs)
             .iter()
-            .filter(|n| *n == "capture_getsockname4")
-            .count(),
-        ebpf_pods
-    );
-    assert_eq!(upgraded.len(), links.len() + ebpf_pods);
+            .filter(|n| *n == hook)
+            .count();
+        assert_eq!(linked, ebpf_pods, "{hook}");
+    }
+    assert_eq!(upgraded.len(), links.len() + new_hooks.len() * ebpf_pods);
 
     agent = replace_agent(&node, &mut agent, &previous);
     all_exchange("rolled back to the previous release");
