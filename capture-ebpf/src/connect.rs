@@ -290,10 +290,10 @@ fn decide(
     } else {
         None
     };
-    // The stateless redirect keeps the connection on loopback addresses: the kernel gives an
-    // unbound IPv4 socket the loopback source of its route, an unbound IPv6 one is bound to
-    // `[::1]` (with `::6` on `lo` the kernel would pick that), and getsockname and getpeername
-    // report the pod address for it (peer.rs). So both ends' routes stay on `lo`, where the
+    // The stateless redirect binds nothing and keeps the connection on loopback addresses: the
+    // kernel gives an unbound socket the loopback source of its route (IPv6: the preferred
+    // source `::1` of attach's route of `100::/64`; without it the kernel would pick `::6`), and
+    // getsockname and getpeername report the pod address for it (peer.rs). So both ends' routes stay on `lo`, where the
     // kernel caches them; the pod address as the proxy's peer is a local route of the pod's
     // interface, which it would build and free per connection, twice. A socket whose own source
     // is a loopback address (bound so, or for a loopback destination) keeps the stateful path,
@@ -328,7 +328,7 @@ fn decide(
             forget_redirect(state, sk);
             return Ok(Some(Redirect {
                 port,
-                bind_to: (conn.ipv6 && unbound).then_some(LOOPBACK6),
+                bind_to: None,
                 spreadable: false,
                 orig: conn.dst,
                 orig_port: conn.dst_port,

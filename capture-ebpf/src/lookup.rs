@@ -12,6 +12,7 @@ use capture_common::{
     config::{NodeError, PodCounter},
     decision::{inbound_rule, InboundRule, InboundVerdict, INBOUND_PASSTHROUGH_SRC6, LOOPBACK6},
     keys::{ListenerKey, PodAddrKey, LISTENER_SLOTS},
+    loopback::slot_of6,
     trace::{TraceHook, TraceVerdict},
     AF_INET, AF_INET6,
 };
@@ -117,9 +118,14 @@ pub fn on_sk_lookup(ctx: &SkLookupContext) -> u32 {
             _ => return SK_PASS,
         }
     };
-    // A connection to a loopback address (every redirected one, to the proxy) is never for a
-    // pod address: spare it the lookup.
-    if (ipv6 && same(&dst, &LOOPBACK6)) || (!ipv6 && is_loopback4(dst[0])) {
+    // A connection to a loopback address or to the IPv6 stateless redirect's `100::/64` (every
+    // redirected one, to the proxy) is never for a pod address: spare it the lookup.
+    let to_the_proxy = if ipv6 {
+        same(&dst, &LOOPBACK6) || slot_of6(&dst).is_some()
+    } else {
+        is_loopback4(dst[0])
+    };
+    if to_the_proxy {
         return SK_PASS;
     }
     // SAFETY: plain values read once.

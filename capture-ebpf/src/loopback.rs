@@ -199,8 +199,8 @@ pub fn destination_at6<C: EbpfContext>(ctx: &C, addr: &[u32; 4], port: u16) -> O
     destination_at(ctx, slot_of6(addr)?, port)
 }
 
-/// `pod_address_for` for IPv6: the app's end is `[::1]`, which `connect6` bound it to, and the
-/// proxy's end a slot's twin.
+/// `pod_address_for` for IPv6: the app's end is `[::1]`, the source of the route to the twins,
+/// and the proxy's end a slot's twin.
 #[inline(always)]
 pub fn pod_address6_for<C: EbpfContext>(
     ctx: &C,

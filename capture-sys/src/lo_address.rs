@@ -27,10 +27,11 @@ const IFA_FLAGS: u16 = 8;
 /// `IFA_F_NODAD`: the address is usable at once, as `ip ... nodad` asks (a tentative address
 /// cannot be bound).
 const IFA_F_NODAD: u8 = 0x02;
-/// `RTA_DST` and `RTA_OIF`; `RT_TABLE_LOCAL`, `RTPROT_BOOT` (what `ip route add` sends),
+/// `RTA_DST`, `RTA_OIF` and `RTA_PREFSRC`; `RT_TABLE_LOCAL`, `RTPROT_BOOT` (what `ip route add` sends),
 /// `RT_SCOPE_HOST` and `RTN_LOCAL` from `linux/rtnetlink.h`.
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
+const RTA_PREFSRC: u16 = 7;
 const RT_TABLE_LOCAL: u8 = 255;
 const RTPROT_BOOT: u8 = 3;
 const RT_SCOPE_HOST: u8 = 254;
@@ -167,10 +168,13 @@ fn address(addr: Ipv6Addr) -> Vec<u8> {
     body
 }
 
-/// The stateless route's body: `rtmsg` (IPv6, /64, table local, scope host, type local) and
-/// the prefix and `lo`, as `ip -6 route add local 100::/64 dev lo table local` sends it.
+/// The stateless route's body: `rtmsg` (IPv6, /64, table local, scope host, type local), the
+/// prefix, `lo` and the preferred source `::1`, as `ip -6 route add local 100::/64 dev lo table
+/// local src ::1` sends it. The source is what the redirect needs: a loopback end, which
+/// `tcp_tw_reuse=2` reuses ports for, and which getsockname6 maps to the pod's address; without
+/// it the kernel would pick `::6`, and choosing it costs the connect an address walk.
 fn stateless_route_body() -> Vec<u8> {
-    let mut body = Vec::with_capacity(RTMSG_LEN + 20 + 8);
+    let mut body = Vec::with_capacity(RTMSG_LEN + 20 + 8 + 20);
     body.extend_from_slice(&[
         libc::AF_INET6 as u8,
         STATELESS_PREFIX_LEN,
@@ -184,6 +188,7 @@ fn stateless_route_body() -> Vec<u8> {
     body.extend_from_slice(&0u32.to_ne_bytes());
     attribute(&mut body, RTA_DST, &STATELESS_PREFIX_V6.octets());
     attribute(&mut body, RTA_OIF, &LO_INDEX.to_ne_bytes());
+    attribute(&mut body, RTA_PREFSRC, &Ipv6Addr::LOCALHOST.octets());
     body
 }
 
@@ -261,7 +266,7 @@ mod tests {
     #[test]
     fn the_route_request_is_ips_rtmsg_prefix_and_lo() {
         let bytes = message(RTM_NEWROUTE, 0, &stateless_route_body());
-        assert_eq!(bytes.len(), HEADER_LEN + RTMSG_LEN + 20 + 8);
+        assert_eq!(bytes.len(), HEADER_LEN + RTMSG_LEN + 20 + 8 + 20);
         assert_eq!(
             &bytes[HEADER_LEN..HEADER_LEN + 8],
             &[10, 64, 0, 0, 255, 3, 254, 2]
@@ -273,6 +278,8 @@ mod tests {
             &"100::".parse::<Ipv6Addr>().unwrap().octets()
         );
         assert_eq!(&bytes[dst + 24..dst + 28], &1u32.to_ne_bytes(), "lo");
+        assert_eq!(&bytes[dst + 30..dst + 32], &RTA_PREFSRC.to_ne_bytes());
+        assert_eq!(&bytes[dst + 32..dst + 48], &Ipv6Addr::LOCALHOST.octets());
     }
 
     #[test]

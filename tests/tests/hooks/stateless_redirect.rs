@@ -219,7 +219,7 @@ fn the_stateful_path_answers_the_same_when_the_stateless_one_is_off() {
 
 /// IPv6: each destination has the twin of a slot of its own in `100::/64`, the same for every
 /// connection to it, from the slots IPv4 destinations take theirs from; both ends see the pod's
-/// IPv6 address for the app's end (the app's socket is bound to `[::1]`).
+/// IPv6 address for the app's end (the kernel gives the app's socket `[::1]`, the route's source).
 #[test]
 fn ipv6_destinations_have_addresses_of_their_own_in_100_slash_64() {
     let Some(topo) = captured_pod() else {
