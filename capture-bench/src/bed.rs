@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4},
     path::PathBuf,
     process::{Command, Stdio},
     time::Duration,
@@ -13,15 +13,18 @@ use capture_tests::{
     guards::ChildGuard,
     haproxy::Haproxy,
     probe::Who,
-    topology::{Topology, POD_IP4},
+    topology::{Topology, POD_IP4, POD_IP6},
 };
 
 use super::{
-    cpus::Cpus, roles::LoadResult, AccelNote, Aftermath, Cell, Mode, ProgramCost, Proxy, Settings,
+    cpus::Cpus, roles::LoadResult, AccelNote, Aftermath, Cell, Family, Mode, ProgramCost, Proxy,
+    Settings,
 };
 
 /// The remote address the pods' outbound load goes to unless told otherwise.
 pub(super) const DEFAULT_UPSTREAM: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 5);
+/// The remote address the pods' IPv6 outbound load goes to.
+const DEFAULT_UPSTREAM6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 5);
 
 pub(super) fn bench_bin() -> PathBuf {
     capture_tests::built_binary("capture-bench", "CAPTURE_BENCH_BIN")
@@ -69,12 +72,22 @@ pub(super) struct Bed {
     servers: Vec<ChildGuard>,
 }
 
+/// The echo proxy's listeners: both families' (the IPv6 ones `IPV6_V6ONLY`, as Envoy opens
+/// them beside the IPv4 ones).
+const ECHO_LISTENERS: [&str; 4] = ["0.0.0.0:15001", "0.0.0.0:15006", "[::]:15001", "[::]:15006"];
+
 impl Bed {
     #[expect(
         clippy::too_many_lines,
         reason = "one test bed set up in the order its parts depend on each other: pod, capture, proxy, servers"
     )]
-    pub(super) fn new(mode: Mode, proxy: Proxy, settings: Settings, accel: &AccelNote) -> Self {
+    pub(super) fn new(
+        mode: Mode,
+        proxy: Proxy,
+        settings: Settings,
+        ipv6_only: bool,
+        accel: &AccelNote,
+    ) -> Self {
         let mut topo = Topology::new();
         if settings == Settings::Tuned {
             for ns in [&topo.pod.netns.name, &topo.remote.name] {
@@ -87,35 +100,49 @@ impl Bed {
         }
         let proxy_cgroup =
             (mode == Mode::EbpfIdentity).then(|| topo.pod.cgroup.child("istio-proxy"));
+        // An IPv6-only pod is attached naming its IPv6 address alone.
+        let attach = |topo: &Topology, args: &[&str]| {
+            if !ipv6_only {
+                return topo.attach(args);
+            }
+            let out = topo.try_attach_with_ips(&[&topo.ip6], args);
+            assert!(out.status.success(), "capture attach: {out:?}");
+        };
         match mode {
             Mode::None => {}
             Mode::EbpfIdentity => {
                 let cgroup = proxy_cgroup.as_ref().map(|c| c.path.display().to_string());
-                topo.attach(&[
-                    "--mode",
-                    "ebpf",
-                    "--proxy-identity",
-                    "container",
-                    "--proxy-cgroup",
-                    cgroup.as_deref().unwrap_or_default(),
-                ]);
+                attach(
+                    &topo,
+                    &[
+                        "--mode",
+                        "ebpf",
+                        "--proxy-identity",
+                        "container",
+                        "--proxy-cgroup",
+                        cgroup.as_deref().unwrap_or_default(),
+                    ],
+                );
             }
-            Mode::Iptables | Mode::Nftables | Mode::Ebpf => topo.attach(&["--mode", mode.name()]),
+            Mode::Iptables | Mode::Nftables | Mode::Ebpf => attach(&topo, &["--mode", mode.name()]),
             Mode::EbpfNotrace | Mode::EbpfTrace => {
                 if mode == Mode::EbpfNotrace {
                     topo.capture_env
                         .push(("CAPTURE_WITHOUT_TRACE", "1".to_string()));
                 }
-                topo.attach(&["--mode", "ebpf"]);
+                attach(&topo, &["--mode", "ebpf"]);
             }
             Mode::EbpfAccel => {
                 allow_acceleration(&topo, accel);
-                topo.attach(&[
-                    "--mode",
-                    "ebpf",
-                    "--annotation",
-                    "capture.dev/accelerate=true",
-                ]);
+                attach(
+                    &topo,
+                    &[
+                        "--mode",
+                        "ebpf",
+                        "--annotation",
+                        "capture.dev/accelerate=true",
+                    ],
+                );
             }
         }
         let mut servers = Vec::new();
@@ -133,15 +160,13 @@ impl Bed {
         let role_args: Option<Vec<String>> = match proxy {
             Proxy::Haproxy => None,
             Proxy::Echo => Some(
-                [
-                    "echo",
-                    "--listen",
-                    "0.0.0.0:15001",
-                    "--listen",
-                    "0.0.0.0:15006",
-                ]
-                .map(String::from)
-                .to_vec(),
+                std::iter::once("echo".to_string())
+                    .chain(
+                        ECHO_LISTENERS
+                            .iter()
+                            .flat_map(|a| ["--listen".into(), a.to_string()]),
+                    )
+                    .collect(),
             ),
             Proxy::Forward => Some(
                 [
@@ -203,16 +228,30 @@ impl Bed {
         }
     }
 
-    /// Where the load generator connects: outbound, `upstream` (`DEFAULT_UPSTREAM` unless given) on the
-    /// remote side's port 80, which every remote address serves.
+    /// Where the load generator connects: outbound, `upstream` (`DEFAULT_UPSTREAM` unless given,
+    /// `DEFAULT_UPSTREAM6` for IPv6) on the remote side's port 80, which every remote address
+    /// serves; without capture, the proxy itself on the loopback address of the family.
     fn target(&self, cell: &Cell, upstream: Option<Ipv4Addr>) -> SocketAddr {
-        let remote = SocketAddr::from((upstream.unwrap_or(DEFAULT_UPSTREAM), 80));
+        let ipv6 = cell.family != Family::Ipv4;
+        let (remote, localhost, pod) = if ipv6 {
+            (
+                SocketAddr::from((DEFAULT_UPSTREAM6, 80)),
+                "[::1]".to_string(),
+                format!("[{POD_IP6}]"),
+            )
+        } else {
+            (
+                SocketAddr::from((upstream.unwrap_or(DEFAULT_UPSTREAM), 80)),
+                "127.0.0.1".to_string(),
+                POD_IP4.to_string(),
+            )
+        };
         let s = match (self.mode, cell.inbound) {
             (Mode::None, false) if self.proxy == Proxy::Haproxy => remote.to_string(),
-            (Mode::None, false) => "127.0.0.1:15001".to_string(),
+            (Mode::None, false) => format!("{localhost}:15001"),
             (_, false) => remote.to_string(),
-            (Mode::None, true) => format!("{POD_IP4}:15006"),
-            (_, true) => format!("{POD_IP4}:8080"),
+            (Mode::None, true) => format!("{pod}:15006"),
+            (_, true) => format!("{pod}:8080"),
         };
         s.parse().expect("address")
     }

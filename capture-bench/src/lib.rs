@@ -17,6 +17,7 @@ pub mod report;
 pub mod roles;
 mod schedule;
 mod stats;
+mod targets;
 pub mod trace_cost;
 
 use std::{
@@ -122,6 +123,29 @@ impl Proxy {
     }
 }
 
+/// The address family of a cell's connections, and the pod's addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// IPv4, in a dual-stack pod (every cell of the runs before IPv6 was measured).
+    #[default]
+    Ipv4,
+    /// IPv6, in a dual-stack pod.
+    Ipv6,
+    /// IPv6, in a pod with an IPv6 address alone.
+    Ipv6Only,
+}
+
+impl Family {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Ipv4 => "",
+            Self::Ipv6 => ", IPv6",
+            Self::Ipv6Only => ", IPv6-only pod",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Cell {
     pub workload: Workload,
@@ -129,6 +153,8 @@ pub struct Cell {
     pub inbound: bool,
     pub proxy: Proxy,
     pub settings: Settings,
+    #[serde(default)]
+    pub family: Family,
 }
 
 impl Cell {
@@ -145,9 +171,10 @@ impl Cell {
             Settings::Tuned => ", tuned",
         };
         format!(
-            "{dir} {w} c{} ({}{tuned})",
+            "{dir} {w} c{} ({}{tuned}{})",
             self.concurrency,
-            self.proxy.label()
+            self.proxy.label(),
+            self.family.label()
         )
     }
 }
@@ -273,8 +300,8 @@ pub struct Options {
     pub any_cpu: bool,
 }
 
-/// Every workload under the kernel's defaults (the headline), and connection churn again under
-/// tuned settings.
+/// Every workload under the kernel's defaults (the headline), connection churn again under
+/// tuned settings, and IPv6 connection churn in a dual-stack pod and in an IPv6-only one.
 fn cells(concurrency: usize) -> Vec<Cell> {
     let c = |workload, concurrency, inbound, proxy, settings| Cell {
         workload,
@@ -282,6 +309,7 @@ fn cells(concurrency: usize) -> Vec<Cell> {
         inbound,
         proxy,
         settings,
+        family: Family::Ipv4,
     };
     let mut out = Vec::new();
     for proxy in [Proxy::Echo, Proxy::Forward] {
@@ -300,6 +328,20 @@ fn cells(concurrency: usize) -> Vec<Cell> {
         }
         out.push(c(Workload::Crr, 1, false, proxy, Settings::Tuned));
         out.push(c(Workload::Crr, concurrency, false, proxy, Settings::Tuned));
+    }
+    for family in [Family::Ipv6, Family::Ipv6Only] {
+        for clients in [1, concurrency] {
+            out.push(Cell {
+                family,
+                ..c(
+                    Workload::Crr,
+                    clients,
+                    false,
+                    Proxy::Echo,
+                    Settings::Default,
+                )
+            });
+        }
     }
     out
 }
@@ -434,22 +476,29 @@ pub fn run(opts: &Options) -> Results {
     } else {
         AccelNote::default()
     };
-    for (proxy, settings) in [
-        (Proxy::Echo, Settings::Default),
-        (Proxy::Echo, Settings::Tuned),
-        (Proxy::Forward, Settings::Default),
-        (Proxy::Forward, Settings::Tuned),
+    // Dual-stack pods serve the IPv4 and IPv6 cells; IPv6-only ones get beds of their own.
+    for (proxy, settings, ipv6_only) in [
+        (Proxy::Echo, Settings::Default, false),
+        (Proxy::Echo, Settings::Default, true),
+        (Proxy::Echo, Settings::Tuned, false),
+        (Proxy::Forward, Settings::Default, false),
+        (Proxy::Forward, Settings::Tuned, false),
     ] {
-        eprintln!(
-            "bench: setting up the {proxy:?} proxy ({settings:?} settings) in a pod per mode"
-        );
-        let ours = |c: &Cell| c.proxy == proxy && c.settings == settings;
+        let ours = |c: &Cell| {
+            c.proxy == proxy
+                && c.settings == settings
+                && (c.family == Family::Ipv6Only) == ipv6_only
+        };
         if !cells.iter().any(ours) {
             continue;
         }
+        eprintln!(
+            "bench: setting up the {proxy:?} proxy ({settings:?} settings{}) in a pod per mode",
+            if ipv6_only { ", IPv6-only pods" } else { "" }
+        );
         let beds: Vec<Bed> = modes
             .iter()
-            .map(|m| Bed::new(*m, proxy, settings, &accel))
+            .map(|m| Bed::new(*m, proxy, settings, ipv6_only, &accel))
             .collect();
         let schedule = Schedule {
             rounds,
@@ -459,7 +508,7 @@ pub fn run(opts: &Options) -> Results {
             fresh_upstream_per_sample: false,
         };
         schedule.measure(&beds, &cells, &mut results, ours);
-        if proxy == Proxy::Echo && settings == Settings::Default {
+        if proxy == Proxy::Echo && settings == Settings::Default && !ipv6_only {
             conntrack = beds
                 .iter()
                 .map(|b| (b.mode, b.conntrack_entries()))

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::report::{markdown, write};
 use super::{
-    bed::Bed, cpus::Cpus, roles::Workload, AccelNote, Cell, CellResult, Mode, Proxy, Schedule,
-    Settings,
+    bed::Bed, cpus::Cpus, roles::Workload, AccelNote, Cell, CellResult, Family, Mode, Proxy,
+    Schedule, Settings,
 };
 
 /// The modes compared: no mesh, the two rule backends, ebpf. (The acceleration is left out: it
@@ -117,6 +117,7 @@ fn ports_held(bed: &Bed, upstream: Ipv4Addr) -> PortsHeld {
         inbound: false,
         proxy: Proxy::Haproxy,
         settings: Settings::Default,
+        family: Family::Ipv4,
     };
     let run = bed.run(
         &churn,
@@ -141,6 +142,7 @@ fn cells() -> Vec<Cell> {
             inbound: false,
             proxy: Proxy::Haproxy,
             settings: Settings::Default,
+            family: Family::Ipv4,
         })
         .to_vec()
 }
@@ -196,7 +198,15 @@ pub fn run(opts: &Options) -> RealProxyResults {
     eprintln!("bench: {haproxy_version} as the sidecar of a pod per mode");
     let beds: Vec<Bed> = MODES
         .iter()
-        .map(|m| Bed::new(*m, Proxy::Haproxy, Settings::Default, &AccelNote::default()))
+        .map(|m| {
+            Bed::new(
+                *m,
+                Proxy::Haproxy,
+                Settings::Default,
+                false,
+                &AccelNote::default(),
+            )
+        })
         .collect();
     // From a pod of the rule backends, where conntrack (whose settings are among them) is in use.
     let sysctls = beds

@@ -87,11 +87,34 @@ fn serve_forever(listener: TcpListener, threads: usize, handle: fn(TcpStream)) {
     }
 }
 
+/// A listener on `addr`; an IPv6 one `IPV6_V6ONLY`, so that it does not take the IPv4 port of
+/// a listener beside it (as Envoy opens its IPv6 listeners).
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    if addr.is_ipv4() {
+        return TcpListener::bind(addr);
+    }
+    let fd = socket::socket(
+        AddressFamily::Inet6,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    socket::setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    socket::bind(fd.as_raw_fd(), &SockaddrStorage::from(addr))?;
+    socket::listen(
+        &fd,
+        socket::Backlog::new(1024).map_err(std::io::Error::from)?,
+    )?;
+    Ok(TcpListener::from(fd))
+}
+
 /// Listens on each address and echoes, with `threads` workers per listener.
 pub fn echo(listen: &[SocketAddr], threads: usize) -> ! {
     let listeners: Vec<_> = listen
         .iter()
-        .map(|a| TcpListener::bind(a).unwrap_or_else(|e| panic!("bind {a}: {e}")))
+        .map(|a| bind(*a).unwrap_or_else(|e| panic!("bind {a}: {e}")))
         .collect();
     println!("ready");
     let _ = std::io::stdout().flush();
