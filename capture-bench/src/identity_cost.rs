@@ -9,12 +9,16 @@ use super::{
     Mode, Results,
 };
 
-/// Whether `r` is an identity-cost run.
+/// Whether `r` is an identity-cost run: ebpf with and without identity, and no mode to compare
+/// them with (a full run has them all).
 #[must_use]
 pub fn is_identity_cost(r: &Results) -> bool {
-    r.cells
-        .iter()
-        .any(|c| c.samples.iter().any(|s| s.mode == Mode::EbpfIdentity))
+    let has = |mode| {
+        r.cells
+            .iter()
+            .any(|c| c.samples.iter().any(|s| s.mode == mode))
+    };
+    has(Mode::EbpfIdentity) && !has(Mode::None)
 }
 
 #[must_use]

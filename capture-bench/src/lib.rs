@@ -52,18 +52,19 @@ pub enum Mode {
     /// ebpf with `capture trace` reading the pod's decisions the whole time. Only when asked for.
     EbpfTrace,
     /// ebpf with proxy identity by container: the proxy in a container cgroup of its own, which
-    /// alone is exempt. Only when asked for, beside `ebpf`.
+    /// alone is exempt. In every full run, and beside `ebpf` alone in the identity-cost run.
     EbpfIdentity,
 }
 
 impl Mode {
     /// The modes of a run that names none.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::None,
         Self::Iptables,
         Self::Nftables,
         Self::Ebpf,
         Self::EbpfAccel,
+        Self::EbpfIdentity,
     ];
     /// What tracing costs: the programs without it, with it off, with it on.
     pub const TRACE_COST: [Self; 3] = [Self::EbpfNotrace, Self::Ebpf, Self::EbpfTrace];

@@ -222,7 +222,7 @@ pub(crate) fn scale_points(l: &[f64]) -> (f64, f64) {
     reason = "SVG geometry: x, y, w, h as the format names them"
 )]
 pub fn svg(r: &Results) -> String {
-    let (w, row_h, left) = (800.0, 50.0, 330.0);
+    let (w, row_h, left) = (800.0, 62.0, 330.0);
     let h = 60.0 + row_h * r.cells.len() as f64 * 1.0 + 30.0;
     let mut o = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n");
     let _ = writeln!(o, "<text x=\"10\" y=\"20\" font-size=\"14\">Throughput relative to no capture (1.0 = the limit)</text>");
@@ -231,9 +231,10 @@ pub fn svg(r: &Results) -> String {
         (Mode::Nftables, "#ff7f0e"),
         (Mode::Ebpf, "#1f77b4"),
         (Mode::EbpfAccel, "#2ca02c"),
+        (Mode::EbpfIdentity, "#9467bd"),
     ];
     for (i, (m, c)) in colors.iter().enumerate() {
-        let _ = writeln!(o, "<rect x=\"{}\" y=\"30\" width=\"10\" height=\"10\" fill=\"{c}\"/><text x=\"{}\" y=\"39\">{}</text>", left + i as f64 * 90.0, left + 14.0 + i as f64 * 90.0, m.name());
+        let _ = writeln!(o, "<rect x=\"{}\" y=\"30\" width=\"10\" height=\"10\" fill=\"{c}\"/><text x=\"{}\" y=\"39\">{}</text>", 10.0 + i as f64 * 110.0, 24.0 + i as f64 * 110.0, m.name());
     }
     let scale = (w - left - 40.0) / 1.6;
     let x1 = left + scale;
