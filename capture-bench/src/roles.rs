@@ -195,69 +195,89 @@ fn percentile(sorted: &[u32], q: f64) -> f64 {
     f64::from(sorted[i.min(sorted.len() - 1)])
 }
 
-/// One worker's loop until `stop`; returns (ops, bytes, errors, latencies in µs).
+/// What one worker measured in the window. The worker locks it for a moment per operation,
+/// never across one, so that the driver can read it while the worker is blocked.
+#[derive(Default)]
+struct Tally {
+    ops: u64,
+    bytes: u64,
+    errors: u64,
+    /// Microseconds per operation.
+    lat: Vec<u32>,
+}
+
+/// How long the driver waits, once the window is over, for a worker still blocked in an
+/// operation (a connect whose SYN is being retransmitted, say) before it counts the operation as
+/// an error and leaves the worker behind: a sample lasts its window and this at most.
+const STRAGGLER_WAIT: Duration = Duration::from_secs(2);
+
+/// One worker's loop until `stop`, counting into `tally` while `record` is set.
 fn worker(
     workload: Workload,
     target: SocketAddr,
     stop: &AtomicBool,
     record: &AtomicBool,
-) -> (u64, u64, u64, Vec<u32>) {
-    let (mut ops, mut bytes, mut errors, mut lat) = (0u64, 0u64, 0u64, Vec::with_capacity(1 << 16));
+    tally: &std::sync::Mutex<Tally>,
+) {
+    let count = |done: std::io::Result<()>, t: Instant, bytes: u64| {
+        if record.load(Ordering::Relaxed) {
+            let mut tally = tally.lock().expect("tally");
+            match done {
+                Ok(()) => {
+                    tally.ops += 1;
+                    tally.bytes += bytes;
+                    if bytes == 0 {
+                        tally.lat.push(t.elapsed().as_micros() as u32);
+                    }
+                }
+                Err(_) => tally.errors += 1,
+            }
+        }
+    };
     let mut msg = [7u8; MESSAGE];
     match workload {
         Workload::Crr => {
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                let ok = TcpStream::connect(target).and_then(|mut s| {
+                let done = TcpStream::connect(target).and_then(|mut s| {
                     s.set_nodelay(true)?;
                     exchange(&mut s, &mut msg)
                 });
-                if record.load(Ordering::Relaxed) {
-                    match ok {
-                        Ok(()) => {
-                            ops += 1;
-                            lat.push(t.elapsed().as_micros() as u32);
-                        }
-                        Err(_) => errors += 1,
-                    }
-                }
+                count(done, t, 0);
             }
         }
         Workload::Rr => {
             let Ok(mut s) = TcpStream::connect(target) else {
-                return (0, 0, 1, lat);
+                tally.lock().expect("tally").errors += 1;
+                return;
             };
             let _ = s.set_nodelay(true);
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
-                if exchange(&mut s, &mut msg).is_err() {
-                    errors += 1;
+                let done = exchange(&mut s, &mut msg);
+                let failed = done.is_err();
+                count(done, t, 0);
+                if failed {
                     break;
-                }
-                if record.load(Ordering::Relaxed) {
-                    ops += 1;
-                    lat.push(t.elapsed().as_micros() as u32);
                 }
             }
         }
         Workload::Stream => {
             let Ok(mut s) = TcpStream::connect(target) else {
-                return (0, 0, 1, lat);
+                tally.lock().expect("tally").errors += 1;
+                return;
             };
             let chunk = vec![1u8; CHUNK];
             while !stop.load(Ordering::Relaxed) {
-                if s.write_all(&chunk).is_err() {
-                    errors += 1;
+                let done = s.write_all(&chunk);
+                let failed = done.is_err();
+                count(done, Instant::now(), CHUNK as u64);
+                if failed {
                     break;
-                }
-                if record.load(Ordering::Relaxed) {
-                    bytes += CHUNK as u64;
-                    ops += 1;
                 }
             }
         }
     }
-    (ops, bytes, errors, lat)
 }
 
 /// Runs `concurrency` workers against `target` for `warmup` (discarded) then `duration`.
@@ -271,10 +291,14 @@ pub fn load(
 ) -> LoadResult {
     let stop = Arc::new(AtomicBool::new(false));
     let record = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (stop, record) = (Arc::clone(&stop), Arc::clone(&record));
-            std::thread::spawn(move || worker(workload, target, &stop, &record))
+    let tallies: Vec<_> = (0..concurrency)
+        .map(|_| Arc::new(std::sync::Mutex::new(Tally::default())))
+        .collect();
+    let workers: Vec<_> = tallies
+        .iter()
+        .map(|tally| {
+            let (stop, record, tally) = (Arc::clone(&stop), Arc::clone(&record), Arc::clone(tally));
+            std::thread::spawn(move || worker(workload, target, &stop, &record, &tally))
         })
         .collect();
     std::thread::sleep(warmup);
@@ -284,17 +308,24 @@ pub fn load(
     record.store(false, Ordering::Relaxed);
     let seconds = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + STRAGGLER_WAIT;
+    while workers.iter().any(|w| !w.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A worker still blocked is left to the process's exit; its operation failed the window.
+    let stalled = workers.iter().filter(|w| !w.is_finished()).count() as u64;
     let mut r = LoadResult {
         seconds,
+        errors: stalled,
         ..LoadResult::default()
     };
     let mut lat = Vec::new();
-    for w in workers {
-        let (ops, bytes, errors, l) = w.join().expect("worker");
-        r.ops += ops;
-        r.bytes += bytes;
-        r.errors += errors;
-        lat.extend(l);
+    for tally in &tallies {
+        let tally = tally.lock().expect("tally");
+        r.ops += tally.ops;
+        r.bytes += tally.bytes;
+        r.errors += tally.errors;
+        lat.extend_from_slice(&tally.lat);
     }
     lat.sort_unstable();
     r.p50_us = percentile(&lat, 0.50);

@@ -293,9 +293,10 @@ fn decide(
     // The stateless redirect binds nothing and keeps the connection on loopback addresses: the
     // kernel gives an unbound socket the loopback source of its route (IPv6: the preferred
     // source `::1` of attach's route of `100::/64`; without it the kernel would pick `::6`), and
-    // getsockname and getpeername report the pod address for it (peer.rs). So both ends' routes stay on `lo`, where the
-    // kernel caches them; the pod address as the proxy's peer is a local route of the pod's
-    // interface, which it would build and free per connection, twice. A socket whose own source
+    // getsockname and getpeername report the pod address for it (peer.rs). So both ends'
+    // routes stay on `lo`, where the kernel caches them; the pod address as the proxy's peer is
+    // a local route of the pod's interface, which it would build and free per connection,
+    // twice. A socket whose own source
     // is a loopback address (bound so, or for a loopback destination) keeps the stateful path,
     // so that a loopback peer on the stateless range always stands for the pod address. A
     // v4-mapped connection keeps it too.

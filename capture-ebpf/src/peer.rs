@@ -144,7 +144,7 @@ pub fn on_recvmsg6(ctx: &SockAddrContext) {
     answer6(ctx, &orig);
 }
 
-/// `on_getsockname4` for IPv6: `connect6` bound the app's socket to `[::1]`.
+/// `on_getsockname4` for IPv6: the route to the twins gave the app's socket `[::1]`.
 #[inline(always)]
 pub fn on_getsockname6(ctx: &SockAddrContext) {
     let sk = sock_addr(ctx).sk();
