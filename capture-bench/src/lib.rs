@@ -394,7 +394,7 @@ fn attach_scale(mode: Mode, pods: usize) -> AttachScale {
     let mut before = 0;
     for (i, t) in topos.iter().enumerate() {
         let start = Instant::now();
-        t.attach(&["--mode", mode.name()]);
+        t.attach(&["--mode", mode.name(), "--max-pods", &pods.to_string()]);
         latencies_ms.push(start.elapsed().as_secs_f64() * 1e3);
         if i == 0 {
             before = kernel_memory_kib();
@@ -532,12 +532,7 @@ pub fn run(opts: &Options) -> Results {
             }
         }
     }
-    let (attach, cni_add) = if opts.focus.is_some() {
-        (Vec::new(), Vec::new())
-    } else {
-        control_plane(pods, if opts.quick { 10 } else { 100 })
-    };
-    let results = Results {
+    let mut results = Results {
         kernel: kernel_release(),
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
         quick: opts.quick,
@@ -546,14 +541,20 @@ pub fn run(opts: &Options) -> Results {
         one_client_on_one_cpu: !opts.any_cpu && cpus::Cpus::allowed().last_alone().is_some(),
         cells: results,
         conntrack_entries: conntrack,
-        attach,
-        cni_add,
+        attach: Vec::new(),
+        cni_add: Vec::new(),
         program_costs: profile.0,
         profiled_connections: profile.1,
         accel,
         accel_program_costs: accel_profile.0,
         accel_profiled_requests: accel_profile.1,
     };
+    if opts.focus.is_none() {
+        // The data path's figures are written before the control plane is measured, so that
+        // a failure there loses the half hour before it.
+        report::write(&results, &opts.out);
+        (results.attach, results.cni_add) = control_plane(pods, if opts.quick { 10 } else { 100 });
+    }
     if identity_cost::is_identity_cost(&results) {
         identity_cost::write(&results, &opts.out);
     } else if trace_cost::is_trace_cost(&results) {
