@@ -5,21 +5,17 @@ use std::{fmt::Write as _, path::Path};
 
 pub use super::stats::{paired, summarize, Paired, Summary};
 pub use super::targets::targets;
-use super::{roles::Workload, stats::median, CellResult, Mode, Results, Settings};
+use super::{
+    roles::Workload,
+    stats::{median, ratio, scale_points},
+    CellResult, Mode, Results, Settings,
+};
 
 fn unit(cell: &CellResult) -> &'static str {
     if cell.cell.workload == Workload::Stream {
         "MB/s"
     } else {
         "ops/s"
-    }
-}
-
-pub(crate) fn ratio(a: f64, b: f64) -> f64 {
-    if b == 0.0 {
-        0.0
-    } else {
-        a / b
     }
 }
 
@@ -203,16 +199,6 @@ fn table(o: &mut String, r: &Results, settings: Settings) {
             );
         }
     }
-}
-
-/// Median of the pods around the 10th and of the last tenth.
-pub(crate) fn scale_points(l: &[f64]) -> (f64, f64) {
-    if l.is_empty() {
-        return (0.0, 0.0);
-    }
-    let around10 = l.iter().skip(5).take(10).copied().collect::<Vec<_>>();
-    let tail = (l.len() / 10).max(1);
-    (median(around10), median(l[l.len() - tail..].to_vec()))
 }
 
 /// Throughput of each mode relative to no capture, one group of bars per workload.

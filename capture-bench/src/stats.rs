@@ -108,3 +108,23 @@ fn sample_rate(cell: &CellResult, x: &Sample) -> f64 {
     };
     per_s / x.load.seconds
 }
+
+/// `a / b`, 0 where `b` is.
+#[must_use]
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
+
+/// Median of the pods around the 10th and of the last tenth.
+pub fn scale_points(l: &[f64]) -> (f64, f64) {
+    if l.is_empty() {
+        return (0.0, 0.0);
+    }
+    let around10 = l.iter().skip(5).take(10).copied().collect::<Vec<_>>();
+    let tail = (l.len() / 10).max(1);
+    (median(around10), median(l[l.len() - tail..].to_vec()))
+}

@@ -1,9 +1,8 @@
 //! The benchmark's published targets, each with its measured value and whether it is met.
 
 use super::{
-    report::{ratio, scale_points},
     roles::Workload,
-    stats::{median, paired, summarize},
+    stats::{median, paired, ratio, scale_points, summarize},
     CellResult, Family, Mode, Results, Settings,
 };
 
