@@ -74,11 +74,12 @@ pub fn targets(r: &Results) -> Vec<(String, bool)> {
         })
         .max_by_key(|c| c.cell.concurrency)
     {
-        let (e, i, n) = (
-            summarize(c, Mode::Ebpf).rate,
-            summarize(c, Mode::Iptables).rate,
-            summarize(c, Mode::None).rate,
+        let (ebpf, iptables, none) = (
+            summarize(c, Mode::Ebpf),
+            summarize(c, Mode::Iptables),
+            summarize(c, Mode::None),
         );
+        let (e, i, n) = (ebpf.rate, iptables.rate, none.rate);
         // What a capture costing nothing would score: the no-capture limit against iptables.
         t.push((
             format!(
@@ -89,11 +90,7 @@ pub fn targets(r: &Results) -> Vec<(String, bool)> {
             ),
             ratio(e, i) >= 2.0,
         ));
-        let (ec, ic, nc) = (
-            summarize(c, Mode::Ebpf).cpu,
-            summarize(c, Mode::Iptables).cpu,
-            summarize(c, Mode::None).cpu,
-        );
+        let (ec, ic, nc) = (ebpf.cpu, iptables.cpu, none.cpu);
         t.push((
             format!(
                 "ebpf CPU per connection ≤ 0.8x iptables ({}): {:.2}x (a zero-cost capture would score {:.2}x)",

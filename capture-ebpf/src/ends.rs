@@ -66,36 +66,66 @@ fn read(sk: *const bpf_sock) -> Option<Raw> {
     }
 }
 
-/// The ends of `sk`'s connection, if it is IPv4 (an IPv6 socket's that are not v4-mapped read
-/// as 0.0.0.0, which no check of the callers takes).
-#[inline(always)]
-pub fn ends4(sk: *const bpf_sock) -> Option<Ends<u32>> {
-    let raw = read(sk)?;
-    let (local, remote) = match raw.family {
-        AF_INET => (raw.local4, raw.remote4),
-        AF_INET6 => (
-            unmap(&raw.local6).unwrap_or(0),
-            unmap(&raw.remote6).unwrap_or(0),
-        ),
-        _ => return None,
-    };
-    Some(Ends {
-        local,
-        local_port: raw.local_port,
-        remote,
-        remote_port: raw.remote_port,
-    })
+impl Raw {
+    /// IPv4 ends, also v4-mapped ones of an IPv6 socket (an IPv6 socket's that are not v4-mapped
+    /// read as 0.0.0.0, which no check of the callers takes).
+    #[inline(always)]
+    fn v4(&self) -> Option<Ends<u32>> {
+        let (local, remote) = match self.family {
+            AF_INET => (self.local4, self.remote4),
+            AF_INET6 => (
+                unmap(&self.local6).unwrap_or(0),
+                unmap(&self.remote6).unwrap_or(0),
+            ),
+            _ => return None,
+        };
+        Some(Ends {
+            local,
+            local_port: self.local_port,
+            remote,
+            remote_port: self.remote_port,
+        })
+    }
+
+    /// An IPv6 socket's ends (v4-mapped ones included, which no check of the callers takes for
+    /// IPv6 ones).
+    #[inline(always)]
+    fn v6(&self) -> Option<Ends<[u32; 4]>> {
+        (self.family == AF_INET6).then_some(Ends {
+            local: self.local6,
+            local_port: self.local_port,
+            remote: self.remote6,
+            remote_port: self.remote_port,
+        })
+    }
 }
 
-/// The ends of `sk`'s connection, if it is an IPv6 socket's (v4-mapped ends included, which no
-/// check of the callers takes for IPv6 ones).
+/// Both families' view of a socket's ends, from one read of it: for a caller that may need
+/// either (an IPv6 socket may hold an IPv4 connection, v4-mapped).
+pub struct Views {
+    pub v4: Option<Ends<u32>>,
+    pub v6: Option<Ends<[u32; 4]>>,
+}
+
+#[inline(always)]
+pub fn views(sk: *const bpf_sock) -> Views {
+    match read(sk) {
+        Some(raw) => Views {
+            v4: raw.v4(),
+            v6: raw.v6(),
+        },
+        None => Views { v4: None, v6: None },
+    }
+}
+
+/// The ends of `sk`'s connection, if it is IPv4 (see `Raw::v4`).
+#[inline(always)]
+pub fn ends4(sk: *const bpf_sock) -> Option<Ends<u32>> {
+    read(sk)?.v4()
+}
+
+/// The ends of `sk`'s connection, if it is an IPv6 socket's (see `Raw::v6`).
 #[inline(always)]
 pub fn ends6(sk: *const bpf_sock) -> Option<Ends<[u32; 4]>> {
-    let raw = read(sk)?;
-    (raw.family == AF_INET6).then_some(Ends {
-        local: raw.local6,
-        local_port: raw.local_port,
-        remote: raw.remote6,
-        remote_port: raw.remote_port,
-    })
+    read(sk)?.v6()
 }

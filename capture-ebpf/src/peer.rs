@@ -14,7 +14,7 @@ use capture_common::{
 };
 
 use crate::{
-    ends::{ends4, ends6},
+    ends::{ends4, ends6, views},
     loopback,
     sockaddr::sock_addr,
     storage,
@@ -78,15 +78,17 @@ pub fn on_getpeername6(ctx: &SockAddrContext) {
     // listener's socket).
     let sa = sock_addr(ctx);
     let (peer, port) = (sa.user_ip6(), u16::from_be(sa.user_port() as u16));
-    let sk = sa.sk();
-    if let Some(pod) =
-        ends4(sk).and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
+    let ends = views(sa.sk());
+    if let Some(pod) = ends
+        .v4
+        .and_then(|e| loopback::pod_address_for(ctx, e.remote, e.local, e.local_port))
     {
         sock_addr(ctx).set_user_ip6(v4_mapped(pod));
         return;
     }
-    if let Some(pod) =
-        ends6(sk).and_then(|e| loopback::pod_address6_for(ctx, &e.remote, &e.local, e.local_port))
+    if let Some(pod) = ends
+        .v6
+        .and_then(|e| loopback::pod_address6_for(ctx, &e.remote, &e.local, e.local_port))
     {
         sock_addr(ctx).set_user_ip6(pod);
         return;

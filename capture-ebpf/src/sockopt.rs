@@ -15,7 +15,7 @@ use capture_common::{
 };
 
 use crate::{
-    ends::{ends4, ends6},
+    ends::views,
     loopback,
     sockaddr::{SockaddrIn, SockaddrIn6},
     storage,
@@ -78,22 +78,23 @@ fn original_dst(ctx: &SockoptContext) -> Option<OriginalDst> {
 /// connection (a dual-stack listener's) holds the addresses v4-mapped.
 #[inline(always)]
 fn stateless_orig(ctx: &SockoptContext, sk: *mut bpf_sock) -> Option<OriginalDst> {
-    if let Some(ends) = ends6(sk) {
+    let ends = views(sk);
+    if let Some(v6) = ends.v6 {
         // The proxy's end is the local one on the proxy's socket, the remote one on the app's.
-        let (addr, port) = if slot_of6(&ends.local).is_some() {
-            (ends.local, ends.local_port)
+        let (addr, port) = if slot_of6(&v6.local).is_some() {
+            (v6.local, v6.local_port)
         } else {
-            (ends.remote, ends.remote_port)
+            (v6.remote, v6.remote_port)
         };
         if let Some(orig) = loopback::destination_at6(ctx, &addr, port) {
             return Some(orig);
         }
     }
-    let ends = ends4(sk)?;
-    let (addr, port) = if in_range(ends.local) {
-        (ends.local, ends.local_port)
+    let v4 = ends.v4?;
+    let (addr, port) = if in_range(v4.local) {
+        (v4.local, v4.local_port)
     } else {
-        (ends.remote, ends.remote_port)
+        (v4.remote, v4.remote_port)
     };
     loopback::destination_at(ctx, addr, port)
 }

@@ -102,10 +102,7 @@ pub fn kernel_config(cfg: &CaptureConfig) -> PodConfig {
     set(cfg.pod_ip4.is_some(), FLAG_HAS_POD_IP4);
     set(cfg.pod_ip6.is_some(), FLAG_HAS_POD_IP6);
     set(cfg.proxy_identity.is_some(), FLAG_PROXY_BY_CONTAINER);
-    set(
-        cfg.stateless_redirect6 && cfg.pod_ip6.is_some(),
-        FLAG_STATELESS6,
-    );
+    set(cfg.stateless_redirect6, FLAG_STATELESS6);
     let (proxy_container, proxy_cgroup_id) = match cfg.proxy_identity.as_ref().map(|i| &i.proxy) {
         None | Some(ProxyContainer::Unknown) => (PROXY_CONTAINER_UNKNOWN, 0),
         Some(ProxyContainer::Known { cgroup_id, .. }) => (PROXY_CONTAINER_KNOWN, *cgroup_id),
