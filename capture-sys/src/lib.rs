@@ -5,6 +5,7 @@
 pub mod capabilities;
 pub mod cgroup;
 pub mod fsutil;
+mod if_address;
 pub mod lo_address;
 pub mod lock;
 mod netlink;

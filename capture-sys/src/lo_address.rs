@@ -1,7 +1,9 @@
-//! What an IPv6 pod's `lo` gets, over rtnetlink from this process: the address `::6/128` (the
-//! request `ip -6 addr add ::6/128 dev lo nodad` sends) and, for the IPv6 stateless redirect,
-//! the route `local 100::/64 dev lo table local`. Every ADD of a pod with an IPv6 address adds
-//! them; `ip` processes per ADD cost milliseconds, where the requests cost microseconds.
+//! What an IPv6 pod's netns gets, over rtnetlink from this process: the address `::6/128` on
+//! `lo` (the request `ip -6 addr add ::6/128 dev lo nodad` sends) and, for the ebpf backend, the
+//! route `local 100::/64 dev lo table local` (the IPv6 stateless redirect) and a route of `::1`
+//! on the interface of the pod's address (the stateful redirect's replies). Every ADD of a pod
+//! with an IPv6 address adds them; `ip` processes per ADD cost milliseconds, where the requests
+//! cost microseconds.
 //!
 //! The netlink socket answers for the netns it was created in: it is created on a thread that
 //! entered the pod's netns, and one socket carries every request of a call.
@@ -42,6 +44,8 @@ const LO_INDEX: u32 = 1;
 const HEADER_LEN: usize = 16;
 const IFADDRMSG_LEN: usize = 8;
 const RTMSG_LEN: usize = 12;
+/// A request that creates what is not there yet (`EEXIST` when it is).
+const CREATE_NEW: u16 = (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
 /// `NLMSG_ERROR`, the kernel's answer to a request that asked for an acknowledgement.
 const NLMSG_ERROR: u16 = 2;
 
@@ -52,28 +56,34 @@ const INBOUND_PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 pub const STATELESS_PREFIX_V6: Ipv6Addr = Ipv6Addr::new(0x100, 0, 0, 0, 0, 0, 0, 0);
 const STATELESS_PREFIX_LEN: u8 = 64;
 
-/// What `prepare_ipv6_pod` added (`false`: `lo` had it already, or it was not asked for), and
-/// so what a failed attach takes off again.
+/// What `prepare_ipv6_pod` added (`false`, `None`: the netns had it already, or it was not
+/// asked for), and so what a failed attach takes off again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoAdded {
     pub passthrough: bool,
     pub stateless_route: bool,
+    /// The interface given a route of `::1`.
+    pub loopback_reply_route: Option<u32>,
 }
 
 /// Adds `::6/128` to the netns's `lo`, as Istio does for pods with an IPv6 address (the
-/// inbound-passthrough source must be a local address to bind), and with `stateless_route` the
-/// local route of `100::/64` on `lo`. Either already there is no error.
+/// inbound-passthrough source must be a local address to bind), and with `ebpf_routes` the
+/// local route of `100::/64` on `lo` and the loopback reply route (`loopback_reply_route_body`)
+/// on the interface that holds `pod_address`. Any of them already there is no error.
 ///
 /// # Errors
 /// The netns cannot be entered, or the kernel refused a request.
-pub fn prepare_ipv6_pod(netns: &Netns, stateless_route: bool) -> Result<LoAdded, NetnsError> {
+pub fn prepare_ipv6_pod(
+    netns: &Netns,
+    pod_address: Ipv6Addr,
+    ebpf_routes: bool,
+) -> Result<LoAdded, NetnsError> {
     let socket = open(netns)?;
-    let create = (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
     let passthrough = added(
         ask(
             &socket,
             RTM_NEWADDR,
-            create,
+            CREATE_NEW,
             address(INBOUND_PASSTHROUGH_V6),
         ),
         netns,
@@ -81,23 +91,46 @@ pub fn prepare_ipv6_pod(netns: &Netns, stateless_route: bool) -> Result<LoAdded,
     )?;
     let mut done = LoAdded {
         passthrough,
-        stateless_route: false,
+        ..LoAdded::default()
     };
-    if stateless_route {
-        match added(
-            ask(&socket, RTM_NEWROUTE, create, stateless_route_body()),
-            netns,
-            &format!("adding the route local {STATELESS_PREFIX_V6}/{STATELESS_PREFIX_LEN} dev lo"),
-        ) {
-            Ok(route) => done.stateless_route = route,
-            Err(e) => {
-                // Nothing half done: the address goes again.
-                let _ = undo(netns, &socket, done);
-                return Err(e);
-            }
+    if ebpf_routes {
+        if let Err(e) = add_ebpf_routes(netns, &socket, pod_address, &mut done) {
+            // Nothing half done: what was added goes again.
+            let _ = undo(netns, &socket, done);
+            return Err(e);
         }
     }
     Ok(done)
+}
+
+fn add_ebpf_routes(
+    netns: &Netns,
+    socket: &Socket,
+    pod_address: Ipv6Addr,
+    done: &mut LoAdded,
+) -> Result<(), NetnsError> {
+    done.stateless_route = added(
+        ask(socket, RTM_NEWROUTE, CREATE_NEW, stateless_route_body()),
+        netns,
+        &format!("adding the route local {STATELESS_PREFIX_V6}/{STATELESS_PREFIX_LEN} dev lo"),
+    )?;
+    let interface = crate::if_address::interface_of(socket, pod_address)
+        .map_err(|e| failed(netns, &format!("finding the interface of {pod_address}"), e))?;
+    // An address on `lo`, or on no interface (nothing binds it then), needs no route.
+    if let Some(index) = interface.filter(|&index| index != LO_INDEX) {
+        let route = added(
+            ask(
+                socket,
+                RTM_NEWROUTE,
+                CREATE_NEW,
+                loopback_reply_route_body(index),
+            ),
+            netns,
+            &format!("adding the route local ::1 on interface {index}, the one of {pod_address}"),
+        )?;
+        done.loopback_reply_route = route.then_some(index);
+    }
+    Ok(())
 }
 
 /// Takes off what `prepare_ipv6_pod` added (an attach that added it failed later).
@@ -112,6 +145,15 @@ pub fn undo_ipv6_pod(netns: &Netns, added: LoAdded) -> Result<(), NetnsError> {
 }
 
 fn undo(netns: &Netns, socket: &Socket, added: LoAdded) -> Result<(), NetnsError> {
+    if let Some(index) = added.loopback_reply_route {
+        ask(socket, RTM_DELROUTE, 0, loopback_reply_route_body(index)).map_err(|e| {
+            failed(
+                netns,
+                &format!("removing the route of ::1 from interface {index}"),
+                e,
+            )
+        })?;
+    }
     if added.stateless_route {
         ask(socket, RTM_DELROUTE, 0, stateless_route_body())
             .map_err(|e| failed(netns, "removing the route of 100::/64 from lo", e))?;
@@ -168,16 +210,42 @@ fn address(addr: Ipv6Addr) -> Vec<u8> {
     body
 }
 
-/// The stateless route's body: `rtmsg` (IPv6, /64, table local, scope host, type local), the
-/// prefix, `lo` and the preferred source `::1`, as `ip -6 route add local 100::/64 dev lo table
-/// local src ::1` sends it. The source is what the redirect needs: a loopback end, which
-/// `tcp_tw_reuse=2` reuses ports for, and which getsockname6 maps to the pod's address; without
-/// it the kernel would pick `::6`, and choosing it costs the connect an address walk.
+/// The stateless route's body, as `ip -6 route add local 100::/64 dev lo table local src ::1`
+/// sends it. The source is what the redirect needs: a loopback end, which `tcp_tw_reuse=2` reuses
+/// ports for, and which getsockname6 maps to the pod's address; without it the kernel would pick
+/// `::6`, and choosing it costs the connect an address walk.
 fn stateless_route_body() -> Vec<u8> {
+    local_route_body(
+        (STATELESS_PREFIX_V6, STATELESS_PREFIX_LEN),
+        LO_INDEX,
+        Some(Ipv6Addr::LOCALHOST),
+    )
+}
+
+/// The loopback reply route's body, as `ip -6 route add local ::1 dev IF table local` sends it
+/// (metric 1024, the kernel's default, behind `lo`'s own route of `::1` at 0, which every other
+/// lookup keeps finding). The stateful redirect binds the pod's address and connects to `[::1]`;
+/// once the app's socket is a time-wait socket, the kernel routes its answers (the ACK of the
+/// proxy's late FIN, a reset) to a loopback destination strictly through the interface the packet
+/// they answer came in on (`tcp_v6_send_response`), which for the pod's address is the address's
+/// own interface, where `::1` had no route: the answer was dropped, the proxy's end waited in
+/// `LAST-ACK`, and a connect reusing its port in `SYN-SENT`. Packets that come in on that
+/// interface for `::1` are still dropped before routing (`ip6_rcv_core`).
+fn loopback_reply_route_body(interface: u32) -> Vec<u8> {
+    local_route_body((Ipv6Addr::LOCALHOST, 128), interface, None)
+}
+
+/// A local route's body: `rtmsg` (IPv6, the prefix length, table local, scope host, type local),
+/// the prefix, the interface and the preferred source if any.
+fn local_route_body(
+    (prefix, len): (Ipv6Addr, u8),
+    interface: u32,
+    source: Option<Ipv6Addr>,
+) -> Vec<u8> {
     let mut body = Vec::with_capacity(RTMSG_LEN + 20 + 8 + 20);
     body.extend_from_slice(&[
         libc::AF_INET6 as u8,
-        STATELESS_PREFIX_LEN,
+        len,
         0,
         0,
         RT_TABLE_LOCAL,
@@ -186,9 +254,11 @@ fn stateless_route_body() -> Vec<u8> {
         RTN_LOCAL,
     ]);
     body.extend_from_slice(&0u32.to_ne_bytes());
-    attribute(&mut body, RTA_DST, &STATELESS_PREFIX_V6.octets());
-    attribute(&mut body, RTA_OIF, &LO_INDEX.to_ne_bytes());
-    attribute(&mut body, RTA_PREFSRC, &Ipv6Addr::LOCALHOST.octets());
+    attribute(&mut body, RTA_DST, &prefix.octets());
+    attribute(&mut body, RTA_OIF, &interface.to_ne_bytes());
+    if let Some(source) = source {
+        attribute(&mut body, RTA_PREFSRC, &source.octets());
+    }
     body
 }
 
@@ -280,6 +350,22 @@ mod tests {
         assert_eq!(&bytes[dst + 24..dst + 28], &1u32.to_ne_bytes(), "lo");
         assert_eq!(&bytes[dst + 30..dst + 32], &RTA_PREFSRC.to_ne_bytes());
         assert_eq!(&bytes[dst + 32..dst + 48], &Ipv6Addr::LOCALHOST.octets());
+    }
+
+    #[test]
+    fn the_loopback_reply_route_is_local_ipv6_loopback_on_the_interface() {
+        let bytes = message(RTM_NEWROUTE, 0, &loopback_reply_route_body(7));
+        assert_eq!(bytes.len(), HEADER_LEN + RTMSG_LEN + 20 + 8);
+        // No metric: the kernel's default (1024), behind lo's own route of ::1.
+        assert_eq!(
+            &bytes[HEADER_LEN..HEADER_LEN + 8],
+            &[10, 128, 0, 0, 255, 3, 254, 2]
+        );
+        let dst = HEADER_LEN + RTMSG_LEN;
+        assert_eq!(&bytes[dst + 2..dst + 4], &RTA_DST.to_ne_bytes());
+        assert_eq!(&bytes[dst + 4..dst + 20], &Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(&bytes[dst + 22..dst + 24], &RTA_OIF.to_ne_bytes());
+        assert_eq!(&bytes[dst + 24..dst + 28], &7u32.to_ne_bytes());
     }
 
     #[test]

@@ -166,14 +166,14 @@ pub fn attach(paths: &Paths, node: &NodeChoices, req: &AttachRequest) -> Result<
         record.mode,
         req.take_over_istio_rules,
     )?;
-    // The IPv6 stateless redirect's route is the ebpf backend's alone; with it in place the
-    // pod's config says so, and its IPv6 connections may take the redirect.
-    let stateless_route = record.mode == Mode::Ebpf && adopt.is_none();
+    // The IPv6 redirects' routes are the ebpf backend's alone; with the stateless one in place
+    // the pod's config says so, and its IPv6 connections may take the redirect.
+    let ebpf_routes = record.mode == Mode::Ebpf && adopt.is_none();
     let added_v6 = match record.config.pod_ip6 {
-        Some(_) => crate::lo_address::prepare_ipv6_pod(&netns, stateless_route)?,
+        Some(pod_ip6) => crate::lo_address::prepare_ipv6_pod(&netns, pod_ip6, ebpf_routes)?,
         None => crate::lo_address::LoAdded::default(),
     };
-    record.config.stateless_redirect6 = stateless_route && record.config.pod_ip6.is_some();
+    record.config.stateless_redirect6 = ebpf_routes && record.config.pod_ip6.is_some();
     let target = PodTarget::new(
         netns_cookie,
         (&req.netns, netns.file()),

@@ -5,7 +5,14 @@
 //! socket keeps any state. Where the kernel cannot serve it (or it is switched off, as here with
 //! `CAPTURE_STATEFUL_REDIRECT=1`), the stateful path answers the same.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, SocketAddrV6, TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    time::Duration,
+};
+
+use capture_user::netns::Netns;
 
 use capture_tests::{
     kernel::{has_or_skip, Feature},
@@ -281,4 +288,62 @@ fn ipv6_keeps_the_stateful_path_for_a_loopback_listener_or_source() {
     assert_eq!(got.client_peer().as_deref(), Some(to));
     assert_pod_end(&got, true);
     assert_eq!(loopback_destinations(&topo).unwrap_or(0), 0);
+}
+
+/// The stateful path binds the pod's IPv6 address and connects to `[::1]` (as
+/// `the_stateful_path_answers_the_same_when_the_stateless_one_is_off` shows). Once the app's
+/// socket is a time-wait socket, the kernel routes its answers (the ACK of the proxy's FIN) to
+/// `::1` strictly through the interface of the pod's address, which attach gives a route of
+/// `::1`; without it the answers are lost, the proxy's end of a connection the app closed first
+/// waits in `LAST-ACK`, and a connect reusing its port waits in `SYN-SENT`. Sockets of that
+/// shape, made in the pod's netns, with the proxy's end closed a moment after the app's.
+#[test]
+fn ipv6_on_the_stateful_path_leaves_no_proxy_end_waiting_for_its_last_ack() {
+    let topo = Topology::new();
+    topo.attach(&["--mode", "ebpf"]);
+    let netns = Netns::open(&topo.pod.netns.path()).expect("the pod's netns");
+    let pod_end = SocketAddrV6::new(POD_IP6.parse().expect("an address"), 0, 0, 0);
+    let (listener, apps) = netns
+        .run_in(|| {
+            let listener = TcpListener::bind("[::1]:0").expect("a listener on [::1]");
+            let to = listener.local_addr().expect("its address");
+            let apps: Vec<TcpStream> = (0..8).map(|_| bound_and_connected(pod_end, to)).collect();
+            (listener, apps)
+        })
+        .expect("entering the pod's netns");
+    for app in apps {
+        let (proxy_end, _) = listener.accept().expect("the proxy's end");
+        drop(app);
+        std::thread::sleep(Duration::from_millis(20));
+        drop(proxy_end);
+    }
+    // An ACK that gets through ends `LAST-ACK` at once; a lost one leaves the proxy's end
+    // retransmitting its FIN for seconds.
+    std::thread::sleep(Duration::from_millis(300));
+    let sockets = topo.run_in_pod(&Who::app(), &["cat", "/proc/net/tcp6"]);
+    let table = String::from_utf8_lossy(&sockets.stdout);
+    assert!(table.lines().count() > 8, "no socket table read: {table}");
+    // `/proc/net/tcp6`: the fourth column is the state in hex; `09` is `TCP_LAST_ACK`.
+    let waiting: Vec<&str> = table
+        .lines()
+        .filter(|line| line.split_whitespace().nth(3) == Some("09"))
+        .collect();
+    assert!(waiting.is_empty(), "proxy ends in LAST-ACK: {waiting:#?}");
+}
+
+/// A TCP socket bound to `from` and connected to `to`, as the stateful redirect leaves the app's.
+fn bound_and_connected(from: SocketAddrV6, to: SocketAddr) -> TcpStream {
+    use nix::sys::socket::{
+        bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn6, SockaddrStorage,
+    };
+    let fd = socket(
+        AddressFamily::Inet6,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("a socket");
+    bind(fd.as_raw_fd(), &SockaddrIn6::from(from)).expect("binding the pod's address");
+    connect(fd.as_raw_fd(), &SockaddrStorage::from(to)).expect("connecting to [::1]");
+    TcpStream::from(fd)
 }
