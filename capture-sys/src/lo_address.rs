@@ -117,19 +117,35 @@ fn add_ebpf_routes(
     let interface = crate::if_address::interface_of(socket, pod_address)
         .map_err(|e| failed(netns, &format!("finding the interface of {pod_address}"), e))?;
     // An address on `lo`, or on no interface (nothing binds it then), needs no route.
-    if let Some(index) = interface.filter(|&index| index != LO_INDEX) {
-        let route = added(
-            ask(
-                socket,
-                RTM_NEWROUTE,
-                CREATE_NEW,
-                loopback_reply_route_body(index),
-            ),
-            netns,
-            &format!("adding the route local ::1 on interface {index}, the one of {pod_address}"),
-        )?;
-        done.loopback_reply_route = route.then_some(index);
+    let Some(index) = interface.filter(|&index| index != LO_INDEX) else {
+        return Ok(());
+    };
+    let asked = ask(
+        socket,
+        RTM_NEWROUTE,
+        CREATE_NEW,
+        loopback_reply_route_body(index),
+    );
+    // The kernel refuses a route through an interface that is down. The runtime's network plugin
+    // brings the pod's interface up before capture; a pod without it has no network for its
+    // proxy to reach, and is captured as before, without the route, and said so.
+    if asked
+        .as_ref()
+        .is_err_and(|e| e.raw_os_error() == Some(libc::ENETDOWN))
+    {
+        tracing::warn!(
+            interface = index,
+            address = %pod_address,
+            "the interface of the pod's IPv6 address is down: no route of ::1 on it"
+        );
+        return Ok(());
     }
+    let route = added(
+        asked,
+        netns,
+        &format!("adding the route local ::1 on interface {index}, the one of {pod_address}"),
+    )?;
+    done.loopback_reply_route = route.then_some(index);
     Ok(())
 }
 

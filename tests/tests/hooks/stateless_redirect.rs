@@ -347,3 +347,32 @@ fn bound_and_connected(from: SocketAddrV6, to: SocketAddr) -> TcpStream {
     connect(fd.as_raw_fd(), &SockaddrStorage::from(to)).expect("connecting to [::1]");
     TcpStream::from(fd)
 }
+
+/// The kernel refuses a route through an interface that is down (`ENETDOWN`): a pod whose IPv6
+/// address's interface is down is still captured, without the route of `::1` (the one of
+/// `100::/64` is there); a pod whose interface is up has it.
+#[test]
+fn a_pod_whose_interface_is_down_is_captured_without_the_loopback_reply_route() {
+    let topo = Topology::new();
+    let pod = topo.pod.netns.name.as_str();
+    // Taking an interface down drops its IPv6 addresses; one added while it is down stays.
+    capture_tests::guards::ip(&["-n", pod, "link", "set", "eth0", "down"]);
+    let address = format!("{POD_IP6}/64");
+    capture_tests::guards::ip(&["-n", pod, "addr", "add", &address, "dev", "eth0", "nodad"]);
+    topo.attach(&["--mode", "ebpf"]);
+    let routes = capture_tests::guards::ip(&["-n", pod, "-6", "route", "show", "table", "local"]);
+    assert!(routes.contains("local 100::/64 dev lo"), "{routes}");
+    assert!(!routes.contains("local ::1 dev eth0"), "{routes}");
+    let topo_up = Topology::new();
+    topo_up.attach(&["--mode", "ebpf"]);
+    let routes = capture_tests::guards::ip(&[
+        "-n",
+        topo_up.pod.netns.name.as_str(),
+        "-6",
+        "route",
+        "show",
+        "table",
+        "local",
+    ]);
+    assert!(routes.contains("local ::1 dev eth0"), "{routes}");
+}
