@@ -12,11 +12,11 @@ use netlink_sys::Socket;
 use crate::netlink;
 
 /// `RTM_NEWADDR` and `RTM_GETADDR` from `linux/rtnetlink.h`; `IFA_ADDRESS` from `linux/if_addr.h`.
-const RTM_NEWADDR: u16 = 20;
+pub(crate) const RTM_NEWADDR: u16 = 20;
 const RTM_GETADDR: u16 = 22;
-const IFA_ADDRESS: u16 = 1;
+pub(crate) const IFA_ADDRESS: u16 = 1;
 /// `ifaddrmsg`: family, prefix length, flags, scope, then the interface index.
-const IFADDRMSG_LEN: usize = 8;
+pub(crate) const IFADDRMSG_LEN: usize = 8;
 
 /// The index of the interface `address` is on in the socket's netns; `None` when no interface
 /// has it.

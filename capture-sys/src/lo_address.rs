@@ -13,17 +13,17 @@ use std::{io, net::Ipv6Addr};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 
 use crate::{
+    if_address::{IFADDRMSG_LEN, IFA_ADDRESS, RTM_NEWADDR},
     netlink,
     netns::{Netns, NetnsError},
 };
 
-/// `RTM_NEWADDR`, `RTM_DELADDR`, `RTM_NEWROUTE` and `RTM_DELROUTE` from `linux/rtnetlink.h`.
-const RTM_NEWADDR: u16 = 20;
+/// `RTM_DELADDR`, `RTM_NEWROUTE` and `RTM_DELROUTE` from `linux/rtnetlink.h` (`RTM_NEWADDR`,
+/// `IFA_ADDRESS` and `ifaddrmsg`'s length are `if_address`'s).
 const RTM_DELADDR: u16 = 21;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;
-/// `IFA_ADDRESS`, `IFA_LOCAL` and `IFA_FLAGS` from `linux/if_addr.h`.
-const IFA_ADDRESS: u16 = 1;
+/// `IFA_LOCAL` and `IFA_FLAGS` from `linux/if_addr.h`.
 const IFA_LOCAL: u16 = 2;
 const IFA_FLAGS: u16 = 8;
 /// `IFA_F_NODAD`: the address is usable at once, as `ip ... nodad` asks (a tentative address
@@ -42,7 +42,6 @@ const RTN_LOCAL: u8 = 2;
 const LO_INDEX: u32 = 1;
 /// `nlmsghdr`, `ifaddrmsg` and `rtmsg`.
 const HEADER_LEN: usize = 16;
-const IFADDRMSG_LEN: usize = 8;
 const RTMSG_LEN: usize = 12;
 /// A request that creates what is not there yet (`EEXIST` when it is).
 const CREATE_NEW: u16 = (libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;

@@ -7,9 +7,12 @@
 
 use std::{io, net::SocketAddr};
 
+/// The states `tcp_sockets` asks for.
+pub use netlink_packet_sock_diag::inet::StateFlags;
+
 use netlink_packet_sock_diag::{
     constants::{AF_INET, AF_INET6, IPPROTO_TCP},
-    inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags},
+    inet::{ExtensionFlags, InetRequest, InetResponse, SocketId},
     SockDiagMessage,
 };
 use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket};

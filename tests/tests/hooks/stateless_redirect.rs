@@ -12,7 +12,10 @@ use std::{
     time::Duration,
 };
 
-use capture_user::netns::Netns;
+use capture_user::{
+    netns::Netns,
+    sockdiag::{tcp_sockets, StateFlags},
+};
 
 use capture_tests::{
     kernel::{has_or_skip, Feature},
@@ -320,14 +323,7 @@ fn ipv6_on_the_stateful_path_leaves_no_proxy_end_waiting_for_its_last_ack() {
     // An ACK that gets through ends `LAST-ACK` at once; a lost one leaves the proxy's end
     // retransmitting its FIN for seconds.
     std::thread::sleep(Duration::from_millis(300));
-    let sockets = topo.run_in_pod(&Who::app(), &["cat", "/proc/net/tcp6"]);
-    let table = String::from_utf8_lossy(&sockets.stdout);
-    assert!(table.lines().count() > 8, "no socket table read: {table}");
-    // `/proc/net/tcp6`: the fourth column is the state in hex; `09` is `TCP_LAST_ACK`.
-    let waiting: Vec<&str> = table
-        .lines()
-        .filter(|line| line.split_whitespace().nth(3) == Some("09"))
-        .collect();
+    let waiting = tcp_sockets(&netns, StateFlags::LAST_ACK).expect("the pod's sockets");
     assert!(waiting.is_empty(), "proxy ends in LAST-ACK: {waiting:#?}");
 }
 
